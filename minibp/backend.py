@@ -1,0 +1,60 @@
+"""The device split: which array module (`xp`) minibp computes with.
+
+This is the only module that imports CuPy. Everything else writes array code once
+against `backend.xp` and asks `backend.device` ("cpu" or "gpu") when it must differ.
+
+    MINIBP_DEVICE=cpu   NumPy, kernels compiled by g++ (see kernels.py)
+    MINIBP_DEVICE=gpu   CuPy, kernels compiled by NVRTC; fails loudly without a usable GPU
+    unset               gpu when CuPy imports and sees a device, else cpu, silently
+"""
+import os
+
+import numpy
+
+
+def _cupy_if_usable():
+    """Return the cupy module when it imports and a CUDA device answers, else (None, why)."""
+    try:
+        import cupy
+    except Exception as e:  # ImportError, or a broken CUDA install raising anything
+        return None, f"CuPy does not import ({type(e).__name__}: {e}); install it with pip install 'minibp[gpu]'"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return None, f"CuPy imports but finds no usable CUDA device ({type(e).__name__}: {e})"
+    if count < 1:
+        return None, "CuPy imports but finds no CUDA device"
+    return cupy, ""
+
+
+def _choose():
+    requested = os.environ.get("MINIBP_DEVICE", "").strip().lower()
+    if requested not in ("", "cpu", "gpu"):
+        raise RuntimeError(f"MINIBP_DEVICE must be 'cpu' or 'gpu' (or unset), not {requested!r}")
+    if requested == "cpu":
+        return numpy, "cpu"
+    cupy, why = _cupy_if_usable()
+    if cupy is not None:
+        return cupy, "gpu"
+    if requested == "gpu":
+        raise RuntimeError(f"MINIBP_DEVICE=gpu, but {why}. Unset MINIBP_DEVICE or set it to cpu to run on NumPy.")
+    return numpy, "cpu"
+
+
+xp, device = _choose()
+
+
+def to_host(array):
+    """A NumPy copy (or the array itself on the CPU)."""
+    return array.get() if device == "gpu" else numpy.asarray(array)
+
+
+def is_device_array(array):
+    """True for an array of the active array module (numpy.ndarray on cpu, cupy.ndarray on gpu)."""
+    return isinstance(array, xp.ndarray)
+
+
+def synchronize():
+    """Wait for queued device work (a no-op on the CPU); for timings."""
+    if device == "gpu":
+        xp.cuda.get_current_stream().synchronize()

@@ -1,0 +1,292 @@
+"""One loader for the hand-written kernels in kernels/*.cu, on both devices.
+
+A kernel file holds `extern "C" __global__` functions written in plain CUDA C++. The loader
+reads their signatures from the source, so every call is checked the same way on both devices
+(pointer dtypes, C-contiguity, array module, writability, scalar ranges) before it launches:
+
+    module = kernels.load("quant.cu")                  # real_t = float
+    module.encode(n, scale, v, b, codes, threads=n)    # grid covering n threads, 256 a block
+    module.encode(..., grid=(3,), block=(7,))          # or an explicit launch shape
+
+GPU: the source is compiled by NVRTC through cupy.RawModule, once per process.
+CPU: the same source is wrapped in a generated C++ file (kernels/cpu_shim.h supplies the CUDA
+names) that adds one exported launcher per kernel, compiled by g++ with OpenMP, cached on disk
+under $XDG_CACHE_HOME/minibp/kernels keyed by a hash of the sources, flags and compiler, and
+called through ctypes.
+
+`real_t` is a macro every kernel file may use for its floating-point type; `load(..., dtype=)`
+picks float (float32, the default) or double (float64, for gradient checks).
+"""
+import ctypes
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from . import backend
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+BLOCK = 256  # threads a block in the default launch shape
+
+# C type of a kernel parameter -> NumPy dtype. real_t resolves to the module's dtype.
+_C_TYPES = {
+    "float": np.float32, "double": np.float64, "int": np.int32, "long long": np.int64,
+    "unsigned char": np.uint8, "real_t": None,
+}
+_SIGNATURE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
+
+
+class KernelError(RuntimeError):
+    """A kernel source that does not compile, or a compiler that is missing."""
+
+
+class Param:
+    """One kernel parameter as declared: name, NumPy dtype, pointer or scalar, const or not."""
+
+    def __init__(self, text, real_dtype):
+        words = text.replace("*", " * ").replace("__restrict__", " ").split()
+        self.name = words[-1]
+        self.is_pointer = "*" in words
+        self.is_const = "const" in words
+        base = " ".join(w for w in words[:-1] if w not in ("const", "*"))
+        if base not in _C_TYPES:
+            raise KernelError(f"kernel parameter {text.strip()!r}: type {base!r} is not one the loader knows "
+                              f"({', '.join(_C_TYPES)})")
+        self.dtype = np.dtype(real_dtype if base == "real_t" else _C_TYPES[base])
+        self.c_text = text.strip()
+
+    def convert(self, kernel_name, value):
+        """Check one argument and return what the launcher takes for it."""
+        where = f"{kernel_name}() argument {self.name!r}"
+        if self.is_pointer:
+            if value is None:  # a null pointer: the kernels treat it as "not wanted"
+                return None
+            if not backend.is_device_array(value):
+                raise ValueError(f"{where}: expected a {backend.xp.__name__} array, got {type(value).__name__}")
+            if value.dtype != self.dtype:
+                raise ValueError(f"{where}: expected dtype {self.dtype}, got {value.dtype}")
+            if not value.flags.c_contiguous:
+                raise ValueError(f"{where}: the array must be C-contiguous")
+            if backend.device == "cpu" and not self.is_const and not value.flags.writeable:
+                raise ValueError(f"{where}: the kernel writes this array, but it is read-only")
+            return value
+        if isinstance(value, (np.ndarray, bool)) or not np.isscalar(value):
+            raise ValueError(f"{where}: expected a scalar, got {type(value).__name__}")
+        if self.dtype.kind in "iu":
+            if not float(value).is_integer():
+                raise ValueError(f"{where}: expected an integer, got {value!r}")
+            info = np.iinfo(self.dtype)
+            if not info.min <= int(value) <= info.max:
+                raise ValueError(f"{where}: {value} does not fit {self.dtype}")
+        return self.dtype.type(value)
+
+
+class Kernel:
+    """A callable kernel: kernel(*args, threads=n) or kernel(*args, grid=(..), block=(..))."""
+
+    def __init__(self, name, params, launch_fn):
+        self.name, self.params, self._launch = name, params, launch_fn
+
+    def __call__(self, *args, threads=None, grid=None, block=None):
+        if len(args) != len(self.params):
+            raise ValueError(f"{self.name}() takes {len(self.params)} arguments "
+                             f"({', '.join(p.name for p in self.params)}), got {len(args)}")
+        converted = [p.convert(self.name, a) for p, a in zip(self.params, args)]
+        if threads is not None:
+            if grid is not None or block is not None:
+                raise ValueError("give either threads= or grid= and block=, not both")
+            threads = int(threads)
+            if threads <= 0:
+                return  # nothing to do: launching an empty grid is an error on the GPU
+            grid, block = (min(-(-threads // BLOCK), 2**31 - 1),), (BLOCK,)
+        if grid is None or block is None:
+            raise ValueError(f"{self.name}(): give threads= or both grid= and block=")
+        self._launch(_dim3(grid), _dim3(block), converted)
+
+    def __repr__(self):
+        return f"<kernel {self.name}({', '.join(p.c_text for p in self.params)})>"
+
+
+def _dim3(shape):
+    shape = tuple(int(s) for s in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    if not 1 <= len(shape) <= 3 or min(shape) < 1:
+        raise ValueError(f"a launch shape needs 1 to 3 positive sizes, got {shape}")
+    return shape + (1,) * (3 - len(shape))
+
+
+class Module:
+    """The kernels of one .cu file, instantiated for one real_t; kernels are attributes."""
+
+    def __init__(self, path, kernels):
+        self.path, self.kernels = path, kernels
+
+    def __getattr__(self, name):
+        try:
+            return self.__dict__["kernels"][name]
+        except KeyError:
+            raise AttributeError(f"{self.__dict__.get('path')} has no kernel {name!r}") from None
+
+
+def parse_signatures(source, real_dtype):
+    """[(kernel name, [Param, ...])] of every extern "C" __global__ function in a source."""
+    return [(name, [Param(p, real_dtype) for p in params.split(",") if p.strip()])
+            for name, params in _SIGNATURE.findall(source)]
+
+
+def _source_path(filename):
+    path = KERNEL_DIR / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"no kernel source {path} (minibp expects its kernels/ folder beside the package; "
+                                "install with pip install -e from a checkout)")
+    return path
+
+
+def _real_name(dtype):
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"kernels are instantiated for float32 or float64, not {dtype}")
+    return "float" if dtype == np.float32 else "double"
+
+
+@functools.lru_cache(maxsize=None)
+def load(filename, dtype=np.float32):
+    """The Module of kernels/<filename> for real_t = dtype, compiled on first use."""
+    path = _source_path(filename)
+    source = path.read_text()
+    signatures = parse_signatures(source, dtype)
+    if not signatures:
+        raise KernelError(f"{path} declares no extern \"C\" __global__ kernel")
+    build = _load_gpu if backend.device == "gpu" else _load_cpu
+    return Module(path, build(path, source, signatures, _real_name(dtype)))
+
+
+# ----------------------------------------------------------------------------- GPU: NVRTC
+
+def gpu_compile_options(real_name):
+    # --fmad=false: no fused multiply-add contraction, so float kernels round as g++ does on the CPU.
+    return ("-std=c++17", "--fmad=false", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}")
+
+
+def _load_gpu(path, source, signatures, real_name):
+    cupy = backend.xp
+    try:
+        module = cupy.RawModule(code=source, options=gpu_compile_options(real_name))
+        module.compile()
+    except cupy.cuda.compiler.CompileException as e:
+        raise KernelError(f"NVRTC could not compile {path}:\n{e}") from None
+    kernels = {}
+    for name, params in signatures:
+        function = module.get_function(name)
+        kernels[name] = Kernel(name, params, lambda grid, block, args, f=function: f(grid, block, tuple(args)))
+    return kernels
+
+
+def compile_cubin(filename, *, dtype=np.float32, arch="sm_90"):
+    """Compile kernels/<filename> to a CUBIN with NVRTC and the GPU path's options; needs no GPU.
+
+    Used by the tests to prove every kernel builds for the GPU machines on a machine without one.
+    """
+    from cupy.cuda import nvrtc  # the low-level API compiles without a device, RawModule does not
+    path = _source_path(filename)
+    program = nvrtc.createProgram(path.read_text(), path.name, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, list(gpu_compile_options(_real_name(dtype))) + [f"-arch={arch}"])
+        except nvrtc.NVRTCError as e:
+            raise KernelError(f"NVRTC could not compile {path} for {arch}: {e}\n"
+                              f"{nvrtc.getProgramLog(program)}") from None
+        return nvrtc.getCUBIN(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+# ----------------------------------------------------------------------------- CPU: g++ + shim
+
+def _cpu_arch_flags():
+    """-march for a build cached on disk: a named level the CPU supports, never -march=native."""
+    try:
+        flags = set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
+    except (OSError, AttributeError):
+        return []
+    if {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave", "abm"} <= flags:
+        return ["-march=x86-64-v3"]
+    if {"sse4_2", "ssse3", "popcnt"} <= flags:
+        return ["-march=x86-64-v2"]
+    return []
+
+
+def cpu_compile_command(real_name):
+    compiler = os.environ.get("CXX", "g++")
+    # -fno-math-errno keeps floorf/fminf inline; no -ffast-math: kernels must see NaN and Inf.
+    return [compiler, "-std=c++20", "-O3", *_cpu_arch_flags(), "-fno-math-errno", "-ftls-model=initial-exec", "-fopenmp", "-fPIC",
+            "-shared", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}"]
+
+
+def _cpu_wrapper_source(path, signatures):
+    """C++ that includes the kernel file and exports minibp_launch_<name>(grid, block, args...)."""
+    lines = [f'#include "{path}"', ""]
+    for name, params in signatures:
+        decl = ", ".join(["unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz"]
+                         + [p.c_text for p in params])
+        args = ", ".join(["dim3(gx, gy, gz)", "dim3(bx, by, bz)"] + [p.name for p in params])
+        lines.append(f'extern "C" void minibp_launch_{name}({decl}) {{ minibp_shim::launch<&{name}>({args}); }}')
+    return "\n".join(lines) + "\n"
+
+
+def _cache_dir():
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "minibp" / "kernels"
+
+
+def _compiler_version(compiler):
+    if shutil.which(compiler) is None:
+        raise KernelError(f"the C++ compiler {compiler!r} was not found: minibp compiles its kernels for the CPU "
+                          "with it. Install g++ (Debian/Ubuntu: apt-get install g++) or set CXX to a C++20 compiler.")
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+
+
+def _compile_cpu_library(path, signatures, real_name):
+    command = cpu_compile_command(real_name)
+    wrapper = _cpu_wrapper_source(path, signatures)
+    digest = hashlib.sha256()
+    for part in [wrapper, " ".join(command), _compiler_version(command[0])]:
+        digest.update(part.encode())
+    for dependency in sorted(KERNEL_DIR.glob("*")):  # the .cu itself and every header it may include
+        if dependency.suffix in (".cu", ".cuh", ".h"):
+            digest.update(dependency.name.encode() + dependency.read_bytes())
+    library = _cache_dir() / f"{path.stem}-{real_name}-{digest.hexdigest()[:20]}.so"
+    if library.exists():
+        return library
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
+        cpp, so = Path(tmp) / f"{path.stem}_launchers.cpp", Path(tmp) / "kernel.so"
+        cpp.write_text(wrapper)
+        done = subprocess.run(command + ["-o", str(so), str(cpp)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise KernelError(f"g++ could not compile {path} (real_t={real_name}):\n{done.stderr}")
+        os.replace(so, library)  # atomic: a concurrent process sees the old state or the whole file
+    return library
+
+
+def _load_cpu(path, source, signatures, real_name):
+    library = ctypes.CDLL(str(_compile_cpu_library(path, signatures, real_name)))
+    c_scalar = {np.float32: ctypes.c_float, np.float64: ctypes.c_double, np.int32: ctypes.c_int32,
+                np.int64: ctypes.c_int64, np.uint8: ctypes.c_uint8}
+    kernels = {}
+    for name, params in signatures:
+        function = getattr(library, f"minibp_launch_{name}")
+        function.restype = None
+        function.argtypes = [ctypes.c_uint] * 6 + [
+            ctypes.c_void_p if p.is_pointer else c_scalar[p.dtype.type] for p in params]
+
+        def launch(grid, block, args, f=function):
+            f(*grid, *block, *[a.ctypes.data if isinstance(a, np.ndarray) else a for a in args])
+
+        kernels[name] = Kernel(name, params, launch)
+    return kernels

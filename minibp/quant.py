@@ -1,0 +1,156 @@
+"""The k-bit activation store of METHOD.md: pack v = y/gamma into k-bit codes, and restore.
+
+For NHWC activations viewed as (M, C) with per-channel b = beta/gamma, K = 2^k:
+
+    shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1)
+    q       = clamp(floor((v - 1e-6) * K/6) + shift_c, 0, K-1)        the stored code
+    vhat    = (q - shift_c + 0.5) * 6/K                                bin midpoint
+    mask    = q >= shift_c         (= v >= 1e-6 in float32: the ReLU mask is exact)
+    xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)
+
+The cap of shift at K-1 is minibp's one change to the reference scheme (which clamps only at
+1): without it, a channel with b_c < -(K/2-1)*6/K has zero outside the code range and loses
+every positive value's mask bit. Codes are packed 8/k to a byte, element i in the most
+significant bits (at k = 4: i in the high nibble, i+1 in the low one).
+
+quantize/dequantize run one fused kernel (kernels/quant.cu) each; the *_ref functions are the
+plain NumPy statement of the same arithmetic, kept for readers and for the tests.
+"""
+import numpy as np
+
+from . import backend, kernels
+
+SUPPORTED_BITS = (2, 4, 8)
+MASK_THRESHOLD = np.float32(1e-6)
+
+
+def check_bits(bits):
+    if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
+        raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
+    return int(bits)
+
+
+def store_nbytes(num_values, bits):
+    """Bytes of the packed codes of num_values values."""
+    return num_values * check_bits(bits) // 8
+
+
+# ----------------------------------------------------------------------------- NumPy reference
+
+def shift_ref(b, *, bits):
+    K = np.float32(1 << bits)
+    scale = K / np.float32(6)
+    with np.errstate(over="ignore"):
+        return np.fmin(np.fmax(K * np.float32(0.5) - np.floor(np.asarray(b, np.float32) * scale), np.float32(1)), K - 1)
+
+
+def codes_ref(v, b, *, bits):
+    """Unpacked codes (uint8, v's shape) of v (..., C) with per-channel b (C,)."""
+    K = np.float32(1 << bits)
+    with np.errstate(over="ignore", invalid="ignore"):  # +-inf and NaN are coded like the kernel does
+        q = np.floor((np.asarray(v, np.float32) - MASK_THRESHOLD) * (K / np.float32(6))) + shift_ref(b, bits=bits)
+        return np.fmin(np.fmax(q, np.float32(0)), K - 1).astype(np.uint8)  # fmax: NaN -> 0, as the kernel
+
+
+def pack_ref(codes, *, bits):
+    per_byte = 8 // bits
+    codes = np.asarray(codes, np.uint8).reshape(-1, per_byte)
+    packed = np.zeros(codes.shape[0], np.uint8)
+    for t in range(per_byte):
+        packed |= codes[:, t] << np.uint8(8 - bits * (t + 1))
+    return packed
+
+
+def unpack_ref(packed, *, bits, shape):
+    per_byte = 8 // bits
+    slots = [(packed >> np.uint8(8 - bits * (t + 1))) & np.uint8((1 << bits) - 1) for t in range(per_byte)]
+    return np.stack(slots, axis=1).reshape(shape)
+
+
+def quantize_ref(v, b, *, bits):
+    return pack_ref(codes_ref(v, b, bits=bits), bits=bits)
+
+
+def dequantize_ref(packed, b, gamma, *, bits, shape):
+    """(xhat~, a~, mask) of the packed codes, in b's dtype (mask as uint8 0/1)."""
+    b = np.asarray(b)
+    shift = shift_ref(b, bits=bits)
+    q = unpack_ref(np.asarray(packed), bits=bits, shape=shape).astype(np.float32)
+    vhat = ((q - shift + np.float32(0.5)) * (np.float32(6) / np.float32(1 << bits))).astype(b.dtype)
+    xhat = vhat - b
+    mask = (q >= shift).astype(np.uint8)
+    a = np.where(mask, np.asarray(gamma, b.dtype) * vhat, b.dtype.type(0))  # relu(gamma * vhat), as gamma > 0
+    return xhat, a, mask
+
+
+# ----------------------------------------------------------------------------- kernels
+
+def _check_values(name, values, channels=None):
+    if not backend.is_device_array(values):
+        raise ValueError(f"{name} must be a {backend.xp.__name__} array, got {type(values).__name__}")
+    if values.dtype not in (np.float32, np.float64):
+        raise ValueError(f"{name} must be float32 (or float64), got {values.dtype}")
+    if not values.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (NHWC, channels last)")
+    if channels is not None and values.shape != (channels,):
+        raise ValueError(f"{name} must have shape ({channels},), one value per channel; got {values.shape}")
+
+
+def _check_layout(shape, bits):
+    per_byte = 8 // bits
+    if len(shape) < 1 or shape[-1] < 1:
+        raise ValueError(f"activations need a channel axis last (NHWC), got shape {shape}")
+    size, channels = int(np.prod(shape)), shape[-1]
+    if size % per_byte or channels % per_byte:
+        raise ValueError(f"at {bits} bits {per_byte} values share a byte: the element count ({size}) and the "
+                         f"channel count ({channels}) must be multiples of {per_byte}")
+    return size, channels
+
+
+def quantize_into(v, b, codes, *, bits):
+    """Write the packed codes of v (..., C) into codes (size*bits/8,) uint8."""
+    bits = check_bits(bits)
+    _check_values("v", v)
+    size, channels = _check_layout(v.shape, bits)
+    _check_values("b", b, channels)
+    if b.dtype != v.dtype:
+        raise ValueError(f"b ({b.dtype}) must have v's dtype ({v.dtype})")
+    if codes.dtype != np.uint8 or codes.shape != (size * bits // 8,):
+        raise ValueError(f"codes must be uint8 of shape ({size * bits // 8},), got {codes.dtype} {codes.shape}")
+    n_bytes = size * bits // 8
+    kernels.load("quant.cu", v.dtype).quantize(n_bytes, channels, bits, v, b, codes, threads=n_bytes)
+    return codes
+
+
+def quantize(v, b, *, bits):
+    """The packed codes (uint8, size*bits/8) of v (..., C), with per-channel b = beta/gamma (C,)."""
+    _check_values("v", v)
+    codes = backend.xp.empty(int(np.prod(v.shape)) * check_bits(bits) // 8, dtype=np.uint8)
+    return quantize_into(v, b, codes, bits=bits)
+
+
+def dequantize_into(codes, b, gamma, *, bits, shape, xhat=None, a=None, mask=None):
+    """Write any of xhat~, a~ (b's dtype) and mask (uint8) of shape `shape` from the packed codes."""
+    bits = check_bits(bits)
+    size, channels = _check_layout(tuple(shape), bits)
+    _check_values("b", b, channels)
+    _check_values("gamma", gamma, channels)
+    if gamma.dtype != b.dtype:
+        raise ValueError(f"gamma ({gamma.dtype}) must have b's dtype ({b.dtype})")
+    if not backend.is_device_array(codes) or codes.dtype != np.uint8 or codes.size != size * bits // 8:
+        raise ValueError(f"codes must be a uint8 array of {size * bits // 8} bytes for shape {tuple(shape)} at "
+                         f"{bits} bits")
+    for name, out, dtype in (("xhat", xhat, b.dtype), ("a", a, b.dtype), ("mask", mask, np.uint8)):
+        if out is not None and (out.shape != tuple(shape) or out.dtype != dtype):
+            raise ValueError(f"{name} must be {np.dtype(dtype)} of shape {tuple(shape)}, got {out.dtype} {out.shape}")
+    n_bytes = size * bits // 8
+    kernels.load("quant.cu", b.dtype).dequantize(n_bytes, channels, bits, codes, b, gamma, xhat, a, mask,
+                                                 threads=n_bytes)
+    return xhat, a, mask
+
+
+def dequantize(codes, b, gamma, *, bits, shape):
+    """(xhat~, a~, mask) of shape `shape` from packed codes; see the module docstring."""
+    xp = backend.xp
+    outputs = dict(xhat=xp.empty(shape, b.dtype), a=xp.empty(shape, b.dtype), mask=xp.empty(shape, np.uint8))
+    return dequantize_into(codes, b, gamma, bits=bits, shape=shape, **outputs)

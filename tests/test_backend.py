@@ -1,0 +1,36 @@
+"""The device split: MINIBP_DEVICE is honoured, and asking for a GPU that is not there fails clearly."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minibp import backend
+
+
+def _import_backend(device):
+    env = dict(os.environ, MINIBP_DEVICE=device)
+    return subprocess.run([sys.executable, "-c", "from minibp import backend; print(backend.device)"],
+                          env=env, capture_output=True, text=True)
+
+
+def test_cpu_is_numpy():
+    done = _import_backend("cpu")
+    assert done.returncode == 0 and done.stdout.strip() == "cpu"
+
+
+@pytest.mark.skipif(backend.device == "gpu", reason="this machine has a GPU")
+def test_gpu_without_a_device_fails_with_a_clear_message():
+    done = _import_backend("gpu")
+    assert done.returncode != 0
+    assert "MINIBP_DEVICE=gpu" in done.stderr and "CuPy" in done.stderr
+
+
+def test_unknown_device_is_refused():
+    done = _import_backend("tpu")
+    assert done.returncode != 0 and "must be 'cpu' or 'gpu'" in done.stderr
+
+
+def test_to_host_returns_numpy():
+    import numpy as np
+    assert isinstance(backend.to_host(backend.xp.zeros(3)), np.ndarray)

@@ -1,0 +1,136 @@
+"""The kernel loader: signatures, argument checks, launch shapes, compiler errors, GPU builds."""
+import shutil
+
+import numpy as np
+import pytest
+
+from minibp import backend, kernels
+from conftest import device, host
+
+KERNEL_FILES = sorted(p.name for p in kernels.KERNEL_DIR.glob("*.cu"))
+
+
+def test_every_kernel_file_is_found():
+    assert {"quant.cu"} <= set(KERNEL_FILES)
+
+
+@pytest.mark.parametrize("filename", KERNEL_FILES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kernel_compiles_for_sm90_with_nvrtc(filename, dtype):
+    """Every kernel file builds for the H200 (sm_90) with the GPU path's NVRTC and options."""
+    cubin = kernels.compile_cubin(filename, dtype=dtype, arch="sm_90")
+    assert cubin[:4] == b"\x7fELF" and len(cubin) > 500
+
+
+@pytest.mark.parametrize("filename", KERNEL_FILES)
+def test_kernel_file_loads_for_both_real_types(filename):
+    for dtype in (np.float32, np.float64):
+        module = kernels.load(filename, dtype)
+        assert module.kernels, filename
+
+
+def test_signature_parsing():
+    source = 'extern "C" __global__ void k(long long n, const real_t* __restrict__ x, unsigned char* y, float s) {}'
+    [(name, params)] = kernels.parse_signatures(source, np.float64)
+    assert name == "k"
+    assert [(p.name, p.dtype, p.is_pointer, p.is_const) for p in params] == [
+        ("n", np.int64, False, False), ("x", np.float64, True, True), ("y", np.uint8, True, False),
+        ("s", np.float32, False, False)]
+    with pytest.raises(kernels.KernelError, match="short"):
+        kernels.parse_signatures('extern "C" __global__ void k(short n) {}', np.float32)
+
+
+@pytest.fixture
+def quant_module():
+    return kernels.load("quant.cu", np.float32)
+
+
+def _quantize_args(n_bytes=8):
+    v = device(np.linspace(-3, 3, 2 * n_bytes, dtype=np.float32))
+    return [n_bytes, 2, 4, v, device(np.zeros(2, np.float32)), device(np.zeros(n_bytes, np.uint8))]
+
+
+def test_arguments_are_checked_before_launch(quant_module):
+    q = quant_module.quantize
+    args = _quantize_args()
+    with pytest.raises(ValueError, match="takes 6 arguments"):
+        q(*args[:5], threads=8)
+    bad = list(args); bad[3] = args[3].astype(np.float64)
+    with pytest.raises(ValueError, match="'v'.*float32"):
+        q(*bad, threads=8)
+    bad = list(args); bad[3] = device(np.zeros((32, 2), np.float32))[:, 0]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        q(*bad, threads=8)
+    bad = list(args); bad[1] = 2**40
+    with pytest.raises(ValueError, match="does not fit int32"):
+        q(*bad, threads=8)
+    bad = list(args); bad[2] = 4.5
+    with pytest.raises(ValueError, match="integer"):
+        q(*bad, threads=8)
+    bad = list(args); bad[3] = [0.0] * 16
+    with pytest.raises(ValueError, match="array"):
+        q(*bad, threads=8)
+    with pytest.raises(ValueError, match="threads= or"):
+        q(*args)
+    with pytest.raises(ValueError, match="1 to 3 positive"):
+        q(*args, grid=(0,), block=(1,))
+
+
+@pytest.mark.skipif(backend.device != "cpu", reason="NumPy arrays carry the writeable flag")
+def test_read_only_output_is_refused(quant_module):
+    args = _quantize_args()
+    args[5].flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        quant_module.quantize(*args, threads=8)
+
+
+@pytest.mark.parametrize("grid,block", [((1,), (1,)), ((3,), (7,)), ((1,), (1000,)), ((4096,), (256,)),
+                                        ((2, 3, 5), (2, 3, 4))])
+def test_any_launch_shape_gives_the_same_result(quant_module, grid, block):
+    rng = np.random.default_rng(1)
+    v = rng.standard_normal((333, 6)).astype(np.float32) * 2
+    b = rng.standard_normal(6).astype(np.float32)
+    codes = device(np.zeros(v.size // 2, np.uint8))
+    quant_module.quantize(v.size // 2, 6, 4, device(v), device(b), codes, grid=grid, block=block)
+    from minibp.quant import quantize_ref
+    assert np.array_equal(host(codes), quantize_ref(v, b, bits=4))
+
+
+
+
+@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
+def test_compiler_errors_name_the_file_and_show_the_log(tmp_path, monkeypatch):
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    for header in ("cpu_shim.h", "common.cuh"):
+        shutil.copy(kernels.KERNEL_DIR / header, kdir / header)
+    (kdir / "broken.cu").write_text('#include "common.cuh"\nextern "C" __global__ void f(int n) { undefined_name; }\n')
+    monkeypatch.setattr(kernels, "KERNEL_DIR", kdir)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(kernels.KernelError, match=r"(?s)broken\.cu.*undefined_name"):
+        kernels.load.__wrapped__("broken.cu", np.float32)
+
+
+@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
+def test_missing_compiler_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-minibp")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(kernels.KernelError, match="apt-get install g\\+\\+"):
+        kernels.load.__wrapped__("quant.cu", np.float32)
+
+
+@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
+def test_cpu_builds_are_cached_under_xdg_cache_home_without_march_native(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kernels.load.__wrapped__("quant.cu", np.float32)
+    built = list((tmp_path / "minibp" / "kernels").glob("quant-float-*.so"))
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    kernels.load.__wrapped__("quant.cu", np.float32)  # a second process-level load reuses the file
+    assert built[0].stat().st_mtime_ns == mtime
+    assert "-march=native" not in kernels.cpu_compile_command("float")
+
+
+def test_missing_kernel_file_is_a_clear_error():
+    with pytest.raises(FileNotFoundError, match="no kernel source"):
+        kernels.load("no_such_file.cu")
