@@ -28,7 +28,7 @@ namespace minibp_shim {
 template <auto kernel, class... Args>
 __attribute__((flatten)) void launch(dim3 grid, dim3 block, Args... args) {
     const long long blocks = (long long)grid.x * grid.y * grid.z;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (blocks > 1)
     for (long long b = 0; b < blocks; ++b) {
         gridDim = grid;
         blockDim = block;

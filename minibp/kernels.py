@@ -223,9 +223,10 @@ def _cpu_arch_flags():
 
 def cpu_compile_command(real_name):
     compiler = os.environ.get("CXX", "g++")
-    # -fno-math-errno keeps floorf/fminf inline; no -ffast-math: kernels must see NaN and Inf.
-    return [compiler, "-std=c++20", "-O3", *_cpu_arch_flags(), "-fno-math-errno", "-ftls-model=initial-exec", "-fopenmp", "-fPIC",
-            "-shared", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}"]
+    # -fno-math-errno keeps floor inline; -ffp-contract=off: no FMA contraction, as --fmad=false on the
+    # GPU, so every kernel rounds like its NumPy reference; no -ffast-math: kernels must see NaN and Inf.
+    return [compiler, "-std=c++20", "-O3", *_cpu_arch_flags(), "-fno-math-errno", "-ffp-contract=off",
+            "-fopenmp", "-fPIC", "-shared", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}"]
 
 
 def _cpu_wrapper_source(path, signatures):
@@ -275,6 +276,10 @@ def _compile_cpu_library(path, signatures, real_name):
 
 
 def _load_cpu(path, source, signatures, real_name):
+    # OpenMP threads that spin between kernels fight NumPy's BLAS threads (which spin between GEMMs)
+    # for the same cores: measured 13x slower on 2 cores. Sleeping at once costs a few microseconds
+    # a launch instead. libgomp reads this when the first kernel library loads it.
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     library = ctypes.CDLL(str(_compile_cpu_library(path, signatures, real_name)))
     c_scalar = {np.float32: ctypes.c_float, np.float64: ctypes.c_double, np.int32: ctypes.c_int32,
                 np.int64: ctypes.c_int64, np.uint8: ctypes.c_uint8}

@@ -1,0 +1,50 @@
+"""SGD with momentum: the kernel against its reference, and weight decay on weights only."""
+import numpy as np
+import pytest
+
+from minibp import optim
+from minibp.net import Net
+from conftest import device, host
+
+
+def _net():
+    net = Net((4, 4, 2))
+    net.conv(4, kernel=3)
+    net.conv(4, kernel=1)
+    net.classifier(3)
+    return net.compile(batch=2, mode="4", seed=0)
+
+
+def test_sgd_kernel_equals_reference_exactly(rng):
+    net = _net()
+    params0 = host(net.params).copy()
+    grads = rng.standard_normal(params0.shape).astype(np.float32)
+    velocity = rng.standard_normal(params0.shape).astype(np.float32)
+    net.grads[...] = device(grads)
+    net.arena["velocity"][...] = device(velocity)
+    opt = optim.SGD(net, momentum=0.9, weight_decay=2e-4)
+    opt.step(lr=0.1)
+    want_p, want_v = optim.sgd_momentum_ref(params0, grads, velocity, n_decay=net.num_decayed, lr=0.1, momentum=0.9,
+                                            weight_decay=2e-4)
+    assert np.array_equal(host(net.params), want_p)
+    assert np.array_equal(host(net.arena["velocity"]), want_v)
+
+
+def test_weight_decay_skips_batchnorm_and_bias():
+    net = _net()
+    net.params[...] = 1
+    net.grads[...] = 0
+    optim.SGD(net, momentum=0.0, weight_decay=0.5).step(lr=1.0)
+    for name, shape, decayed in net.parameter_table():
+        assert np.all(host(net.param_views[name]) == (0.5 if decayed else 1.0)), name
+    assert not any(d for name, _, d in net.parameter_table() if name.endswith((".gamma", ".beta", ".bias")))
+
+
+def test_bad_options_are_refused():
+    net = _net()
+    with pytest.raises(ValueError, match="momentum"):
+        optim.SGD(net, momentum=1.5)
+    with pytest.raises(ValueError, match="learning rate"):
+        optim.SGD(net).step(lr=float("nan"))
+    with pytest.raises(RuntimeError, match="compile"):
+        optim.SGD(Net((4, 4, 2)))
