@@ -40,77 +40,87 @@ extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chun
     }
 }
 
-// The unit's normalised value and ReLU mask at element e (channel c), exactly as the forward pass
-// computed them (bits = 0) or as the k-bit store restores them.
+// The unit's normalised value, activation and ReLU mask of one element of channel c: exactly as the
+// forward pass computes them from x, or as the k-bit store restores them from the element's code.
 struct Restored { real_t xhat, a; bool on; };
 
-__device__ __forceinline__ Restored restore(long long e, int c, int C, int bits, const real_t* x,
-                                            const unsigned char* codes, const real_t* stats, const real_t* beta) {
-    const real_t gamma_c = stats[2 * C + c];
+__device__ __forceinline__ Restored from_x(real_t x, int c, int C, const real_t* stats, const real_t* beta) {
     Restored r;
-    if (bits == 0) {
-        r.xhat = (x[e] - stats[c]) / stats[C + c];
-        const real_t y = gamma_c * r.xhat + beta[c];
-        r.on = y > 0;
-        r.a = y <= 0 ? (real_t)0 : y;  // relu that lets NaN through, so a diverged net shows in the loss
-    } else {
-        const real_t b = stats[3 * C + c];
-        const float shift = quant_shift((float)b, bits);
-        const int code = quant_unpack(codes, e, bits);
-        const real_t vhat = (real_t)quant_vhat(code, shift, bits);
-        r.xhat = vhat - b;
-        r.on = code >= shift;
-        const real_t y = gamma_c * vhat;
-        r.a = y > 0 ? y : (real_t)0;
-    }
+    r.xhat = (x - stats[c]) / stats[C + c];
+    const real_t y = stats[2 * C + c] * r.xhat + beta[c];
+    r.on = y > 0;
+    r.a = y <= 0 ? (real_t)0 : y;  // relu that lets NaN through, so a diverged net shows in the loss
     return r;
+}
+
+__device__ __forceinline__ Restored from_code(int code, int c, int C, int bits, const real_t* stats) {
+    const real_t b = stats[3 * C + c];
+    const float shift = quant_shift((float)b, bits);
+    const real_t vhat = (real_t)quant_vhat(code, shift, bits);
+    Restored r;
+    r.xhat = vhat - b;
+    r.on = code >= shift;
+    const real_t y = stats[2 * C + c] * vhat;
+    r.a = y > 0 ? y : (real_t)0;
+    return r;
+}
+
+// Elementwise kernels run one thread per row (pixel) of C contiguous channels: in-order memory, no
+// division to find a channel, and the row's codes are whole bytes (C is a multiple of 8/k).
+// Element c of a row is restored from the exact store (bits = 0) or from its code.
+__device__ __forceinline__ Restored restore_in_row(long long r, int c, int C, int bits, const real_t* x_copy,
+                                                   const unsigned char* codes, const real_t* stats,
+                                                   const real_t* beta) {
+    if (bits == 0) return from_x(x_copy[r * C + c], c, C, stats, beta);
+    const int per_byte = 8 / bits;
+    const unsigned char byte = codes[(r * C + c) / per_byte];
+    const int code = (byte >> (8 - bits * (c % per_byte + 1))) & ((1 << bits) - 1);
+    return from_code(code, c, C, bits, stats);
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
 // of v = xhat + b (codes non-null). naive = 1 writes a~ (restored from the codes) instead of a: the
-// ablation that feeds approximations forward. One thread per byte of codes (per element when exact).
-extern "C" __global__ void batchnorm_relu_forward(long long groups, int C, int bits, int naive, const real_t* x,
+// ablation that feeds approximations forward. x, a, x_copy are (rows, C); codes (rows * C * bits / 8,).
+extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int bits, int naive, const real_t* x,
                                                   const real_t* stats, const real_t* beta, real_t* a,
                                                   real_t* x_copy, unsigned char* codes) {
-    const int per_group = bits ? 8 / bits : 1;
-    GRID_STRIDE_LOOP(j, groups) {
-        const long long e0 = j * per_group;
-        const int c0 = (int)(e0 % C);
-        int byte = 0;
-        for (int t = 0; t < per_group; ++t) {
-            const long long e = e0 + t;
-            const int c = c0 + t;
-            const Restored exact = restore(e, c, C, 0, x, codes, stats, beta);
-            if (codes) {
-                const float shift = quant_shift((float)stats[3 * C + c], bits);
-                const int code = quant_code((float)(exact.xhat + stats[3 * C + c]), shift, bits);
-                byte = (byte << bits) | code;
-                if (naive && exact.a == exact.a) {  // (a NaN still goes forward)
-                    const real_t y = stats[2 * C + c] * (real_t)quant_vhat(code, shift, bits);
-                    a[e] = y > 0 ? y : (real_t)0;
-                } else {
-                    a[e] = exact.a;
-                }
-            } else {
-                a[e] = exact.a;
-            }
-            if (x_copy) x_copy[e] = x[e];
+    GRID_STRIDE_LOOP(r, rows) {
+        const real_t* x_row = x + r * C;
+        real_t* a_row = a + r * C;
+        if (x_copy)
+            for (int c = 0; c < C; ++c) x_copy[r * C + c] = x_row[c];
+        if (!codes) {
+            for (int c = 0; c < C; ++c) a_row[c] = from_x(x_row[c], c, C, stats, beta).a;
+            continue;
         }
-        if (codes) codes[j] = (unsigned char)byte;
+        const int per_byte = 8 / bits;
+        unsigned char* code_row = codes + r * C / per_byte;
+        for (int c0 = 0; c0 < C; c0 += per_byte) {
+            int byte = 0;
+            for (int c = c0; c < c0 + per_byte; ++c) {
+                const Restored exact = from_x(x_row[c], c, C, stats, beta);
+                const real_t b = stats[3 * C + c];
+                const int code = quant_code((float)(exact.xhat + b), quant_shift((float)b, bits), bits);
+                byte = (byte << bits) | code;
+                // naive: a~ goes forward (a NaN still does, so divergence shows)
+                a_row[c] = naive && exact.a == exact.a ? from_code(code, c, C, bits, stats).a : exact.a;
+            }
+            code_row[c0 / per_byte] = (unsigned char)byte;
+        }
     }
 }
 
-// Recompute a (exact mode) or restore a~ (k-bit) from the store, for the weight gradient.
-extern "C" __global__ void batchnorm_relu_restore(long long n, int C, int bits, const real_t* x_copy,
+// Recompute a (exact mode) or restore a~ (k-bit) from the store, for the weight gradient. a is (rows, C).
+extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int bits, const real_t* x_copy,
                                                   const unsigned char* codes, const real_t* stats,
                                                   const real_t* beta, real_t* a) {
-    GRID_STRIDE_LOOP(e, n) {
-        a[e] = restore(e, (int)(e % C), C, bits, x_copy, codes, stats, beta).a;
+    GRID_STRIDE_LOOP(r, rows) {
+        for (int c = 0; c < C; ++c) a[r * C + c] = restore_in_row(r, c, C, bits, x_copy, codes, stats, beta).a;
     }
 }
 
 // Partial sums of dbeta = sum(dy) and dgamma = sum(dy * xhat~), dy = da * mask, per (chunk, c):
-// partial is (2, chunks, C).
+// partial is (2, chunks, C). One thread per (chunk, channel), as channel_sums.
 extern "C" __global__ void batchnorm_relu_backward_sums(long long rows, int C, int rows_per_chunk, int bits,
                                                         const real_t* da, const real_t* x_copy,
                                                         const unsigned char* codes, const real_t* stats,
@@ -118,13 +128,11 @@ extern "C" __global__ void batchnorm_relu_backward_sums(long long rows, int C, i
     const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
     GRID_STRIDE_LOOP(i, chunks * C) {
         const ChunkOfColumn t = chunk_of_column(i, rows, C, rows_per_chunk);
-        const int c = t.c;
-        const long long r0 = t.r0, r1 = t.r1;
         real_t dbeta = 0, dgamma = 0;
-        for (long long r = r0; r < r1; ++r) {
-            const long long e = r * C + c;
-            const Restored s = restore(e, c, C, bits, x_copy, codes, stats, beta);
-            const real_t dy = s.on ? da[e] : (real_t)0;
+        for (long long r = t.r0; r < t.r1; ++r) {
+            const Restored s = restore_in_row(r, t.c, C, bits, x_copy, codes, stats, beta);
+            const real_t da_e = da[r * C + t.c];  // loaded unconditionally: a select, not a branch
+            const real_t dy = s.on ? da_e : (real_t)0;
             dbeta += dy;
             dgamma += dy * s.xhat;
         }
@@ -134,18 +142,22 @@ extern "C" __global__ void batchnorm_relu_backward_sums(long long rows, int C, i
 }
 
 // dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) [+ residual_grad], where
-// sums = (2, C) holds this batch's dbeta and dgamma. dx may be da itself (in place).
-extern "C" __global__ void batchnorm_relu_backward_dx(long long n, int C, int bits, const real_t* da,
+// sums = (2, C) holds this batch's dbeta and dgamma. dx may be da itself (in place). (rows, C) arrays.
+extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int bits, const real_t* da,
                                                       const real_t* x_copy, const unsigned char* codes,
                                                       const real_t* stats, const real_t* beta,
                                                       const real_t* sums, real_t inv_count,
                                                       const real_t* residual_grad, real_t* dx) {
-    GRID_STRIDE_LOOP(e, n) {
-        const int c = (int)(e % C);
-        const Restored s = restore(e, c, C, bits, x_copy, codes, stats, beta);
-        const real_t dy = s.on ? da[e] : (real_t)0;
-        real_t g = stats[2 * C + c] / stats[C + c] * (dy - sums[c] * inv_count - s.xhat * sums[C + c] * inv_count);
-        if (residual_grad) g += residual_grad[e];
-        dx[e] = g;
+    GRID_STRIDE_LOOP(r, rows) {
+        for (int c = 0; c < C; ++c) {
+            const long long e = r * C + c;
+            const Restored s = restore_in_row(r, c, C, bits, x_copy, codes, stats, beta);
+            const real_t da_e = da[e];  // loaded unconditionally: a select, not a branch
+            const real_t dy = s.on ? da_e : (real_t)0;
+            real_t g = stats[2 * C + c] / stats[C + c] *
+                       (dy - sums[c] * inv_count - s.xhat * sums[C + c] * inv_count);
+            if (residual_grad) g += residual_grad[e];
+            dx[e] = g;
+        }
     }
 }

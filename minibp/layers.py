@@ -194,19 +194,19 @@ def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=Non
     """a = relu(gamma (x - mean) / sigma + beta) for x, a (..., C); writes the store when given
     (x_copy at bits = 0, codes otherwise). naive: a is the restored a~ (the ablation)."""
     C = x.shape[-1]
-    per_group = 8 // bits if bits else 1
-    groups = x.size // per_group
+    rows = x.size // C
     if naive and (bits == 0 or codes is None):
         raise ValueError("naive mode feeds the k-bit codes forward: it needs bits > 0 and a codes buffer")
-    _k("bn.cu", x.dtype).batchnorm_relu_forward(groups, C, bits, int(naive), x, stats, beta, a, x_copy, codes,
-                                                 threads=groups)
+    _k("bn.cu", x.dtype).batchnorm_relu_forward(rows, C, bits, int(naive), x, stats, beta, a, x_copy, codes,
+                                                 threads=rows)
 
 
 def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None):
     """a (the exact activation at bits = 0, else a~) from the unit's store."""
     x_copy, codes = _store_args(bits, x_copy, codes)
-    _k("bn.cu", a.dtype).batchnorm_relu_restore(a.size, a.shape[-1], bits, x_copy, codes, stats, beta, a,
-                                                 threads=a.size)
+    rows = a.size // a.shape[-1]
+    _k("bn.cu", a.dtype).batchnorm_relu_restore(rows, a.shape[-1], bits, x_copy, codes, stats, beta, a,
+                                                 threads=rows)
 
 
 def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=None, dgamma, dbeta, partial,
@@ -228,8 +228,8 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
     xp.sum(part.reshape(2, chunks, C), axis=1, out=sums)
     dbeta += sums[0]
     dgamma += sums[1]
-    module.batchnorm_relu_backward_dx(da.size, C, bits, da, x_copy, codes, stats, beta, sums, 1.0 / rows,
-                                      residual_grad, dx, threads=da.size)
+    module.batchnorm_relu_backward_dx(rows, C, bits, da, x_copy, codes, stats, beta, sums, 1.0 / rows,
+                                      residual_grad, dx, threads=rows)
 
 
 def batchnorm_relu_forward_ref(x, gamma, beta, *, eps):

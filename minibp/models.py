@@ -36,10 +36,15 @@ def preact_resnet(depth, *, input_shape=(32, 32, 3), classes=10, dtype=np.float3
     return net
 
 
+def depth_of(name):
+    """'resnet<9n+2>' -> 9n+2, or a ValueError that says which names exist."""
+    match = re.fullmatch(r"resnet(\d+)", str(name))
+    if not match or int(match.group(1)) < 11 or (int(match.group(1)) - 2) % 9:
+        raise ValueError(f"unknown model {name!r}: use resnet<depth> with depth = 9n+2 (resnet11, resnet20, "
+                         "resnet164, resnet1001, ...)")
+    return int(match.group(1))
+
+
 def by_name(name, **options):
     """'resnet<9n+2>' (resnet20, resnet164, resnet1001, ...) -> preact_resnet(9n+2, **options)."""
-    match = re.fullmatch(r"resnet(\d+)", str(name))
-    if not match:
-        raise ValueError(f"unknown model {name!r}: use resnet<depth> with depth = 9n+2 (resnet20, resnet164, "
-                         "resnet1001)")
-    return preact_resnet(int(match.group(1)), **options)
+    return preact_resnet(depth_of(name), **options)

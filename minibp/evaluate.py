@@ -1,0 +1,52 @@
+"""Test accuracy of a training run's checkpoint.
+
+    python -m minibp.evaluate runs/fm-4bit                 # the run folder, or its checkpoint.h5
+    python -m minibp.evaluate runs/fm-4bit --split train   # or on the training images
+
+The model, data and mode come from the checkpoint's saved configuration; BN uses its running statistics.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import checkpoint, data, models
+from .train import evaluate
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m minibp.evaluate", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run", help="a run folder (with checkpoint.h5) or a checkpoint file")
+    parser.add_argument("--split", choices=["test", "train"], default="test")
+    parser.add_argument("--data-dir", help="where the <data>.h5 file is (default: the run's)")
+    parser.add_argument("--batch", type=int, default=None, help="images a forward pass (default: the run's sub-batch)")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    args = parser.parse_args(argv)
+    path = Path(args.run)
+    path = path / "checkpoint.h5" if path.is_dir() else path
+    try:
+        saved = checkpoint.load(path)
+        config = saved.config
+        data_path = data.dataset_path(args.data_dir or config["data_dir"], config["data"])
+        train_split = data.load_split(data_path, "train")
+        split = train_split if args.split == "train" else data.load_split(data_path, args.split)
+        net = models.by_name(config["model"], input_shape=split.images.shape[1:], classes=split.classes)
+        net.compile(batch=args.batch or config["batch"] // config["split"], mode=config["bits"])
+        checkpoint.restore(net, saved)
+        loss, accuracy = evaluate(net, split, train_split.pixel_mean())
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    result = dict(checkpoint=str(path), iteration=saved.iteration, split=args.split, images=len(split.labels),
+                  loss=loss, accuracy=accuracy, model=config["model"], bits=config["bits"], data=config["data"])
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{config['model']} mode {config['bits']} at iteration {saved.iteration}: {args.split} accuracy "
+              f"{accuracy:.4f} (loss {loss:.4f}) on {len(split.labels):,} {config['data']} images")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The training script end to end on a tiny data set: learning, metrics, checkpoints, resume, Ctrl-C."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from minibp import checkpoint, evaluate, train
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_dataset(directory, name="cifar10", *, n_train=256, n_test=64, shape=(8, 8, 3), classes=4, seed=0):
+    """A learnable data set: each class has its own mean image, plus noise."""
+    rng = np.random.default_rng(seed)
+    prototypes = rng.integers(40, 216, (classes,) + shape)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs.update(name=name, classes=classes)
+        for split, n in (("train", n_train), ("test", n_test)):
+            labels = rng.integers(0, classes, n)
+            images = np.clip(prototypes[labels] + rng.normal(0, 25, (n,) + shape), 0, 255).astype(np.uint8)
+            f.create_dataset(f"{split}/images", data=images)
+            f.create_dataset(f"{split}/labels", data=labels)
+    return path
+
+
+def base_args(tmp_path, out="run", **overrides):
+    options = dict(data="cifar10", data_dir=str(tmp_path / "data"), model="resnet11", batch=16, iters=6,
+                   lr_schedule="0:0.05", log_every=2, val_every=3, checkpoint_every=3, out=str(tmp_path / out))
+    options.update(overrides)
+    argv = []
+    for key, value in options.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    return argv
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    make_dataset(tmp_path / "data")
+    return tmp_path / "data"
+
+
+def read_metrics(run):
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_lowers_the_loss_and_writes_metrics(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, iters=60, log_every=10, val_every=30, lr_schedule="0:0.05")) == 0
+    records = read_metrics(tmp_path / "run")
+    train_records = [r for r in records if r["kind"] == "train"]
+    val_records = [r for r in records if r["kind"] == "val"]
+    assert [r["iter"] for r in train_records] == list(range(10, 61, 10))
+    assert [r["iter"] for r in val_records] == [30, 60]
+    assert set(train_records[0]) >= {"loss", "accuracy", "lr", "images_per_s", "planned_bytes"}
+    assert train_records[-1]["loss"] < train_records[0]["loss"] * 0.8
+    assert val_records[-1]["accuracy"] > 0.5  # 4 classes: chance is 0.25
+    printed = capsys.readouterr().out
+    assert "iter     60/60" in printed and "validation" in printed and "plan" in printed
+    # the evaluation command reads the checkpoint and agrees with the last validation
+    assert evaluate.main([str(tmp_path / "run"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["iteration"] == 60 and abs(result["accuracy"] - val_records[-1]["accuracy"]) < 1e-9
+
+
+@pytest.mark.parametrize("bits", ["exact", "8", "naive"])
+def test_every_mode_trains(tmp_path, data_dir, bits):
+    assert train.main(base_args(tmp_path, bits=bits, iters=3, val_every=3)) == 0
+
+
+def test_resume_gives_bit_identical_weights(tmp_path, data_dir):
+    assert train.main(base_args(tmp_path, out="straight", iters=6)) == 0
+    assert train.main(base_args(tmp_path, out="resumed", iters=3)) == 0
+    assert train.main(["--out", str(tmp_path / "resumed"), "--resume", "--iters", "6"]) == 0
+    a, b = checkpoint.load(tmp_path / "straight" / "checkpoint.h5"), checkpoint.load(tmp_path / "resumed" /
+                                                                                      "checkpoint.h5")
+    assert a.iteration == b.iteration == 6
+    assert np.array_equal(a.params, b.params) and np.array_equal(a.velocity, b.velocity)
+    assert np.array_equal(a.running, b.running)
+    assert [r for r in read_metrics(tmp_path / "straight") if r["kind"] == "val"] == [
+        r for r in read_metrics(tmp_path / "resumed") if r["kind"] == "val"]
+
+
+def test_split_accumulates_sub_batches(tmp_path, data_dir):
+    assert train.main(base_args(tmp_path, batch=16, split=2, iters=3, val_every=3)) == 0
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").iteration == 3
+
+
+def test_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path, data_dir):
+    argv = base_args(tmp_path, iters=100000, log_every=1, val_every=100000, checkpoint_every=100000)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    process = subprocess.Popen([sys.executable, "-m", "minibp.train"] + argv, cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    assert "--resume" in output
+    saved = checkpoint.load(tmp_path / "run" / "checkpoint.h5")
+    assert saved.iteration >= 2
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", str(saved.iteration + 1)]) == 0
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").iteration == saved.iteration + 1
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(batch=10, split=3), "multiple of --split"),
+    (dict(model="resnet12"), "unknown model"),
+    (dict(lr_schedule="1:0.1"), "start at iteration 0"),
+    (dict(lr_schedule="fast"), "ITER:LR"),
+    (dict(data="cifar100"), "datasets/prepare.py cifar100"),
+    (dict(iters=0), "--iters"),
+])
+def test_bad_flags_and_missing_files_are_clear_errors(tmp_path, data_dir, capsys, overrides, match):
+    assert train.main(base_args(tmp_path, **overrides)) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, capsys):
+    assert train.main(base_args(tmp_path, data="fashion-mnist", data_dir=str(tmp_path / "nothing"))) == 2
+    err = capsys.readouterr().err
+    assert "apt-get install dataset-fashion-mnist" in err and "datasets/prepare.py fashion-mnist" in err
+
+
+def test_resume_and_overwrite_are_guarded(tmp_path, data_dir, capsys):
+    assert train.main(["--out", str(tmp_path / "nothing"), "--resume"]) == 2
+    assert "no checkpoint" in capsys.readouterr().err
+    assert train.main(base_args(tmp_path, iters=3, val_every=3)) == 0
+    assert train.main(base_args(tmp_path, iters=3, val_every=3)) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_unknown_flag_exits_with_usage(tmp_path):
+    with pytest.raises(SystemExit):
+        train.main(["--bits", "3"])
