@@ -1,163 +1,251 @@
 // Batch normalisation + ReLU of one unit, fused with writing (and reading) its activation store.
-// NumPy references: minibp/layers.py (batchnorm_relu_*_ref).
+// NumPy references: minibp/layers.py (batchnorm_relu_*_ref) and minibp/quant.py.
 //
-// Activations are (M, C), channels last. stats is the unit's (4, C) table, written by the forward
-// pass and read by the backward pass:
-//     stats[0] = mean_c   stats[1] = sigma_c = sqrt(var_c + eps)
-//     stats[2] = gamma_c (gamma clamped to >= 1e-8)   stats[3] = b_c = beta_c / gamma_c
-// The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh).
+// Activations are (rows, C), channels last. stats is the unit's (5, C) table, written by the
+// forward pass and read by the backward pass:
+//     stats[0] = mean_c      stats[1] = sigma_c = sqrt(var_c + eps)
+//     stats[2] = gamma_c, gamma clamped to >= 1e-8      stats[3] = b_c = beta_c / gamma_c
+//     stats[4] = shift_c of the k-bit code of channel c (quant.cuh)
+// The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b.
+//
+// Every kernel walks whole rows (pixels), whose C channels are contiguous: the inner loops read
+// memory in order, find a channel without division, vectorise on the CPU, and a row's codes are
+// whole bytes (C is a multiple of 8/k). Elementwise kernels take one row a thread; reductions one
+// chunk of rows a thread, summing into that chunk's row of partial sums, which xp then adds up.
+// The code width is a template parameter inside, so each loop is straight-line code.
 #include "common.cuh"
 #include "quant.cuh"
 
-// Thread i of a per-channel reduction sums rows [r0, r1) of column c: i = chunk * C + c.
-struct ChunkOfColumn { int c; long long r0, r1; };
+#define MEAN(c) stats[(c)]
+#define SIGMA(c) stats[C + (c)]
+#define GAMMA(c) stats[2 * C + (c)]
+#define B(c) stats[3 * C + (c)]
+#define SHIFT(c) stats[4 * C + (c)]
 
-__device__ __forceinline__ ChunkOfColumn chunk_of_column(long long i, long long rows, int C, int rows_per_chunk) {
-    ChunkOfColumn t;
-    t.c = (int)(i % C);
-    t.r0 = (i / C) * rows_per_chunk;
-    t.r1 = t.r0 + rows_per_chunk < rows ? t.r0 + rows_per_chunk : rows;
-    return t;
+// The code of element c in a row of codes (8/BITS codes a byte, the first in the high bits).
+template <int BITS>
+__device__ __forceinline__ int code_at(const unsigned char* row_codes, int c) {
+    constexpr int per_byte = 8 / BITS;
+    return (row_codes[c / per_byte] >> (8 - BITS * (c % per_byte + 1))) & ((1 << BITS) - 1);
 }
 
-// Per-channel partial sums: partial[chunk, c] = sum over the chunk's rows of x (center null) or of
-// (x - center)^2. One thread per (chunk, c); the caller sums the chunks with xp (deterministic).
-extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, const real_t* x,
-                                        const real_t* center, real_t* partial) {
+// relu that lets NaN through, so that a diverged net shows in its loss.
+__device__ __forceinline__ real_t relu(real_t y) { return y <= 0 ? (real_t)0 : y; }
+
+// xhat (and the ReLU mask) of one element as the forward pass computed it from x ...
+__device__ __forceinline__ real_t xhat_from_x(real_t x, int c, int C, const real_t* stats, const real_t* beta,
+                                              bool* on) {
+    const real_t xhat = (x - MEAN(c)) / SIGMA(c);
+    *on = GAMMA(c) * xhat + beta[c] > 0;
+    return xhat;
+}
+
+// ... and as the k-bit store restores it: xhat~ = vhat - b, mask = code >= shift.
+template <int BITS>
+__device__ __forceinline__ real_t xhat_from_code(int code, int c, int C, const real_t* stats, bool* on) {
+    *on = (real_t)code >= SHIFT(c);
+    return (real_t)quant_vhat(code, (float)SHIFT(c), BITS) - B(c);
+}
+
+// The rows [r0, r1) of chunk `chunk`.
+__device__ __forceinline__ void chunk_rows(long long chunk, long long rows, int rows_per_chunk, long long* r0,
+                                           long long* r1) {
+    *r0 = chunk * rows_per_chunk;
+    *r1 = *r0 + rows_per_chunk < rows ? *r0 + rows_per_chunk : rows;
+}
+
+// partial[chunk, c] = sum over the chunk's rows of x (center null) or of (x - center)^2.
+extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, const real_t* __restrict__ x,
+                                        const real_t* __restrict__ center, real_t* __restrict__ partial) {
     const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    GRID_STRIDE_LOOP(i, chunks * C) {
-        const ChunkOfColumn t = chunk_of_column(i, rows, C, rows_per_chunk);
-        const int c = t.c;
-        const long long r0 = t.r0, r1 = t.r1;
-        real_t sum = 0;
-        if (center) {
-            const real_t m = center[c];
-            for (long long r = r0; r < r1; ++r) { const real_t d = x[r * C + c] - m; sum += d * d; }
-        } else {
-            for (long long r = r0; r < r1; ++r) sum += x[r * C + c];
+    GRID_STRIDE_LOOP(chunk, chunks) {
+        long long r0, r1;
+        chunk_rows(chunk, rows, rows_per_chunk, &r0, &r1);
+        real_t* sum = partial + chunk * C;
+        for (int c = 0; c < C; ++c) sum[c] = 0;
+        for (long long r = r0; r < r1; ++r) {
+            const real_t* x_row = x + r * C;
+            if (center) {
+                for (int c = 0; c < C; ++c) { const real_t d = x_row[c] - center[c]; sum[c] += d * d; }
+            } else {
+                for (int c = 0; c < C; ++c) sum[c] += x_row[c];
+            }
         }
-        partial[i] = sum;
     }
 }
 
-// The unit's normalised value, activation and ReLU mask of one element of channel c: exactly as the
-// forward pass computes them from x, or as the k-bit store restores them from the element's code.
-struct Restored { real_t xhat, a; bool on; };
-
-__device__ __forceinline__ Restored from_x(real_t x, int c, int C, const real_t* stats, const real_t* beta) {
-    Restored r;
-    r.xhat = (x - stats[c]) / stats[C + c];
-    const real_t y = stats[2 * C + c] * r.xhat + beta[c];
-    r.on = y > 0;
-    r.a = y <= 0 ? (real_t)0 : y;  // relu that lets NaN through, so a diverged net shows in the loss
-    return r;
+// Given the batch mean and variance in stats[0], stats[1]: sigma, the clamped gamma, b and the
+// code's shift. One thread per channel.
+extern "C" __global__ void batchnorm_coefficients(int C, int bits, real_t eps, const real_t* __restrict__ gamma,
+                                                  const real_t* __restrict__ beta, real_t* __restrict__ stats) {
+    GRID_STRIDE_LOOP(c, C) {
+        SIGMA(c) = sqrt(SIGMA(c) + eps);
+        const real_t g = gamma[c] < (real_t)1e-8 ? (real_t)1e-8 : gamma[c];  // (NaN passes through)
+        GAMMA(c) = g;
+        B(c) = beta[c] / g;
+        SHIFT(c) = bits ? (real_t)quant_shift((float)B(c), bits) : (real_t)0;
+    }
 }
 
-__device__ __forceinline__ Restored from_code(int code, int c, int C, int bits, const real_t* stats) {
-    const real_t b = stats[3 * C + c];
-    const float shift = quant_shift((float)b, bits);
-    const real_t vhat = (real_t)quant_vhat(code, shift, bits);
-    Restored r;
-    r.xhat = vhat - b;
-    r.on = code >= shift;
-    const real_t y = stats[2 * C + c] * vhat;
-    r.a = y > 0 ? y : (real_t)0;
-    return r;
-}
+// ----------------------------------------------------------------------------- forward
 
-// Elementwise kernels run one thread per row (pixel) of C contiguous channels: in-order memory, no
-// division to find a channel, and the row's codes are whole bytes (C is a multiple of 8/k).
-// Element c of a row is restored from the exact store (bits = 0) or from its code.
-__device__ __forceinline__ Restored restore_in_row(long long r, int c, int C, int bits, const real_t* x_copy,
-                                                   const unsigned char* codes, const real_t* stats,
-                                                   const real_t* beta) {
-    if (bits == 0) return from_x(x_copy[r * C + c], c, C, stats, beta);
-    const int per_byte = 8 / bits;
-    const unsigned char byte = codes[(r * C + c) / per_byte];
-    const int code = (byte >> (8 - bits * (c % per_byte + 1))) & ((1 << bits) - 1);
-    return from_code(code, c, C, bits, stats);
+template <int BITS>
+__device__ void encode_row(const real_t* x_row, real_t* a_row, unsigned char* row_codes, int C, int naive,
+                           const real_t* stats) {
+    constexpr int per_byte = 8 / BITS;
+    for (int c0 = 0; c0 < C; c0 += per_byte) {
+        int byte = 0;
+        for (int c = c0; c < c0 + per_byte; ++c) {
+            const real_t xhat = (x_row[c] - MEAN(c)) / SIGMA(c);
+            const int code = quant_code((float)(xhat + B(c)), (float)SHIFT(c), BITS);
+            byte = (byte << BITS) | code;
+            if (naive && a_row[c] == a_row[c])  // a~ goes forward (a NaN still does)
+                a_row[c] = relu(GAMMA(c) * (real_t)quant_vhat(code, (float)SHIFT(c), BITS));
+        }
+        row_codes[c0 / per_byte] = (unsigned char)byte;
+    }
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
 // of v = xhat + b (codes non-null). naive = 1 writes a~ (restored from the codes) instead of a: the
-// ablation that feeds approximations forward. x, a, x_copy are (rows, C); codes (rows * C * bits / 8,).
-extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int bits, int naive, const real_t* x,
-                                                  const real_t* stats, const real_t* beta, real_t* a,
-                                                  real_t* x_copy, unsigned char* codes) {
+// ablation that feeds approximations forward. x, a, x_copy are (rows, C); codes (rows * C * k / 8,).
+extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int bits, int naive,
+                                                  const real_t* __restrict__ x, const real_t* __restrict__ stats,
+                                                  const real_t* __restrict__ beta, real_t* __restrict__ a,
+                                                  real_t* __restrict__ x_copy, unsigned char* __restrict__ codes) {
     GRID_STRIDE_LOOP(r, rows) {
         const real_t* x_row = x + r * C;
         real_t* a_row = a + r * C;
+        for (int c = 0; c < C; ++c) a_row[c] = relu(GAMMA(c) * ((x_row[c] - MEAN(c)) / SIGMA(c)) + beta[c]);
         if (x_copy)
             for (int c = 0; c < C; ++c) x_copy[r * C + c] = x_row[c];
-        if (!codes) {
-            for (int c = 0; c < C; ++c) a_row[c] = from_x(x_row[c], c, C, stats, beta).a;
-            continue;
-        }
-        const int per_byte = 8 / bits;
-        unsigned char* code_row = codes + r * C / per_byte;
-        for (int c0 = 0; c0 < C; c0 += per_byte) {
-            int byte = 0;
-            for (int c = c0; c < c0 + per_byte; ++c) {
-                const Restored exact = from_x(x_row[c], c, C, stats, beta);
-                const real_t b = stats[3 * C + c];
-                const int code = quant_code((float)(exact.xhat + b), quant_shift((float)b, bits), bits);
-                byte = (byte << bits) | code;
-                // naive: a~ goes forward (a NaN still does, so divergence shows)
-                a_row[c] = naive && exact.a == exact.a ? from_code(code, c, C, bits, stats).a : exact.a;
-            }
-            code_row[c0 / per_byte] = (unsigned char)byte;
-        }
+        if (!codes) continue;
+        unsigned char* row_codes = codes + r * C * bits / 8;
+        if (bits == 2) encode_row<2>(x_row, a_row, row_codes, C, naive, stats);
+        if (bits == 4) encode_row<4>(x_row, a_row, row_codes, C, naive, stats);
+        if (bits == 8) encode_row<8>(x_row, a_row, row_codes, C, naive, stats);
     }
 }
 
-// Recompute a (exact mode) or restore a~ (k-bit) from the store, for the weight gradient. a is (rows, C).
-extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int bits, const real_t* x_copy,
-                                                  const unsigned char* codes, const real_t* stats,
-                                                  const real_t* beta, real_t* a) {
+// ----------------------------------------------------------------------------- backward
+
+template <int BITS>
+__device__ void restore_row(const unsigned char* row_codes, real_t* a_row, int C, const real_t* stats) {
+    for (int c = 0; c < C; ++c)
+        a_row[c] = relu(GAMMA(c) * (real_t)quant_vhat(code_at<BITS>(row_codes, c), (float)SHIFT(c), BITS));
+}
+
+// Recompute a (exact mode) or restore a~ = relu(gamma_c * vhat) (k-bit) from the store. a is (rows, C).
+extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int bits, const real_t* __restrict__ x_copy,
+                                                  const unsigned char* __restrict__ codes,
+                                                  const real_t* __restrict__ stats, const real_t* __restrict__ beta,
+                                                  real_t* __restrict__ a) {
     GRID_STRIDE_LOOP(r, rows) {
-        for (int c = 0; c < C; ++c) a[r * C + c] = restore_in_row(r, c, C, bits, x_copy, codes, stats, beta).a;
+        real_t* a_row = a + r * C;
+        if (bits == 0) {
+            const real_t* x_row = x_copy + r * C;
+            for (int c = 0; c < C; ++c) a_row[c] = relu(GAMMA(c) * ((x_row[c] - MEAN(c)) / SIGMA(c)) + beta[c]);
+        }
+        const unsigned char* row_codes = codes + r * C * bits / 8;
+        if (bits == 2) restore_row<2>(row_codes, a_row, C, stats);
+        if (bits == 4) restore_row<4>(row_codes, a_row, C, stats);
+        if (bits == 8) restore_row<8>(row_codes, a_row, C, stats);
     }
 }
 
-// Partial sums of dbeta = sum(dy) and dgamma = sum(dy * xhat~), dy = da * mask, per (chunk, c):
-// partial is (2, chunks, C). One thread per (chunk, channel), as channel_sums.
+// dbeta_c += dy, dgamma_c += dy * xhat~ over one row, dy = da * mask.
+template <int BITS>
+__device__ void sums_row(const real_t* da_row, const unsigned char* row_codes, real_t* dbeta, real_t* dgamma, int C,
+                         const real_t* stats) {
+    for (int c = 0; c < C; ++c) {
+        bool on;
+        const real_t xhat = xhat_from_code<BITS>(code_at<BITS>(row_codes, c), c, C, stats, &on);
+        const real_t dy = da_row[c] * (real_t)on;
+        dbeta[c] += dy;
+        dgamma[c] += dy * xhat;
+    }
+}
+
+// Partial sums over each chunk of rows of dbeta = sum(dy) and dgamma = sum(dy * xhat~), dy = da * mask:
+// partial is (2, chunks, C).
 extern "C" __global__ void batchnorm_relu_backward_sums(long long rows, int C, int rows_per_chunk, int bits,
-                                                        const real_t* da, const real_t* x_copy,
-                                                        const unsigned char* codes, const real_t* stats,
-                                                        const real_t* beta, real_t* partial) {
+                                                        const real_t* __restrict__ da,
+                                                        const real_t* __restrict__ x_copy,
+                                                        const unsigned char* __restrict__ codes,
+                                                        const real_t* __restrict__ stats,
+                                                        const real_t* __restrict__ beta,
+                                                        real_t* __restrict__ partial) {
     const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    GRID_STRIDE_LOOP(i, chunks * C) {
-        const ChunkOfColumn t = chunk_of_column(i, rows, C, rows_per_chunk);
-        real_t dbeta = 0, dgamma = 0;
-        for (long long r = t.r0; r < t.r1; ++r) {
-            const Restored s = restore_in_row(r, t.c, C, bits, x_copy, codes, stats, beta);
-            const real_t da_e = da[r * C + t.c];  // loaded unconditionally: a select, not a branch
-            const real_t dy = s.on ? da_e : (real_t)0;
-            dbeta += dy;
-            dgamma += dy * s.xhat;
+    GRID_STRIDE_LOOP(chunk, chunks) {
+        long long r0, r1;
+        chunk_rows(chunk, rows, rows_per_chunk, &r0, &r1);
+        real_t* dbeta = partial + chunk * C;
+        real_t* dgamma = partial + (chunks + chunk) * C;
+        for (int c = 0; c < C; ++c) dbeta[c] = dgamma[c] = 0;
+        for (long long r = r0; r < r1; ++r) {
+            const real_t* da_row = da + r * C;
+            if (bits == 0) {
+                const real_t* x_row = x_copy + r * C;
+                for (int c = 0; c < C; ++c) {
+                    bool on;
+                    const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on);
+                    const real_t dy = da_row[c] * (real_t)on;
+                    dbeta[c] += dy;
+                    dgamma[c] += dy * xhat;
+                }
+            }
+            const unsigned char* row_codes = codes + r * C * bits / 8;
+            if (bits == 2) sums_row<2>(da_row, row_codes, dbeta, dgamma, C, stats);
+            if (bits == 4) sums_row<4>(da_row, row_codes, dbeta, dgamma, C, stats);
+            if (bits == 8) sums_row<8>(da_row, row_codes, dbeta, dgamma, C, stats);
         }
-        partial[i] = dbeta;
-        partial[chunks * C + i] = dgamma;
     }
 }
 
-// dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) [+ residual_grad], where
-// sums = (2, C) holds this batch's dbeta and dgamma. dx may be da itself (in place). (rows, C) arrays.
-extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int bits, const real_t* da,
-                                                      const real_t* x_copy, const unsigned char* codes,
-                                                      const real_t* stats, const real_t* beta,
-                                                      const real_t* sums, real_t inv_count,
-                                                      const real_t* residual_grad, real_t* dx) {
+// dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M), sums = (2, C) = this batch's
+// dbeta and dgamma.
+__device__ __forceinline__ real_t bn_dx(real_t da, bool on, real_t xhat, int c, int C, const real_t* stats,
+                                        const real_t* sums, real_t inv_count) {
+    const real_t dy = da * (real_t)on;  // the mask as a factor: no branch to mispredict
+    return GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
+}
+
+template <int BITS>
+__device__ void dx_row(const real_t* da_row, const unsigned char* row_codes, real_t* dx_row, int C,
+                       const real_t* stats, const real_t* sums, real_t inv_count) {
+    for (int c = 0; c < C; ++c) {
+        bool on;
+        const real_t xhat = xhat_from_code<BITS>(code_at<BITS>(row_codes, c), c, C, stats, &on);
+        dx_row[c] = bn_dx(da_row[c], on, xhat, c, C, stats, sums, inv_count);
+    }
+}
+
+// dx of the unit's BN + ReLU [+ residual_grad, the residual gradient arriving at a block's input].
+// (rows, C) arrays; dx is not da.
+extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int bits, const real_t* __restrict__ da,
+                                                      const real_t* __restrict__ x_copy,
+                                                      const unsigned char* __restrict__ codes,
+                                                      const real_t* __restrict__ stats,
+                                                      const real_t* __restrict__ beta,
+                                                      const real_t* __restrict__ sums, real_t inv_count,
+                                                      const real_t* __restrict__ residual_grad,
+                                                      real_t* __restrict__ dx) {
     GRID_STRIDE_LOOP(r, rows) {
-        for (int c = 0; c < C; ++c) {
-            const long long e = r * C + c;
-            const Restored s = restore_in_row(r, c, C, bits, x_copy, codes, stats, beta);
-            const real_t da_e = da[e];  // loaded unconditionally: a select, not a branch
-            const real_t dy = s.on ? da_e : (real_t)0;
-            real_t g = stats[2 * C + c] / stats[C + c] *
-                       (dy - sums[c] * inv_count - s.xhat * sums[C + c] * inv_count);
-            if (residual_grad) g += residual_grad[e];
-            dx[e] = g;
+        const real_t* da_row = da + r * C;
+        real_t* dx_row_out = dx + r * C;
+        if (bits == 0) {
+            const real_t* x_row = x_copy + r * C;
+            for (int c = 0; c < C; ++c) {
+                bool on;
+                const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on);
+                dx_row_out[c] = bn_dx(da_row[c], on, xhat, c, C, stats, sums, inv_count);
+            }
         }
+        const unsigned char* row_codes = codes + r * C * bits / 8;
+        if (bits == 2) dx_row<2>(da_row, row_codes, dx_row_out, C, stats, sums, inv_count);
+        if (bits == 4) dx_row<4>(da_row, row_codes, dx_row_out, C, stats, sums, inv_count);
+        if (bits == 8) dx_row<8>(da_row, row_codes, dx_row_out, C, stats, sums, inv_count);
+        if (residual_grad)
+            for (int c = 0; c < C; ++c) dx_row_out[c] += residual_grad[r * C + c];
     }
 }

@@ -226,7 +226,7 @@ def cpu_compile_command(real_name):
     # -fno-math-errno keeps floor inline; -ffp-contract=off: no FMA contraction, as --fmad=false on the
     # GPU, so every kernel rounds like its NumPy reference; no -ffast-math: kernels must see NaN and Inf.
     return [compiler, "-std=c++20", "-O3", *_cpu_arch_flags(), "-fno-math-errno", "-ffp-contract=off",
-            "-fopenmp", "-fPIC", "-shared", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}"]
+            "-fopenmp", "-fPIC", "-fno-semantic-interposition", "-shared", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}"]
 
 
 def _cpu_wrapper_source(path, signatures):

@@ -20,7 +20,7 @@ import numpy as np
 from . import backend, kernels
 
 GAMMA_MIN = 1e-8         # gamma is clamped to at least this (METHOD.md)
-ROWS_PER_CHUNK = 64      # rows a thread sums in the per-channel reductions; chunks are then summed by xp
+ROWS_PER_CHUNK = 16      # rows a thread sums in the per-channel reductions; chunks are then summed by xp
 
 
 def _k(filename, dtype):
@@ -148,7 +148,8 @@ def col2im_ref(col, x_shape, kh, kw, stride, pad_top, pad_left, Ho, Wo):
 
 # ----------------------------------------------------------------------------- batch norm + ReLU
 #
-# stats is a unit's (4, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma.
+# stats is a unit's (5, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma, and
+# the shift of channel c's k-bit code (kernels/bn.cu).
 # The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b.
 
 def reduction_chunks(rows):
@@ -166,22 +167,19 @@ def batchnorm_statistics(x, stats, *, partial):
     chunks = reduction_chunks(rows)
     part = partial[: chunks * C]
     sums = _k("bn.cu", x.dtype).channel_sums
-    sums(rows, C, ROWS_PER_CHUNK, x, None, part, threads=chunks * C)
+    sums(rows, C, ROWS_PER_CHUNK, x, None, part, threads=chunks)
     xp.sum(part.reshape(chunks, C), axis=0, out=stats[0])
     stats[0] /= rows
-    sums(rows, C, ROWS_PER_CHUNK, x, stats[0], part, threads=chunks * C)
+    sums(rows, C, ROWS_PER_CHUNK, x, stats[0], part, threads=chunks)
     xp.sum(part.reshape(chunks, C), axis=0, out=stats[1])
     stats[1] /= rows
 
 
-def batchnorm_coefficients(gamma, beta, stats, *, eps):
-    """Turn stats[1] from the variance into sigma = sqrt(var + eps); stats[2] = max(gamma, 1e-8);
-    stats[3] = b = beta / stats[2]. All in place: no allocation."""
-    xp = backend.xp
-    stats[1] += eps
-    xp.sqrt(stats[1], out=stats[1])
-    xp.maximum(gamma, GAMMA_MIN, out=stats[2])
-    xp.divide(beta, stats[2], out=stats[3])
+def batchnorm_coefficients(gamma, beta, stats, *, eps, bits):
+    """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:5]: gamma clamped
+    to >= 1e-8, b = beta / gamma, and the k-bit code's shift per channel (0 when bits = 0). One kernel."""
+    C = gamma.shape[0]
+    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C, bits, eps, gamma, beta, stats, threads=C)
 
 
 def _store_args(bits, x_copy, codes):
@@ -224,7 +222,7 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
     part = partial[: 2 * chunks * C]
     module = _k("bn.cu", da.dtype)
     module.batchnorm_relu_backward_sums(rows, C, ROWS_PER_CHUNK, bits, da, x_copy, codes, stats, beta, part,
-                                        threads=chunks * C)
+                                        threads=chunks)
     xp.sum(part.reshape(2, chunks, C), axis=1, out=sums)
     dbeta += sums[0]
     dgamma += sums[1]
@@ -276,7 +274,7 @@ class MaxPool:
 
     def backward(self, x, dy, dx):
         """dx = dL/dx; reads x (the forward input) to find each window's argmax."""
-        _k("pool.cu", x.dtype).maxpool_backward(*self._geometry(x.shape[0]), x, dy, dx, threads=x.size)
+        _k("pool.cu", x.dtype).maxpool_backward(*self._geometry(x.shape[0]), x, dy, dx, threads=x.size // self.C)
 
 
 class AvgPool:
@@ -302,7 +300,7 @@ class AvgPool:
     def forward(self, x, y, *, accumulate=False):
         n = x.shape[0]
         _k("pool.cu", x.dtype).avgpool_forward(*self._geometry(n), int(accumulate), x, y,
-                                               threads=n * self.Ho * self.Wo * self.Cy)
+                                               threads=n * self.Ho * self.Wo)
 
     def backward(self, x, dy, dx):
         """dx = dL/dx (x is not read: the same signature as the other pools)."""
@@ -310,7 +308,7 @@ class AvgPool:
 
     def backward_into(self, dy, dx, *, accumulate=False):
         _k("pool.cu", dy.dtype).avgpool_backward(*self._geometry(dx.shape[0]), int(accumulate), dy, dx,
-                                                 threads=dx.size)
+                                                 threads=dx.size // self.C)
 
 
 class GlobalAvgPool:

@@ -222,7 +222,7 @@ class Net:
                 plan.add(f"store{u.index}", (size(u.in_shape),), dtype, "activation stores")      # x, exact
             else:
                 plan.add(f"store{u.index}", (size(u.in_shape) * bits // 8,), np.uint8, "activation stores")
-            plan.add(f"stats{u.index}", (4, C), dtype, "batch-norm statistics")  # mean, sigma, gamma_c, b
+            plan.add(f"stats{u.index}", (5, C), dtype, "batch-norm statistics")  # mean, sigma, gamma_c, b, shift
             plan.add(f"running{u.index}", (2, C), dtype, "batch-norm statistics")  # running mean, var
         n_params = self.num_parameters
         plan.add("params", (n_params,), dtype, "parameters")
@@ -359,7 +359,7 @@ class Net:
                 running[1] += (1 - m) * rows / max(rows - 1, 1) * stats[1]  # unbiased variance
             else:
                 stats[0], stats[1] = running[0], running[1]
-            layers.batchnorm_coefficients(gamma, beta, stats, eps=self.eps)
+            layers.batchnorm_coefficients(gamma, beta, stats, eps=self.eps, bits=self.bits)
             if train:
                 x_copy, codes = self._store(u, n)
             elif self.naive:  # the naive net feeds a~ forward when it is evaluated, too
