@@ -1,0 +1,97 @@
+"""Time per training iteration in each mode, interleaved in one process, and the convolution GFLOP/s.
+
+    python bench/speed.py --model resnet164 --batch 128            # exact, 8, 4; 1 warm-up + 5 rounds
+    python bench/speed.py --model resnet20 --batch 64 --rounds 3
+
+Every mode gets its own compiled net (same weights); after one warm-up iteration each, the modes
+alternate round by round, so drift of the machine touches them alike. Prints the median, min and max
+of each, the ratio of each median to exact's, and the convolution work's GFLOP/s (forward, data and
+weight gradients: 3x the forward multiply-adds x 2) beside a float32 GEMM measured here and now.
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from minibp import backend, models
+from minibp.optim import SGD
+from minibp.plan import SHAPES
+
+
+def gemm_gflops(size=2048, repeats=5):
+    """float32 GEMM GFLOP/s of this machine's xp.matmul, best of a few."""
+    xp = backend.xp
+    a = xp.asarray(np.random.default_rng(0).standard_normal((size, size), dtype=np.float32))
+    out = xp.empty_like(a)
+    best = float("inf")
+    for _ in range(repeats):
+        backend.synchronize()
+        start = time.perf_counter()
+        xp.matmul(a, a, out=out)
+        backend.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
+
+
+def conv_flops(net, batch):
+    """Multiply-adds x 2 of every conv and FC, forward + data gradient + weight gradient."""
+    per_image = sum(u.conv.flops_per_image + (u.projection.flops_per_image if u.projection else 0)
+                    for u in net.units)
+    return 3 * per_image * batch
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet164")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--data", default="cifar10", choices=list(SHAPES))
+    parser.add_argument("--modes", default="exact,8,4")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    shape, classes = SHAPES[args.data]
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((args.batch,) + shape).astype(np.float32)  # (N, H, W, C)
+    labels = rng.integers(0, classes, args.batch)
+    modes = args.modes.split(",")
+    nets, optimizers = {}, {}
+    for mode in modes:
+        nets[mode] = models.by_name(args.model, input_shape=shape, classes=classes).compile(batch=args.batch,
+                                                                                           mode=mode, seed=0)
+        optimizers[mode] = SGD(nets[mode])
+
+    def iteration(mode):
+        net = nets[mode]
+        backend.synchronize()
+        start = time.perf_counter()
+        net.zero_grad()
+        net.forward(images, labels)
+        net.backward()
+        optimizers[mode].step(lr=0.01)
+        backend.synchronize()
+        return time.perf_counter() - start
+
+    print(f"{args.model}, batch {args.batch}, {args.data}, device {backend.device}: 1 warm-up + {args.rounds} "
+          f"interleaved rounds", flush=True)
+    for mode in modes:
+        iteration(mode)
+    times = {mode: [] for mode in modes}
+    for round_ in range(args.rounds):
+        for mode in modes:
+            times[mode].append(iteration(mode))
+        print(f"  round {round_ + 1}: " + "  ".join(f"{m} {times[m][-1]:.3f}s" for m in modes), flush=True)
+    flops = conv_flops(nets[modes[0]], args.batch)
+    peak = gemm_gflops()
+    base = statistics.median(times[modes[0]])
+    print(f"\n{'mode':>6}  {'median s':>8}  {'min':>7}  {'max':>7}  {'vs ' + modes[0]:>9}  {'conv GFLOP/s':>12}")
+    for mode in modes:
+        median = statistics.median(times[mode])
+        print(f"{mode:>6}  {median:8.3f}  {min(times[mode]):7.3f}  {max(times[mode]):7.3f}  {median / base:9.3f}  "
+              f"{flops / median / 1e9:12.1f}")
+    print(f"convolution work {flops / 1e9:.1f} GFLOP an iteration; float32 GEMM here: {peak:.1f} GFLOP/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""Every script in bench/ runs (tiny settings: seconds), so none rots between the long runs."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_train import make_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(*argv):
+    done = subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_quant_bench():
+    out = run("bench/quant.py", "--values", "1e5", "--repeats", "2")
+    assert "kernels   quantize+dequantize" in out and "NumPy ref" in out
+
+
+def test_speed_bench():
+    out = run("bench/speed.py", "--model", "resnet11", "--batch", "4", "--rounds", "1")
+    assert "vs exact" in out and "GFLOP/s" in out
+
+
+def test_memory_bench():
+    out = run("bench/memory.py", "--model", "resnet11", "--batch", "4", "--modes", "exact,4")
+    assert "peak - baseline" in out and "worst" in out
+
+
+def test_accuracy_bench_quick(tmp_path):
+    make_dataset(tmp_path / "data", "fashion-mnist", shape=(8, 8, 1))
+    out = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
+              "--modes", "exact,4,naive")
+    assert "vs exact" in out and "naive" in out
