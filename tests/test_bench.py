@@ -36,3 +36,13 @@ def test_accuracy_bench_quick(tmp_path):
     out = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
               "--modes", "exact,4,naive")
     assert "vs exact" in out and "naive" in out
+
+
+def test_accumulation_bench_quick(tmp_path):
+    out = run("bench/accumulation.py", "--quick", "--plot", str(tmp_path / "acc.png"))
+    assert "naive mean" in out and (tmp_path / "acc.png").stat().st_size > 1000
+
+
+def test_gradnoise_bench_quick(tmp_path):
+    out = run("bench/gradnoise.py", "--quick", "--plot", str(tmp_path / "gn.png"))
+    assert "g_exact|| / SGD noise" in out and (tmp_path / "gn.png").stat().st_size > 1000

@@ -1,0 +1,59 @@
+"""Shared by the research benchmarks: nets of one architecture in several modes, sharing weights, and
+their parameter gradients on a batch."""
+from pathlib import Path
+
+import numpy as np
+
+from minibp import backend, data, models
+
+
+def sample_batch(data_name, data_dir, *, quick, batch, seed=0):
+    """(images float32 (N, H, W, C) normalised, labels (N,), classes): a random batch of a real training
+    split, or random 8x8 data when quick (so the smoke run needs no data set)."""
+    rng = np.random.default_rng(seed)
+    if quick:
+        return rng.standard_normal((batch, 8, 8, 1)).astype(np.float32), rng.integers(0, 10, batch), 10
+    split = data.load_split(data.dataset_path(data_dir, data_name), "train")
+    order = rng.permutation(len(split.labels))[:batch]
+    images = split.images[order].astype(np.float32) * np.float32(1 / 255) - split.pixel_mean()
+    return images, split.labels[order], split.classes
+
+
+def compile_modes(model, modes, *, input_shape, classes, batch, seed=0):
+    """{mode: compiled net}, all with the same initial weights (same seed)."""
+    return {m: models.by_name(model, input_shape=input_shape, classes=classes).compile(batch=batch, mode=m,
+                                                                                      seed=seed)
+            for m in modes}
+
+
+def copy_weights(source, target):
+    target.params[...] = source.params
+
+
+def weight_gradients(net, images, labels):
+    """{unit index: dL/dw of its conv (host float64)} on one batch, batch statistics in BN."""
+    net.zero_grad()
+    net.forward(images, labels)
+    net.backward()
+    return {u.index: backend.to_host(net.grad_views[f"unit{u.index}.w"]).astype(np.float64).ravel()
+            for u in net.units}
+
+
+def relative_error(approximate, exact):
+    return float(np.linalg.norm(approximate - exact) / max(np.linalg.norm(exact), 1e-30))
+
+
+def pyplot_or_none():
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt
+    except ImportError:
+        print("(no plot: pip install 'minibp[plot]' for matplotlib)")
+        return None
+
+
+def out_path(path):
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return path
