@@ -183,7 +183,12 @@ def _load_gpu(path, source, signatures, real_name):
     kernels = {}
     for name, params in signatures:
         function = module.get_function(name)
-        kernels[name] = Kernel(name, params, lambda grid, block, args, f=function: f(grid, block, tuple(args)))
+
+        def launch(grid, block, args, f=function):
+            # CuPy passes None as 0xffffffff, not NULL (cupy/cupy#9046): a 64-bit zero is a null pointer.
+            f(grid, block, tuple(np.uint64(0) if a is None else a for a in args))
+
+        kernels[name] = Kernel(name, params, launch)
     return kernels
 
 

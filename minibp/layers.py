@@ -43,7 +43,11 @@ def conv_output_size(size, kernel, stride, padding):
 # ----------------------------------------------------------------------------- convolution
 
 class Conv2D:
-    """y = conv(x, w) [+ bias]: x (N, H, W, Cin), w (kh, kw, Cin, Cout), y (N, Ho, Wo, Cout)."""
+    """y = conv(x, w) [+ bias]: x (N, H, W, Cin), w (Cout, kh, kw, Cin), y (N, Ho, Wo, Cout).
+
+    Weights are (Cout, kh, kw, Cin), cuDNN's filter layout for NHWC data ("KRSC"), so the same buffer
+    serves both paths; as a GEMM operand it is the (Cout, kh*kw*Cin) matrix w2, used transposed.
+    """
 
     def __init__(self, in_shape, channels, *, kernel=3, stride=1, padding="same", bias=False):
         self.H, self.W, self.cin = in_shape
@@ -61,7 +65,7 @@ class Conv2D:
 
     @property
     def weight_shape(self):
-        return (self.kh, self.kw, self.cin, self.cout)
+        return (self.cout, self.kh, self.kw, self.cin)
 
     @property
     def flops_per_image(self):
@@ -94,7 +98,7 @@ class Conv2D:
         """y (N, Ho, Wo, Cout) = conv(x (N, H, W, Cin)); col is the im2col workspace."""
         n = x.shape[0]
         y2 = y.reshape(n * self.Ho * self.Wo, self.cout)
-        backend.xp.matmul(self._columns(x, col), w.reshape(-1, self.cout), out=y2)
+        backend.xp.matmul(self._columns(x, col), w.reshape(self.cout, -1).T, out=y2)
         if self.has_bias:
             y2 += bias
 
@@ -104,18 +108,18 @@ class Conv2D:
         xp = backend.xp
         n = x.shape[0]
         dy2 = dy.reshape(n * self.Ho * self.Wo, self.cout)
-        dw += (self._columns(x, col).T @ dy2).reshape(dw.shape)  # (kh*kw*Cin, Cout): weight-sized
+        dw += (dy2.T @ self._columns(x, col)).reshape(dw.shape)  # (Cout, kh*kw*Cin): weight-sized
         if self.has_bias:
             dbias += dy2.sum(axis=0)
         if dx is None:
             return
-        w2 = w.reshape(-1, self.cout)
+        w2 = w.reshape(self.cout, -1)  # (Cout, kh*kw*Cin)
         rows = dy2.shape[0] if not (self.is_pointwise and self.stride == 1) else n * self.H * self.W
         if self.is_pointwise and self.stride == 1 and not accumulate_dx:
-            xp.matmul(dy2, w2.T, out=dx.reshape(rows, self.cin))
+            xp.matmul(dy2, w2, out=dx.reshape(rows, self.cin))
             return
-        dcol = col.reshape(-1)[: rows * w2.shape[0]].reshape(rows, w2.shape[0])
-        xp.matmul(dy2, w2.T, out=dcol)
+        dcol = col.reshape(-1)[: rows * w2.shape[1]].reshape(rows, w2.shape[1])
+        xp.matmul(dy2, w2, out=dcol)
         if self.is_pointwise and self.stride == 1:
             dx += dcol.reshape(dx.shape)
         elif self.is_pointwise:  # strided 1x1: the subsampled positions get the gradient, the rest 0

@@ -262,7 +262,7 @@ class Net:
         for name, shape, decayed in self.parameter_table():
             n = int(np.prod(shape))
             if decayed:
-                fan_in = int(np.prod(shape[:-1]))
+                fan_in = int(np.prod(shape[1:]))  # (Cout, kh, kw, Cin)
                 gain = 1.0 if name == f"unit{self.units[-1].index}.w" else 2.0
                 host[offset:offset + n] = rng.standard_normal(n) * np.sqrt(gain / fan_in)
             else:

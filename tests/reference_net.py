@@ -7,7 +7,7 @@ from minibp import backend, layers
 
 def _conv(conv, x, w, bias):
     col = layers.im2col_ref(x, conv.kh, conv.kw, conv.stride, conv.pad_top, conv.pad_left, conv.Ho, conv.Wo)
-    y = col @ w.reshape(-1, conv.cout)
+    y = col @ w.reshape(conv.cout, -1).T
     if bias is not None:
         y = y + bias
     return y.reshape(x.shape[0], conv.Ho, conv.Wo, conv.cout), col
@@ -15,8 +15,8 @@ def _conv(conv, x, w, bias):
 
 def _conv_backward(conv, x_shape, col, w, dy):
     dy2 = dy.reshape(-1, conv.cout)
-    dw = (col.T @ dy2).reshape(w.shape)
-    dcol = dy2 @ w.reshape(-1, conv.cout).T
+    dw = (dy2.T @ col).reshape(w.shape)
+    dcol = dy2 @ w.reshape(conv.cout, -1)
     dx = layers.col2im_ref(dcol, x_shape, conv.kh, conv.kw, conv.stride, conv.pad_top, conv.pad_left, conv.Ho,
                            conv.Wo)
     return dx, dw, dy2.sum(axis=0)

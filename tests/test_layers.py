@@ -58,7 +58,7 @@ def test_conv_gradients_match_finite_differences(rng, case):
 
     loss()
     want = layers.im2col_ref(host(x), k, k, s, conv.pad_top, conv.pad_left, conv.Ho, conv.Wo) @ host(w).reshape(
-        -1, cout) + host(bias)
+        cout, -1).T + host(bias)
     np.testing.assert_allclose(host(y).reshape(-1, cout), want, rtol=1e-12, atol=1e-12)
     dw, db, dx = device(np.zeros(conv.weight_shape)), device(np.zeros(cout)), device(np.zeros(x.shape))
     conv.backward(x, w, probe, dw=dw, dbias=db, dx=dx, col=col)

@@ -129,7 +129,7 @@ def test_error_does_not_compound_with_depth_as_naive_quantization_does(rng):
     errors = {}
     for units in (4, 16, 64):
         exact, _ = _grads(lambda: residual_chain(units), "exact", x, y, seed=3)
-        n = exact.size and 16 * 9 * 4  # unit0.w is the first parameter array: (3, 3, 4, 16)
+        n = 16 * 3 * 3 * 4  # unit0.w, the first parameter array: (16, 3, 3, 4)
         for mode in ("4", "naive"):
             g, _ = _grads(lambda: residual_chain(units), mode, x, y, seed=3)
             errors[units, mode] = relative_error(g[:n], exact[:n])
