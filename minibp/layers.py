@@ -58,6 +58,7 @@ class Conv2D:
         self.Ho, self.pad_top = conv_output_size(self.H, self.kh, self.stride, padding)
         self.Wo, self.pad_left = conv_output_size(self.W, self.kw, self.stride, padding)
         self.is_pointwise = self.kh == 1 and self.pad_top == 0 and self.pad_left == 0
+        self.engine = None  # a cudnn_conv.CudnnEngine when the net runs this conv through cuDNN
 
     @property
     def out_shape(self):
@@ -97,6 +98,9 @@ class Conv2D:
     def forward(self, x, w, bias, y, *, col):
         """y (N, Ho, Wo, Cout) = conv(x (N, H, W, Cin)); col is the im2col workspace."""
         n = x.shape[0]
+        if self.engine is not None and n == self.engine.batch:
+            self.engine.forward(x, w, y)
+            return
         y2 = y.reshape(n * self.Ho * self.Wo, self.cout)
         backend.xp.matmul(self._columns(x, col), w.reshape(self.cout, -1).T, out=y2)
         if self.has_bias:
@@ -107,6 +111,9 @@ class Conv2D:
         forward input. The weight gradient is taken first: the data gradient reuses col."""
         xp = backend.xp
         n = x.shape[0]
+        if self.engine is not None and n == self.engine.batch and not accumulate_dx:
+            self.engine.backward(x, w, dy, dw=dw, dx=dx)
+            return
         dy2 = dy.reshape(n * self.Ho * self.Wo, self.cout)
         dw += (dy2.T @ self._columns(x, col)).reshape(dw.shape)  # (Cout, kh*kw*Cin): weight-sized
         if self.has_bias:

@@ -30,6 +30,7 @@ import numpy as np
 
 from . import backend, layers
 from .arena import Arena, Plan
+from .cudnn_conv import ConvGraphs, CudnnEngine, make_handle
 
 MODE_BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 
@@ -180,8 +181,11 @@ class Net:
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
 
-    def plan(self, *, batch, mode="4", input_grad=False):
-        """The table of every buffer a training step at this batch needs; allocates nothing."""
+    def plan(self, *, batch, mode="4", input_grad=False, cudnn_workspace_bytes=None):
+        """The table of every buffer a training step at this batch needs; allocates nothing.
+
+        cudnn_workspace_bytes: the cuDNN path's workspace (known once its plans are built on the GPU);
+        None for the GEMM path."""
         self._check_complete()
         _, bits, _ = parse_mode(mode)
         if int(batch) < 1:
@@ -230,17 +234,32 @@ class Net:
         plan.add("velocity", (n_params,), dtype, "momentum")
         if input_grad:
             plan.add("input_grad", (N,) + self.input_shape, dtype, "input gradient")
+        if cudnn_workspace_bytes is not None:
+            plan.add("cudnn_workspace", (max(cudnn_workspace_bytes, 1),), np.uint8, "workspace")
+            plan.add("cudnn_dw", (max(int(np.prod(s)) for _, s, d in self.parameter_table() if d),), dtype,
+                     "workspace")  # one weight gradient before it is added in
         return plan
 
-    def compile(self, *, batch, mode="4", seed=0, input_grad=False):
-        """Allocate the arena for a training step at this batch and mode, and initialise parameters."""
+    def compile(self, *, batch, mode="4", seed=0, input_grad=False, conv="gemm"):
+        """Allocate the arena for a training step at this batch and mode, and initialise parameters.
+
+        conv="gemm" (im2col + xp.matmul, both devices) or "cudnn" (GPU: NVIDIA's cuDNN frontend, for
+        every convolution but the classifier; see cudnn_conv.py)."""
+        if conv not in ("gemm", "cudnn"):
+            raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
         self.mode, self.bits, self.naive = parse_mode(mode)
         for u in self.units:
             if self.bits and u.batchnorm and u.in_shape[2] % (8 // self.bits):
                 raise ValueError(f"unit {u.index} has {u.in_shape[2]} channels: at {self.bits} bits the channel "
                                  f"count must be a multiple of {8 // self.bits}")
         self.batch = int(batch)
-        self.arena = Arena(self.plan(batch=batch, mode=mode, input_grad=input_grad))
+        engines = self._cudnn_graphs(self.batch) if conv == "cudnn" else {}
+        workspace = max([g.workspace_bytes for g in engines.values()] + [0]) if engines else None
+        self.arena = Arena(self.plan(batch=batch, mode=mode, input_grad=input_grad,
+                                     cudnn_workspace_bytes=workspace))
+        for layer, graphs in engines.items():
+            layer.engine = CudnnEngine(graphs, workspace=self.arena["cudnn_workspace"],
+                                       dw_scratch=self.arena["cudnn_dw"])
         self.params, self.grads = self.arena["params"], self.arena["grads"]
         self.param_views, self.grad_views = {}, {}
         offset = 0
@@ -252,6 +271,20 @@ class Net:
         self.initialize(seed=seed)
         self._n = 0  # the batch size of the last forward, which backward reads
         return self
+
+    def _cudnn_graphs(self, batch):
+        """{conv layer: built ConvGraphs} for every conv but the classifier's (GPU only)."""
+        if self.dtype != np.float32:
+            raise ValueError("the cuDNN path is float32 only")
+        handle = make_handle()
+        layers_ = [u.conv for u in self.units if not u.is_classifier]
+        layers_ += [u.projection for u in self.units if u.projection is not None]
+        graphs = {}
+        for layer in layers_:
+            layer.engine = None
+            graphs[layer] = ConvGraphs(layer, batch=batch)
+            graphs[layer].build(handle)
+        return graphs
 
     def initialize(self, *, seed=0):
         """He-normal conv weights, N(0, 1/fan_in) classifier weights, gamma 1, beta 0, bias 0; running stats

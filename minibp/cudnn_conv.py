@@ -1,0 +1,142 @@
+"""Convolutions through NVIDIA's cuDNN frontend (GPU only; CuPy 14 ships no cuDNN bindings).
+
+For one Conv2D geometry and batch, three graphs, built once and cached: fprop (y = conv(x, w)),
+dgrad (dx from dy and w) and wgrad (dw from x and dy). All tensors are float32 and NHWC in memory,
+described to cuDNN as NCHW dimensions with NHWC strides; weights are (Cout, kh, kw, Cin), cuDNN's
+KRSC filter layout. Padding is TensorFlow's "same" (possibly one more row/column after than
+before), given as pre/post padding. Workspace comes from the arena; the handle runs on CuPy's
+current stream. The GEMM path (layers.Conv2D) stays the reference: the GPU tests compare the two.
+
+Status: the graph descriptions are built and checked on the CPU in CI (tests/test_cudnn.py); building
+plans and executing them needs a GPU and has not yet run (see README, "GPU").
+
+    graphs = ConvGraphs(conv, batch=128)      # descriptions only: no device needed
+    graphs.build(handle)                      # on the GPU: plans, and graphs.workspace_bytes
+    graphs.forward(x, w, y, workspace=ws)
+"""
+import numpy as np
+
+from . import backend
+
+
+def import_cudnn():
+    """The cudnn frontend module, or an ImportError that says how to install it."""
+    try:
+        import cudnn
+    except ImportError as e:
+        raise ImportError("cuDNN convolutions need NVIDIA's cuDNN frontend: pip install 'minibp[cudnn]' "
+                          f"(nvidia-cudnn-frontend and nvidia-cudnn-cu13); {e}") from None
+    return cudnn
+
+
+def nhwc(n, h, w, c):
+    """(dims, strides) of an NHWC tensor in cuDNN's NCHW-ordered description."""
+    return [n, c, h, w], [h * w * c, 1, w * c, c]
+
+
+def krsc(k, r, s, c):
+    """(dims, strides) of (Cout, kh, kw, Cin) weights in cuDNN's KCRS-ordered description."""
+    return [k, c, r, s], [r * s * c, 1, s * c, c]
+
+
+class ConvGraphs:
+    """The fprop, dgrad and wgrad graphs of one convolution at one batch size."""
+
+    def __init__(self, conv, *, batch):
+        cudnn = import_cudnn()
+        self.conv, self.batch = conv, int(batch)
+        f32 = cudnn.data_type.FLOAT
+        c = conv
+        x_dims = nhwc(self.batch, c.H, c.W, c.cin)
+        y_dims = nhwc(self.batch, c.Ho, c.Wo, c.cout)
+        w_dims = krsc(c.cout, c.kh, c.kw, c.cin)
+        post = [(c.Ho - 1) * c.stride + c.kh - c.H - c.pad_top, (c.Wo - 1) * c.stride + c.kw - c.W - c.pad_left]
+        geometry = dict(pre_padding=[c.pad_top, c.pad_left], post_padding=[max(p, 0) for p in post],
+                        stride=[c.stride, c.stride], dilation=[1, 1], compute_data_type=f32)
+        self.graphs = {}
+
+        def graph():
+            return cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32)
+
+        g = graph()  # y = conv(x, w)
+        x, w = g.tensor(name="x", dim=x_dims[0], stride=x_dims[1], data_type=f32), \
+            g.tensor(name="w", dim=w_dims[0], stride=w_dims[1], data_type=f32)
+        y = g.conv_fprop(image=x, weight=w, name="fprop", **geometry)
+        y.set_output(True).set_dim(y_dims[0]).set_stride(y_dims[1]).set_data_type(f32)
+        self.graphs["fprop"] = (g, dict(x=x, w=w, y=y))
+
+        g = graph()  # dx from dy and w
+        dy, w = g.tensor(name="dy", dim=y_dims[0], stride=y_dims[1], data_type=f32), \
+            g.tensor(name="w", dim=w_dims[0], stride=w_dims[1], data_type=f32)
+        dx = g.conv_dgrad(loss=dy, filter=w, name="dgrad", **geometry)
+        dx.set_output(True).set_dim(x_dims[0]).set_stride(x_dims[1]).set_data_type(f32)
+        self.graphs["dgrad"] = (g, dict(dy=dy, w=w, dx=dx))
+
+        g = graph()  # dw from x and dy
+        x, dy = g.tensor(name="x", dim=x_dims[0], stride=x_dims[1], data_type=f32), \
+            g.tensor(name="dy", dim=y_dims[0], stride=y_dims[1], data_type=f32)
+        dw = g.conv_wgrad(image=x, loss=dy, name="wgrad", **geometry)
+        dw.set_output(True).set_dim(w_dims[0]).set_stride(w_dims[1]).set_data_type(f32)
+        self.graphs["wgrad"] = (g, dict(x=x, dy=dy, dw=dw))
+        self.handle = None
+        self.workspace_bytes = 0
+
+    def build(self, handle):
+        """Validate the graphs and build their execution plans (GPU); sets workspace_bytes."""
+        cudnn = import_cudnn()
+        for name, (g, _) in self.graphs.items():
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.check_support()
+            g.build_plans()
+            self.workspace_bytes = max(self.workspace_bytes, int(g.get_workspace_size()))
+        self.handle = handle
+
+    def _run(self, name, buffers, workspace):
+        g, tensors = self.graphs[name]
+        pointers = {tensors[key]: array.data.ptr for key, array in buffers.items()}
+        g.execute(pointers, workspace.data.ptr if workspace is not None else None, handle=self.handle)
+
+    def forward(self, x, w, y, *, workspace):
+        self._run("fprop", dict(x=x, w=w, y=y), workspace)
+
+    def backward_data(self, dy, w, dx, *, workspace):
+        self._run("dgrad", dict(dy=dy, w=w, dx=dx), workspace)
+
+    def backward_weights(self, x, dy, dw, *, workspace):
+        self._run("wgrad", dict(x=x, dy=dy, dw=dw), workspace)
+
+
+class CudnnEngine:
+    """What a Conv2D runs through when its net compiled with conv="cudnn": the graphs at the compiled
+    batch, the arena's workspace, and a weight-sized scratch (wgrad overwrites; minibp accumulates)."""
+
+    def __init__(self, graphs, *, workspace, dw_scratch):
+        self.graphs, self.workspace, self.dw_scratch = graphs, workspace, dw_scratch
+        self.batch = graphs.batch
+
+    def forward(self, x, w, y):
+        self.graphs.forward(x, w, y, workspace=self.workspace)
+
+    def backward(self, x, w, dy, *, dw, dx):
+        scratch = self.dw_scratch[: dw.size].reshape(dw.shape)
+        self.graphs.backward_weights(x, dy, scratch, workspace=self.workspace)
+        dw += scratch
+        if dx is not None:
+            self.graphs.backward_data(dy, w, dx, workspace=self.workspace)
+
+
+def make_handle():
+    """A cuDNN handle bound to CuPy's current stream."""
+    cudnn = import_cudnn()
+    if backend.device != "gpu":
+        raise RuntimeError("cuDNN convolutions run on the GPU only (MINIBP_DEVICE=gpu)")
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=backend.xp.cuda.get_current_stream().ptr)
+    return handle
+
+
+def weight_scratch_elements(convs):
+    """Elements of the scratch a wgrad writes before it is added into the accumulated gradient."""
+    return max([int(np.prod(c.weight_shape)) for c in convs] + [1])
