@@ -1,7 +1,8 @@
 """RQ1: test accuracy of the same net, seed and schedule trained in every activation mode.
 
     python bench/accuracy.py                          # Fashion-MNIST, ResNet-20, 800 iterations a mode
-    python bench/accuracy.py --data cifar10 --model resnet164 --iters 64000 --lr-schedule 0:0.01,400:0.1,32000:0.01,48000:0.001
+    python bench/accuracy.py --data cifar10 --model resnet164 --iters 64000 \
+        --lr-schedule 0:0.01,400:0.1,32000:0.01,48000:0.001
     python bench/accuracy.py --quick --data-dir DIR   # seconds: the CI check that the script runs
 
 Each mode trains with python -m minibp.train into OUT/<mode> (resumable: an interrupted bench

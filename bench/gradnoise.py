@@ -33,7 +33,8 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", default="bench/results/gradnoise.png")
-    parser.add_argument("--quick", action="store_true", help="resnet11, batch 8, points 0 and 2, 3 batches, random data")
+    parser.add_argument("--quick", action="store_true",
+                        help="resnet11, batch 8, points 0 and 2, 3 batches, random data")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     if args.quick:

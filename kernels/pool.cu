@@ -87,7 +87,8 @@ extern "C" __global__ void avgpool_forward(int N, int H, int W, int C, int k, in
         for (int c = 0; c < C; ++c) {
             real_t sum = 0;
             for (int h = h0 > 0 ? h0 : 0; h < h0 + k && h < H; ++h)
-                for (int w = w0 > 0 ? w0 : 0; w < w0 + k && w < W; ++w) sum += x[(((long long)n * H + h) * W + w) * C + c];
+                for (int w = w0 > 0 ? w0 : 0; w < w0 + k && w < W; ++w)
+                    sum += x[(((long long)n * H + h) * W + w) * C + c];
             dst[c] = accumulate ? dst[c] + sum * inv_area : sum * inv_area;
         }
         if (!accumulate)
