@@ -253,6 +253,10 @@ class Net:
                 raise ValueError(f"unit {u.index} has {u.in_shape[2]} channels: at {self.bits} bits the channel "
                                  f"count must be a multiple of {8 // self.bits}")
         self.batch = int(batch)
+        for u in self.units:  # a recompile starts from the GEMM path
+            for layer in (u.conv, u.projection):
+                if layer is not None:
+                    layer.engine = None
         engines = self._cudnn_graphs(self.batch) if conv == "cudnn" else {}
         workspace = max([g.workspace_bytes for g in engines.values()] + [0]) if engines else None
         self.arena = Arena(self.plan(batch=batch, mode=mode, input_grad=input_grad,
@@ -281,7 +285,6 @@ class Net:
         layers_ += [u.projection for u in self.units if u.projection is not None]
         graphs = {}
         for layer in layers_:
-            layer.engine = None
             graphs[layer] = ConvGraphs(layer, batch=batch)
             graphs[layer].build(handle)
         return graphs

@@ -165,7 +165,15 @@ def _run(args):
         print(f"resumed from {ckpt_path} at iteration {iteration}")
 
     interrupted = []
-    previous_handler = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
+
+    def on_interrupt(*_):
+        if interrupted:  # a second Ctrl-C: stop at once (the last checkpoint stays)
+            raise KeyboardInterrupt
+        interrupted.append(True)
+        print("\ninterrupt: finishing this iteration, then saving a checkpoint (Ctrl-C again to quit now)",
+              flush=True)
+
+    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
 
     def save():
         checkpoint.save(ckpt_path, net, iteration=iteration, config=config, data_state=batches.state())
