@@ -89,21 +89,37 @@ extern "C" __global__ void batchnorm_coefficients(int C, int bits, real_t eps, c
 
 // ----------------------------------------------------------------------------- forward
 
+// The row's codes, in two passes that each vectorise on the CPU: the codes as numbers into a_row
+// (scratch here: the caller writes a afterwards), then packed 8/k to a byte.
 template <int BITS>
-__device__ void encode_row(const real_t* x_row, real_t* a_row, unsigned char* row_codes, int C, int naive,
+__device__ void encode_row(const real_t* x_row, real_t* a_row, unsigned char* row_codes, int C,
                            const real_t* stats) {
     constexpr int per_byte = 8 / BITS;
-    for (int c0 = 0; c0 < C; c0 += per_byte) {
+    for (int c = 0; c < C; ++c)
+        a_row[c] = (real_t)quant_code((float)((x_row[c] - MEAN(c)) / SIGMA(c) + B(c)), (float)SHIFT(c), BITS);
+    for (int j = 0; j < C / per_byte; ++j) {
         int byte = 0;
-        for (int c = c0; c < c0 + per_byte; ++c) {
-            const real_t xhat = (x_row[c] - MEAN(c)) / SIGMA(c);
-            const int code = quant_code((float)(xhat + B(c)), (float)SHIFT(c), BITS);
-            byte = (byte << BITS) | code;
-            if (naive && a_row[c] == a_row[c])  // a~ goes forward (a NaN still does)
-                a_row[c] = relu(GAMMA(c) * (real_t)quant_vhat(code, (float)SHIFT(c), BITS));
-        }
-        row_codes[c0 / per_byte] = (unsigned char)byte;
+        for (int t = 0; t < per_byte; ++t) byte = (byte << BITS) | (int)a_row[j * per_byte + t];
+        row_codes[j] = (unsigned char)byte;
     }
+}
+
+// A row's codes as numbers, one a channel, into out (a row of scratch): the loops that then decode
+// them read plain floats and vectorise.
+template <int BITS>
+__device__ void unpack_row(const unsigned char* row_codes, real_t* out, int C) {
+    constexpr int per_byte = 8 / BITS;
+    for (int j = 0; j < C / per_byte; ++j)
+        for (int t = 0; t < per_byte; ++t)
+            out[j * per_byte + t] = (real_t)((row_codes[j] >> (8 - BITS * (t + 1))) & ((1 << BITS) - 1));
+}
+
+// a~ = relu(gamma_c * vhat) of a row of codes (the naive mode's forward, and the restore).
+template <int BITS>
+__device__ void restore_row(const unsigned char* row_codes, real_t* a_row, int C, const real_t* stats) {
+    unpack_row<BITS>(row_codes, a_row, C);
+    for (int c = 0; c < C; ++c)
+        a_row[c] = relu(GAMMA(c) * (real_t)quant_vhat((int)a_row[c], (float)SHIFT(c), BITS));
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
@@ -116,24 +132,25 @@ extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int bit
     GRID_STRIDE_LOOP(r, rows) {
         const real_t* x_row = x + r * C;
         real_t* a_row = a + r * C;
-        for (int c = 0; c < C; ++c) a_row[c] = relu(GAMMA(c) * ((x_row[c] - MEAN(c)) / SIGMA(c)) + beta[c]);
         if (x_copy)
             for (int c = 0; c < C; ++c) x_copy[r * C + c] = x_row[c];
-        if (!codes) continue;
-        unsigned char* row_codes = codes + r * C * bits / 8;
-        if (bits == 2) encode_row<2>(x_row, a_row, row_codes, C, naive, stats);
-        if (bits == 4) encode_row<4>(x_row, a_row, row_codes, C, naive, stats);
-        if (bits == 8) encode_row<8>(x_row, a_row, row_codes, C, naive, stats);
+        unsigned char* row_codes = codes ? codes + r * C * bits / 8 : nullptr;
+        if (bits == 2 && codes) encode_row<2>(x_row, a_row, row_codes, C, stats);
+        if (bits == 4 && codes) encode_row<4>(x_row, a_row, row_codes, C, stats);
+        if (bits == 8 && codes) encode_row<8>(x_row, a_row, row_codes, C, stats);
+        for (int c = 0; c < C; ++c) a_row[c] = relu(GAMMA(c) * ((x_row[c] - MEAN(c)) / SIGMA(c)) + beta[c]);
+        if (!naive || !codes) continue;
+        // naive: a~ goes forward instead of a (a NaN still does, so divergence shows)
+        bool finite_row = true;
+        for (int c = 0; c < C; ++c) finite_row = finite_row && a_row[c] == a_row[c];
+        if (!finite_row) continue;
+        if (bits == 2) restore_row<2>(row_codes, a_row, C, stats);
+        if (bits == 4) restore_row<4>(row_codes, a_row, C, stats);
+        if (bits == 8) restore_row<8>(row_codes, a_row, C, stats);
     }
 }
 
 // ----------------------------------------------------------------------------- backward
-
-template <int BITS>
-__device__ void restore_row(const unsigned char* row_codes, real_t* a_row, int C, const real_t* stats) {
-    for (int c = 0; c < C; ++c)
-        a_row[c] = relu(GAMMA(c) * (real_t)quant_vhat(code_at<BITS>(row_codes, c), (float)SHIFT(c), BITS));
-}
 
 // Recompute a (exact mode) or restore a~ = relu(gamma_c * vhat) (k-bit) from the store. a is (rows, C).
 extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int bits, const real_t* __restrict__ x_copy,
@@ -213,9 +230,10 @@ __device__ __forceinline__ real_t bn_dx(real_t da, bool on, real_t xhat, int c, 
 template <int BITS>
 __device__ void dx_row(const real_t* da_row, const unsigned char* row_codes, real_t* dx_row, int C,
                        const real_t* stats, const real_t* sums, real_t inv_count) {
+    unpack_row<BITS>(row_codes, dx_row, C);  // dx_row holds the codes until each is replaced by its dx
     for (int c = 0; c < C; ++c) {
         bool on;
-        const real_t xhat = xhat_from_code<BITS>(code_at<BITS>(row_codes, c), c, C, stats, &on);
+        const real_t xhat = xhat_from_code<BITS>((int)dx_row[c], c, C, stats, &on);
         dx_row[c] = bn_dx(da_row[c], on, xhat, c, C, stats, sums, inv_count);
     }
 }

@@ -228,9 +228,10 @@ def _cpu_arch_flags():
 
 def cpu_compile_command(real_name):
     compiler = os.environ.get("CXX", "g++")
-    # -fno-math-errno keeps floor inline; -ffp-contract=off: no FMA contraction, as --fmad=false on the
+    # -fno-math-errno keeps floor inline, -fno-trapping-math lets comparisons become selects (nothing
+    # here reads FP exception flags); -ffp-contract=off: no FMA contraction, as --fmad=false on the
     # GPU, so every kernel rounds like its NumPy reference; no -ffast-math: kernels must see NaN and Inf.
-    return [compiler, "-std=c++20", "-O3", *_cpu_arch_flags(), "-fno-math-errno", "-ffp-contract=off",
+    return [compiler, "-std=c++20", "-O3", *_cpu_arch_flags(), "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
             "-fopenmp", "-fPIC", "-fno-semantic-interposition", "-shared", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}"]
 
 
