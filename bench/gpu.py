@@ -74,7 +74,8 @@ def main(argv=None):
         net = models.by_name(model)
         print(f"largest batch within {format_bytes(budget)}: " +
               ", ".join(f"{m} {largest_batch(net, mode=m, budget=budget)}" for m in modes))
-        del nets, optimizers
+        nets.clear()
+        optimizers.clear()
         pool.free_all_blocks()
     return 0
 

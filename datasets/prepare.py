@@ -21,12 +21,13 @@ import os
 import pickle
 import sys
 import tarfile
-import tempfile
 import urllib.request
 from pathlib import Path
 
 import h5py
 import numpy as np
+
+from minibp.checkpoint import atomic_h5
 
 CIFAR = {
     "cifar10": dict(url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
@@ -87,26 +88,14 @@ def download(url, destination):
 
 def write_h5(path, splits, attrs):
     """Write {split: (images, labels)} and attrs to path through a temporary file and a rename."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        with h5py.File(tmp, "w") as f:
-            for key, value in attrs.items():
-                f.attrs[key] = value
-            for split, (images, labels) in splits.items():
-                group = f.create_group(split)
-                group.create_dataset("images", data=images, chunks=(min(len(images), 256),) + images.shape[1:])
-                group.create_dataset("labels", data=labels.astype(np.int64))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private; a data set is not
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+    with atomic_h5(path) as f:
+        for key, value in attrs.items():
+            f.attrs[key] = value
+        for split, (images, labels) in splits.items():
+            group = f.create_group(split)
+            group.create_dataset("images", data=images, chunks=(min(len(images), 256),) + images.shape[1:])
+            group.create_dataset("labels", data=labels.astype(np.int64))
+    return Path(path)
 
 
 # ----------------------------------------------------------------------------- CIFAR

@@ -8,6 +8,7 @@
 The file is written under a temporary name in the same folder and renamed over the old one, so an
 interruption at any moment leaves either the previous checkpoint or the new one.
 """
+import contextlib
 import json
 import os
 import tempfile
@@ -39,26 +40,37 @@ def _running_stats(net):
     return np.concatenate([backend.to_host(net.arena[f"running{u.index}"]) for u in units], axis=1)
 
 
-def save(path, net, *, iteration, config, data_state):
-    """Write net's parameters, momentum and BN running statistics, the iteration, the run's config and
-    the data stream's state to path, atomically."""
+@contextlib.contextmanager
+def atomic_h5(path):
+    """An HDF5 file open for writing under a temporary name beside path, renamed to path when the block
+    ends without error (with the permissions a new file would get); removed otherwise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
         with h5py.File(tmp, "w") as f:
-            f.attrs.update(format=FORMAT, iteration=int(iteration), config=json.dumps(config), mode=net.mode,
-                           data_epoch=int(data_state["epoch"]), data_position=int(data_state["position"]),
-                           data_rng=data_state["rng"])
-            f["params"] = backend.to_host(net.params)
-            f["velocity"] = backend.to_host(net.arena["velocity"])
-            f["running"] = _running_stats(net)
-            f["data_order"] = np.asarray(data_state["order"], np.int64)
+            yield f
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def save(path, net, *, iteration, config, data_state):
+    """Write net's parameters, momentum and BN running statistics, the iteration, the run's config and
+    the data stream's state to path, atomically."""
+    with atomic_h5(path) as f:
+        f.attrs.update(format=FORMAT, iteration=int(iteration), config=json.dumps(config), mode=net.mode,
+                       data_epoch=int(data_state["epoch"]), data_position=int(data_state["position"]),
+                       data_rng=data_state["rng"])
+        f["params"] = backend.to_host(net.params)
+        f["velocity"] = backend.to_host(net.arena["velocity"])
+        f["running"] = _running_stats(net)
+        f["data_order"] = np.asarray(data_state["order"], np.int64)
     return path
 
 

@@ -4,7 +4,6 @@ import numpy as np
 
 def numerical_gradient(f, x, *, h=1e-5):
     """dF/dx of the scalar f() by centred differences, perturbing the array x in place (host or device)."""
-    from minibp import backend
     grad = np.zeros(x.shape)
     flat = x.reshape(-1)
     for i in range(flat.size):

@@ -3,8 +3,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from test_train import make_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
