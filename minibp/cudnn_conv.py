@@ -53,31 +53,23 @@ class ConvGraphs:
         post = [(c.Ho - 1) * c.stride + c.kh - c.H - c.pad_top, (c.Wo - 1) * c.stride + c.kw - c.W - c.pad_left]
         geometry = dict(pre_padding=[c.pad_top, c.pad_left], post_padding=[max(p, 0) for p in post],
                         stride=[c.stride, c.stride], dilation=[1, 1], compute_data_type=f32)
-        self.graphs = {}
+        layouts = dict(x=x_dims, dx=x_dims, w=w_dims, dw=w_dims, y=y_dims, dy=y_dims)
 
-        def graph():
-            return cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32)
+        def make(op, inputs, output):
+            """A graph of one conv node: inputs are (tensor name, the node's keyword) pairs."""
+            g = cudnn.pygraph(io_data_type=f32, intermediate_data_type=f32, compute_data_type=f32)
+            tensors = {name: g.tensor(name=name, dim=layouts[name][0], stride=layouts[name][1], data_type=f32)
+                       for name, _ in inputs}
+            out = getattr(g, op)(**{keyword: tensors[name] for name, keyword in inputs}, name=op, **geometry)
+            out.set_output(True).set_dim(layouts[output][0]).set_stride(layouts[output][1]).set_data_type(f32)
+            tensors[output] = out
+            return g, tensors
 
-        g = graph()  # y = conv(x, w)
-        x, w = g.tensor(name="x", dim=x_dims[0], stride=x_dims[1], data_type=f32), \
-            g.tensor(name="w", dim=w_dims[0], stride=w_dims[1], data_type=f32)
-        y = g.conv_fprop(image=x, weight=w, name="fprop", **geometry)
-        y.set_output(True).set_dim(y_dims[0]).set_stride(y_dims[1]).set_data_type(f32)
-        self.graphs["fprop"] = (g, dict(x=x, w=w, y=y))
-
-        g = graph()  # dx from dy and w
-        dy, w = g.tensor(name="dy", dim=y_dims[0], stride=y_dims[1], data_type=f32), \
-            g.tensor(name="w", dim=w_dims[0], stride=w_dims[1], data_type=f32)
-        dx = g.conv_dgrad(loss=dy, filter=w, name="dgrad", **geometry)
-        dx.set_output(True).set_dim(x_dims[0]).set_stride(x_dims[1]).set_data_type(f32)
-        self.graphs["dgrad"] = (g, dict(dy=dy, w=w, dx=dx))
-
-        g = graph()  # dw from x and dy
-        x, dy = g.tensor(name="x", dim=x_dims[0], stride=x_dims[1], data_type=f32), \
-            g.tensor(name="dy", dim=y_dims[0], stride=y_dims[1], data_type=f32)
-        dw = g.conv_wgrad(image=x, loss=dy, name="wgrad", **geometry)
-        dw.set_output(True).set_dim(w_dims[0]).set_stride(w_dims[1]).set_data_type(f32)
-        self.graphs["wgrad"] = (g, dict(x=x, dy=dy, dw=dw))
+        self.graphs = {
+            "fprop": make("conv_fprop", [("x", "image"), ("w", "weight")], "y"),    # y = conv(x, w)
+            "dgrad": make("conv_dgrad", [("dy", "loss"), ("w", "filter")], "dx"),   # dx from dy and w
+            "wgrad": make("conv_wgrad", [("x", "image"), ("dy", "loss")], "dw"),    # dw from x and dy
+        }
         self.handle = None
         self.workspace_bytes = 0
 
