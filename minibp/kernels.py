@@ -12,18 +12,24 @@ GPU: the source is compiled by NVRTC through cupy.RawModule, once per process.
 CPU: the same source is wrapped in a generated C++ file (kernels/cpu_shim.h supplies the CUDA
 names) that adds one exported launcher per kernel, compiled by g++ with OpenMP, cached on disk
 under $XDG_CACHE_HOME/minibp/kernels keyed by a hash of the sources, flags and compiler, and
-called through ctypes.
+called through ctypes. A build is published whole (os.replace) with its size and SHA-256 in a
+`<name>.so.sha256` record beside it; a cached build that does not match its record is rebuilt,
+never loaded, and an unwritable cache falls back to a private temporary one.
 
 `real_t` is a macro every kernel file may use for its floating-point type; `load(..., dtype=)`
 picks float (float32, the default) or double (float64, for gradient checks).
 """
+import atexit
+import contextlib
 import ctypes
 import functools
 import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,7 +37,10 @@ import numpy as np
 
 from . import backend
 
-KERNEL_DIR = Path(__file__).resolve().parent.parent / "kernels"
+# The sources are the top-level kernels/ folder. A wheel ships a copy of it as minibp/kernels_src
+# (setup.cfg maps the folder to that package); a checkout or an editable install reads kernels/ itself.
+_PACKAGED_KERNELS = Path(__file__).resolve().parent / "kernels_src"
+KERNEL_DIR = _PACKAGED_KERNELS if _PACKAGED_KERNELS.is_dir() else Path(__file__).resolve().parent.parent / "kernels"
 BLOCK = 256  # threads a block in the default launch shape
 
 # C type of a kernel parameter -> NumPy dtype. real_t resolves to the module's dtype.
@@ -142,8 +151,8 @@ def parse_signatures(source, real_dtype):
 def _source_path(filename):
     path = KERNEL_DIR / filename
     if not path.is_file():
-        raise FileNotFoundError(f"no kernel source {path} (minibp expects its kernels/ folder beside the package; "
-                                "install with pip install -e from a checkout)")
+        raise FileNotFoundError(f"no kernel source {path} (minibp reads kernels/ beside the package in a checkout, "
+                                "or minibp/kernels_src in an installed wheel)")
     return path
 
 
@@ -231,8 +240,11 @@ def cpu_compile_command(real_name):
     # -fno-math-errno keeps floor inline, -fno-trapping-math lets comparisons become selects (nothing
     # here reads FP exception flags); -ffp-contract=off: no FMA contraction, as --fmad=false on the
     # GPU, so every kernel rounds like its NumPy reference; no -ffast-math: kernels must see NaN and Inf.
+    # -frandom-seed: byte-identical builds, so processes that build the same library at once publish
+    # the same bytes and its record matches whichever copy lands last.
     return [compiler, "-std=c++20", "-O3", *_cpu_arch_flags(), "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off",
-            "-fopenmp", "-fPIC", "-fno-semantic-interposition", "-shared", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}"]
+            "-fopenmp", "-fPIC", "-fno-semantic-interposition", "-frandom-seed=minibp", "-shared",
+            f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}"]
 
 
 def _cpu_wrapper_source(path, signatures):
@@ -251,6 +263,79 @@ def _cache_dir():
     return Path(root) / "minibp" / "kernels"
 
 
+def _warn(message):
+    print(f"minibp: warning: {message}", file=sys.stderr)
+
+
+def _writable_cache(cache):
+    """cache if this process can write there, else a private temporary cache."""
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=cache).close()  # mkdir succeeds on an existing read-only folder
+        return cache
+    except OSError as e:
+        return _fallback_cache(cache, e.strerror or str(e))
+
+
+@functools.lru_cache(maxsize=None)  # one fallback, and one warning, per unwritable cache a process
+def _fallback_cache(cache, why):
+    fallback = Path(tempfile.mkdtemp(prefix="minibp-kernels-"))
+    atexit.register(shutil.rmtree, fallback, ignore_errors=True)  # the loaded libraries stay mapped
+    _warn(f"cannot write the kernel cache {cache} ({why}); building the kernels in {fallback}")
+    return fallback
+
+
+def _record_path(library):
+    return library.with_name(library.name + ".sha256")
+
+
+def _fingerprint(data):
+    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
+
+
+def _damage(library):
+    """Why a cached build must not be loaded, or None when its size and SHA-256 match its record."""
+    try:
+        recorded = _record_path(library).read_text().strip()
+    except FileNotFoundError:
+        return "it has no size/SHA-256 record"
+    except OSError as e:
+        return f"its record cannot be read: {e.strerror}"
+    try:
+        data = library.read_bytes()
+    except OSError as e:
+        return f"it cannot be read: {e.strerror}"
+    return None if recorded == _fingerprint(data) else "its size or SHA-256 differs from its record"
+
+
+def _remove_stale_builds(cache):
+    """Remove the build-<pid>-* folders of processes that died while compiling (SIGKILL, power cut)."""
+    for folder in cache.glob("build-*-*"):
+        pid = folder.name.split("-")[1]
+        if pid.isdigit() and pid != str(os.getpid()):
+            try:
+                os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
+            except ProcessLookupError:
+                shutil.rmtree(folder, ignore_errors=True)
+            except OSError:  # PermissionError: it exists, as another user
+                pass
+
+
+def _run_compiler(command, cwd):
+    """(returncode, stderr) of the compiler, run in its own process group so that an exception here
+    (KeyboardInterrupt) kills all of it, cc1plus and ld included, not only the g++ driver."""
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        _, stderr = process.communicate()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return process.returncode, stderr
+
+
 def _compiler_version(compiler):
     if shutil.which(compiler) is None:
         raise KernelError(f"the C++ compiler {compiler!r} was not found: minibp compiles its kernels for the CPU "
@@ -259,6 +344,7 @@ def _compiler_version(compiler):
 
 
 def _compile_cpu_library(path, signatures, real_name):
+    """The path of a verified build of the kernel file: the cached one, or a new one published to the cache."""
     command = cpu_compile_command(real_name)
     wrapper = _cpu_wrapper_source(path, signatures)
     digest = hashlib.sha256()
@@ -267,17 +353,30 @@ def _compile_cpu_library(path, signatures, real_name):
     for dependency in sorted(KERNEL_DIR.glob("*")):  # the .cu itself and every header it may include
         if dependency.suffix in (".cu", ".cuh", ".h"):
             digest.update(dependency.name.encode() + dependency.read_bytes())
-    library = _cache_dir() / f"{path.stem}-{real_name}-{digest.hexdigest()[:20]}.so"
-    if library.exists():
-        return library
-    library.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=library.parent) as tmp:
-        cpp, so = Path(tmp) / f"{path.stem}_launchers.cpp", Path(tmp) / "kernel.so"
-        cpp.write_text(wrapper)
-        done = subprocess.run(command + ["-o", str(so), str(cpp)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise KernelError(f"g++ could not compile {path} (real_t={real_name}):\n{done.stderr}")
-        os.replace(so, library)  # atomic: a concurrent process sees the old state or the whole file
+    name = f"{path.stem}-{real_name}-{digest.hexdigest()[:20]}.so"
+    library = _cache_dir() / name
+    if os.path.exists(library):
+        damage = _damage(library)
+        if damage is None:
+            return library
+        _warn(f"the cached kernel build {library} is damaged ({damage}); rebuilding it")
+    cache = _writable_cache(_cache_dir())
+    library = cache / name
+    _remove_stale_builds(cache)
+    # The pid in the name lets a later process remove the folder if this one dies mid-build.
+    with tempfile.TemporaryDirectory(prefix=f"build-{os.getpid()}-", dir=cache) as tmp:
+        build = Path(tmp)
+        # Relative names in the build folder: its random path must not end up in the library's bytes.
+        cpp = f"{path.stem}_launchers.cpp"
+        (build / cpp).write_text(wrapper)
+        returncode, stderr = _run_compiler(command + ["-o", "kernel.so", cpp], cwd=build)
+        if returncode != 0:
+            raise KernelError(f"g++ could not compile {path} (real_t={real_name}):\n{stderr}")
+        (build / "record").write_text(_fingerprint((build / "kernel.so").read_bytes()) + "\n")
+        # Atomic: a concurrent process sees the old state or the whole file. The record lands last, so
+        # a library without a matching record (a publish cut short) is rebuilt, never loaded.
+        os.replace(build / "kernel.so", library)
+        os.replace(build / "record", _record_path(library))
     return library
 
 

@@ -1,0 +1,150 @@
+"""The CPU kernel cache under $XDG_CACHE_HOME/minibp/kernels survives damage, an unwritable cache,
+interrupted and concurrent builds.
+
+Each test loads sgd.cu (the smallest kernel) in a fresh `python3 -c` process: ctypes never unloads
+a library, and a damaged one can kill the process that loads it (SIGBUS), not only raise.
+"""
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Loads sgd.cu and runs it: p -= 0.5 * (0.9 * 0 + 2) from 1 leaves 0.
+LOAD_AND_RUN = """
+import numpy as np
+from minibp import kernels
+p, g, v = np.ones(5, np.float32), np.full(5, 2, np.float32), np.zeros(5, np.float32)
+kernels.load("sgd.cu").sgd_momentum(5, 0, 0.5, 0.9, 0.0, p, g, v, threads=5)
+assert np.array_equal(p, np.zeros(5, np.float32)), p
+print("ran")
+"""
+
+
+def _env(cache_home, **extra):
+    return {**os.environ, "XDG_CACHE_HOME": str(cache_home), "MINIBP_DEVICE": "cpu", **extra}
+
+
+def load_in_subprocess(cache_home, **extra_env):
+    """The finished `python3 -c LOAD_AND_RUN` (cwd: the checkout, so it imports this minibp)."""
+    return subprocess.run([sys.executable, "-c", LOAD_AND_RUN], cwd=REPO, env=_env(cache_home, **extra_env),
+                          capture_output=True, text=True, timeout=120)
+
+
+def assert_ran(done, *, warning=None):
+    assert done.returncode == 0 and "ran" in done.stdout, f"rc {done.returncode}\n{done.stdout}\n{done.stderr}"
+    warnings = [line for line in done.stderr.splitlines() if "minibp: warning" in line]
+    if warning is None:
+        assert not warnings, done.stderr
+    else:
+        assert len(warnings) == 1 and warning in warnings[0], done.stderr
+
+
+def cached_builds(cache_home):
+    return sorted((cache_home / "minibp" / "kernels").glob("sgd-float-*.so"))
+
+
+def assert_matches_record(library):
+    data = library.read_bytes()
+    record = library.with_name(library.name + ".sha256").read_text().split()
+    assert record == [str(len(data)), hashlib.sha256(data).hexdigest()]
+
+
+def _alive(pid):
+    """Whether pid runs (a zombie, killed but not yet reaped by a busy init, does not count)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def _dead_pid():
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+@pytest.mark.parametrize("damage", [
+    "truncated",  # a copy cut short: loading it used to die of SIGBUS with no message
+    "garbage",    # used to fail with OSError on every run, never rebuilt
+    "no record",  # a publish cut short before the record: unverifiable, so rebuilt
+])
+def test_a_damaged_cached_build_is_rebuilt_with_a_warning(tmp_path, damage):
+    assert_ran(load_in_subprocess(tmp_path))
+    [library] = cached_builds(tmp_path)
+    if damage == "truncated":
+        library.write_bytes(library.read_bytes()[:len(library.read_bytes()) // 2])
+    elif damage == "garbage":
+        library.write_bytes(b"not a shared library\n" * 100)
+    else:
+        library.with_name(library.name + ".sha256").unlink()
+    assert_ran(load_in_subprocess(tmp_path), warning=f"cached kernel build {library} is damaged")
+    assert cached_builds(tmp_path) == [library]
+    assert_matches_record(library)
+    assert_ran(load_in_subprocess(tmp_path))  # the rebuilt library is trusted again: no warning
+
+
+def test_an_unwritable_cache_falls_back_to_a_temporary_one(tmp_path):
+    (tmp_path / "file").write_text("a regular file: nothing can be created under it, even by root")
+    cache_home = tmp_path / "file" / "cache"
+    done = load_in_subprocess(cache_home)
+    assert_ran(done, warning=f"cannot write the kernel cache {cache_home / 'minibp' / 'kernels'}")
+    fallback = done.stderr.split("building the kernels in ")[1].split()[0]
+    assert not Path(fallback).exists()  # the private cache is removed at exit
+
+
+def test_build_folders_of_dead_processes_are_removed(tmp_path):
+    cache = tmp_path / "minibp" / "kernels"
+    stale = cache / f"build-{_dead_pid()}-x1y2"
+    live = cache / f"build-{os.getpid()}-x3y4"  # this pytest process: still running, maybe still building
+    for folder in (stale, live):
+        folder.mkdir(parents=True)
+        (folder / "sgd_launchers.cpp").write_text("// left by a build")
+    assert_ran(load_in_subprocess(tmp_path))
+    assert not stale.exists() and live.exists()
+
+
+def test_an_interrupted_compile_leaves_no_compiler_and_no_build_folder(tmp_path):
+    # A stand-in g++ that, like the real driver with cc1plus, runs a child and waits for it.
+    compiler, pid_file = tmp_path / "slow-g++", tmp_path / "child.pid"
+    compiler.write_text('#!/bin/sh\n[ "$1" = --version ] && { echo slow-g++ 1; exit 0; }\n'
+                        f'sleep 120 & echo $! > {pid_file}\nwait\n')
+    compiler.chmod(0o755)
+    process = subprocess.Popen([sys.executable, "-c", LOAD_AND_RUN], cwd=REPO, env=_env(tmp_path, CXX=str(compiler)),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            assert process.poll() is None and time.monotonic() < deadline, "the stand-in compiler never started"
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        process.send_signal(signal.SIGINT)  # Ctrl-C, delivered to Python only
+        _, stderr = process.communicate(timeout=30)
+        assert process.returncode != 0 and "KeyboardInterrupt" in stderr, stderr
+        deadline = time.monotonic() + 5
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the compiler's child outlived the interrupted build"
+        assert list((tmp_path / "minibp" / "kernels").glob("build-*")) == []
+    finally:
+        process.kill()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_concurrent_builds_of_one_kernel_both_succeed_and_match_the_record(tmp_path):
+    processes = [subprocess.Popen([sys.executable, "-c", LOAD_AND_RUN], cwd=REPO, env=_env(tmp_path),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=120)
+        assert_ran(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    [library] = cached_builds(tmp_path)
+    assert_matches_record(library)
+    assert list(library.parent.glob("build-*")) == []

@@ -1,0 +1,70 @@
+"""A wheel of minibp works on its own: it ships the kernel sources (kernels/ -> minibp/kernels_src),
+and an install of it into a fresh venv trains a step from outside the checkout."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+TRAIN_ONE_STEP = """
+import json, math
+import numpy as np
+import minibp
+from minibp import kernels
+from minibp.net import Net
+from minibp.optim import SGD
+net = Net(input_shape=(8, 8, 3))
+net.conv(8, kernel=3)
+net.classifier(3)
+net.compile(batch=4, mode="4")
+opt = SGD(net)
+rng = np.random.default_rng(0)
+net.zero_grad()
+loss, _ = net.forward(rng.standard_normal((4, 8, 8, 3)).astype(np.float32), np.array([0, 1, 2, 0]))
+net.backward()
+opt.step(lr=0.1)
+print(json.dumps({"minibp": minibp.__file__, "kernel_dir": str(kernels.KERNEL_DIR), "loss": loss}))
+"""
+
+
+def run(command, **kwargs):
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, **kwargs)
+    assert done.returncode == 0, f"{' '.join(map(str, command))} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
+    # Build from a copy of what the wheel is made of: an in-tree build would write build/ and
+    # minibp.egg-info into the checkout, and a stale build/lib could slip deleted files into the wheel.
+    source = tmp_path / "source"
+    for folder in ("minibp", "kernels"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "MANIFEST.in"):
+        if (REPO / name).exists():
+            shutil.copy(REPO / name, source / name)
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+         "-w", tmp_path / "dist", source])
+    [wheel] = (tmp_path / "dist").glob("minibp-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    sources = [p.name for p in (REPO / "kernels").iterdir() if p.suffix in (".cu", ".cuh", ".h")]
+    assert sources and {f"minibp/kernels_src/{name}" for name in sources} <= shipped, sorted(shipped)
+
+    # numpy and h5py come from this environment (--system-site-packages): nothing is downloaded. This
+    # environment's own minibp (an editable install of the checkout) is visible too, so the script
+    # reports which copy it ran.
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    python = venv / "bin" / "python"
+    run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "MINIBP_DEVICE": "cpu"}
+    env.pop("PYTHONPATH", None)
+    report = json.loads(run([python, "-c", TRAIN_ONE_STEP], cwd=elsewhere, env=env).splitlines()[-1])
+    assert Path(report["minibp"]).is_relative_to(venv), report
+    assert Path(report["kernel_dir"]).is_relative_to(venv) and report["kernel_dir"].endswith("kernels_src"), report
+    assert 0 < report["loss"] < float("inf"), report
