@@ -5,11 +5,12 @@
     python datasets/prepare.py cifar100 --archive cifar-100-python.tar.gz   # an archive you already have
     python datasets/prepare.py cifar10 --out data/      # where the .h5 files go (default: data/)
 
-Each file holds groups train/ and test/ with `images` (N, H, W, C) uint8 and `labels` (N,) int64, and
-attributes naming the source, its checksum, the class names and the image shape. Archives are checked
-against the official checksums before anything is read from them (CIFAR's are pickles: nothing is
-unpickled from a file that does not match); the HDF5 file is written to a temporary name and renamed,
-so an interrupted conversion never leaves a half-written file behind.
+Each file holds groups train/ and test/ with `images` (N, H, W, C) uint8 and `labels` (N,) int64 (and
+the SHA-256 of each array's bytes as the group's attributes `images_sha256`, `labels_sha256`, which
+minibp.data checks on reading), and attributes naming the source, its checksum, the class names and the
+number of classes. Archives are checked against the official checksums before anything is read from them
+(CIFAR's are pickles: nothing is unpickled from a file that does not match); the HDF5 file is written to
+a temporary name and renamed, so an interrupted conversion never leaves a half-written file behind.
 
 This is a script, not a package: `datasets` on sys.path is often the Hugging Face package, so nothing
 imports this folder by name.
@@ -28,6 +29,7 @@ import h5py
 import numpy as np
 
 from minibp.checkpoint import atomic_h5
+from minibp.data import split_checksums
 
 CIFAR = {
     "cifar10": dict(url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
@@ -92,9 +94,11 @@ def write_h5(path, splits, attrs):
         for key, value in attrs.items():
             f.attrs[key] = value
         for split, (images, labels) in splits.items():
+            images, labels = np.ascontiguousarray(images), labels.astype(np.int64)
             group = f.create_group(split)
             group.create_dataset("images", data=images, chunks=(min(len(images), 256),) + images.shape[1:])
-            group.create_dataset("labels", data=labels.astype(np.int64))
+            group.create_dataset("labels", data=labels)
+            group.attrs.update(split_checksums(images, labels))
     return Path(path)
 
 

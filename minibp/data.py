@@ -1,16 +1,22 @@
 """Training data: HDF5 files written by datasets/prepare.py, in shuffled, augmented batches.
 
-    train = load_split("data/cifar10.h5", "train")      # Split: uint8 images (N, H, W, C), labels (N,)
+    train, test = load_dataset("data/cifar10.h5")       # Splits: uint8 images (N, H, W, C), labels (N,)
     mean = train.pixel_mean()                           # (H, W, C) float32, per-pixel mean in [0, 1]
     batches = Batches(train, batch=128, mean=mean, augment=True, seed=0)
     images, labels = batches.next()                     # float32 NHWC on the active device, int64 labels
+
+Reading checks the whole file (both splits' groups, dtypes and shapes, the class count, the labels'
+range) and each array read against the SHA-256 that datasets/prepare.py stored beside it; anything
+wrong is a one-line ValueError naming the file. `load_split(path, "test")` reads one split.
 
 Augmentation is the reference's: zero-pad 4 pixels (after mean subtraction, so the pad is the mean
 image), crop a random window of the original size, flip horizontally with probability 1/2. The order
 and the augmentation come from one seeded generator whose state is part of `state()`, so a resumed
 run sees exactly the batches an uninterrupted one would.
 """
+import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,32 +48,115 @@ def dataset_path(data_dir, name):
     return Path(data_dir) / f"{name}.h5"
 
 
+def prepare_command(name, path):
+    """The command that writes the data set `name` to the file at path."""
+    dataset = name if name in DATASETS else "{" + ",".join(DATASETS) + "}"
+    return f"{PREPARE} {dataset} --out {Path(path).parent}"
+
+
 def missing_dataset_message(name, path):
-    how = f"{PREPARE} {name} --out {Path(path).parent}"
+    how = prepare_command(name, path)
     if name == "fashion-mnist":
         how = ("apt-get install dataset-fashion-mnist   # Debian/Ubuntu; without it the next line downloads\n  "
                + how)
     return f"no {name} data at {path}. Get it with:\n  {how}"
 
 
+def split_checksums(images, labels):
+    """{images_sha256, labels_sha256}: the SHA-256 of each array's bytes, as prepare.py stores them on a split."""
+    return {f"{key}_sha256": hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
+            for key, array in (("images", images), ("labels", labels))}
+
+
+def load_dataset(path):
+    """(train, test) Splits of a prepared HDF5 file, the whole file checked (see load_split)."""
+    return _load(path, ("train", "test"))
+
+
 def load_split(path, split):
-    """The train or test split of a prepared HDF5 file, read into memory."""
+    """The train or test split of a prepared HDF5 file, read into memory.
+
+    The file's structure is checked whole (both splits, shapes, dtypes, the class count); this split's
+    labels are checked against the class count and its arrays against their SHA-256. Every problem is a
+    one-line ValueError (FileNotFoundError for a missing file) naming the file."""
+    if split not in ("train", "test"):
+        raise ValueError(f"{path}: no split {split!r} (train or test)")
+    return _load(path, (split,))[0]
+
+
+_unverifiable_warned = set()  # files already reported as carrying no checksums
+
+
+def _load(path, splits):
     path = Path(path)
     if not path.is_file():
         name = path.stem
         raise FileNotFoundError(missing_dataset_message(name, path) if name in DATASETS else f"no data file {path}")
+    again = f"prepare it again with {prepare_command(path.stem, path)}"
     try:
         with h5py.File(path, "r") as f:
-            if split not in f:
-                raise ValueError(f"{path} has no '{split}' group (groups: {', '.join(f)})")
-            images, labels = f[split]["images"][...], f[split]["labels"][...]
-            classes, name = int(f.attrs["classes"]), str(f.attrs.get("name", path.stem))
+            name = _text(f.attrs.get("name", path.stem))
+            where = f"{path} ({name})"
+            bad = lambda problem: ValueError(f"{where}: {problem}: {again}")  # noqa: E731
+            classes = _classes(f, bad)
+            shapes = {split: _image_shape(f, split, bad) for split in ("train", "test")}
+            if shapes["test"] != shapes["train"]:
+                raise bad("test images are {}x{}x{} (H x W x C), train images {}x{}x{}".format(*shapes["test"],
+                                                                                             *shapes["train"]))
+            result, unverified = [], []
+            for split in splits:
+                group = f[split]
+                images, labels = group["images"][...], group["labels"][...]
+                for key, digest in split_checksums(images, labels).items():
+                    array = key.removesuffix("_sha256")
+                    if key not in group.attrs:
+                        unverified.append(f"{split} {array}")
+                    elif _text(group.attrs[key]) != digest:
+                        raise bad(f"{split} {array} fail their SHA-256 check (the file is damaged)")
+                if labels.min() < 0 or labels.max() >= classes:
+                    raise bad(f"{split} labels span [{labels.min()}, {labels.max()}], outside the {classes} classes "
+                              f"[0, {classes})")
+                result.append(Split(images, labels.astype(np.int64), classes, name))
     except OSError as e:
-        raise ValueError(f"{path} is not a readable HDF5 file ({e}); prepare it again with {PREPARE}") from None
-    if images.dtype != np.uint8 or images.ndim != 4 or labels.shape != (len(images),):
-        raise ValueError(f"{path}:{split} must hold uint8 images (N, H, W, C) and N labels, got {images.dtype} "
-                         f"{images.shape} and {labels.shape}")
-    return Split(images, labels.astype(np.int64), classes, name)
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path} is not a readable HDF5 file ({why}): {again}") from None
+    if unverified and path.resolve() not in _unverifiable_warned:
+        _unverifiable_warned.add(path.resolve())
+        print(f"warning: {where} has no SHA-256 checksums for its {', '.join(unverified)} (written by an older "
+              f"datasets/prepare.py), so damage to them cannot be detected; {again}", file=sys.stderr)
+    return result
+
+
+def _text(value):
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _classes(f, bad):
+    if "classes" not in f.attrs:
+        raise bad("no 'classes' attribute")
+    classes = np.asarray(f.attrs["classes"])
+    if classes.shape != () or not np.issubdtype(classes.dtype, np.integer) or classes < 2:
+        raise bad(f"the 'classes' attribute must be an integer of at least 2, got {classes}")
+    return int(classes)
+
+
+def _image_shape(f, split, bad):
+    """The (H, W, C) of a split's images, once its group, datasets, dtypes and shapes are as prepare.py writes."""
+    group = f.get(split)
+    if not isinstance(group, h5py.Group):
+        raise bad(f"no '{split}' group (the file has: {', '.join(f) or 'nothing'})")
+    for key in ("images", "labels"):
+        if not isinstance(group.get(key), h5py.Dataset):
+            raise bad(f"the {split} group has no '{key}' dataset (it has: {', '.join(group) or 'nothing'})")
+    images, labels = group["images"], group["labels"]
+    if images.dtype != np.uint8 or len(images.shape or ()) != 4:
+        raise bad(f"{split} images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}")
+    if not np.issubdtype(labels.dtype, np.integer) or labels.shape != images.shape[:1]:
+        raise bad(f"{split} labels must be {len(images)} integers for its {len(images)} images, got {labels.dtype} "
+                  f"{labels.shape}")
+    if len(images) == 0:
+        raise bad(f"the {split} split is empty")
+    return images.shape[1:]
 
 
 class Batches:

@@ -10,6 +10,7 @@ a budget when the arena's one allocation (every buffer, aligned) is at most the 
 """
 import argparse
 import json
+import math
 import re
 import sys
 
@@ -19,32 +20,63 @@ from .net import MODE_BITS
 
 SHAPES = {"cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100), "fashion-mnist": ((28, 28, 1), 10)}
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
-         "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+         "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40,
+         "p": 2**50, "pb": 10**15, "pib": 2**50}
+MAX_BUDGET = 2**50      # 1 PiB: beyond any machine, and every buffer size stays far inside int64
+MAX_BATCH = 2**31 - 1   # the largest batch the search reports
+FAR = 2**20             # a batch far enough from 1 that alignment padding barely tilts the predicted slope
 
 
 def parse_bytes(text):
-    """'11GiB', '11 GB', '512MiB', '1e9' -> bytes."""
-    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(text))
+    """'11GiB', '11 GB', '512MiB', '1e9' -> bytes (int)."""
+    match = re.fullmatch(r"\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(text))
     if not match or match.group(2).lower() not in UNITS:
-        raise ValueError(f"a size is a number and a unit (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB), got {text!r}")
-    return int(float(match.group(1)) * UNITS[match.group(2).lower()])
+        raise ValueError(f"a size is a number and a unit (B, KiB, MiB, GiB, TiB, PiB, KB, MB, GB, TB, PB), "
+                         f"got {text!r}")
+    value = float(match.group(1)) * UNITS[match.group(2).lower()]
+    if not math.isfinite(value):
+        raise ValueError(f"size {text!r} is not a finite number of bytes")
+    return int(value)
+
+
+def check_budget(budget):
+    """A budget in bytes as an int; ValueError unless it is positive and at most MAX_BUDGET."""
+    if not budget > 0:  # NaN too
+        raise ValueError(f"a budget must be a positive number of bytes, got {budget}")
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget {budget:.3g} bytes is beyond any machine (at most 1 PiB)")
+    return int(budget)
 
 
 def largest_batch(net, *, mode, budget):
-    """The largest batch whose arena fits the budget (0 if not even one image fits).
+    """The largest batch (at most MAX_BATCH) whose arena fits the budget; 0 if not even one image fits.
 
-    Every buffer but the parameters grows linearly with the batch, so two plans predict the answer;
-    real plans then confirm it (alignment padding makes the growth only nearly linear)."""
+    The arena grows with the batch, monotonically and nearly linearly (alignment padding and reduction
+    chunks aside): plans at batch 1 and FAR predict the answer, a bracket widened from the prediction by
+    doubling steps and then a bisection pin it down in O(log(error)) more plans, whatever the budget."""
+    budget = check_budget(budget)
     allocation = lambda batch: net.plan(batch=batch, mode=mode).allocation_bytes  # noqa: E731
-    one, two = allocation(1), allocation(2)
+    fits = lambda batch: allocation(batch) <= budget  # noqa: E731
+    one = allocation(1)
     if one > budget:
         return 0
-    batch = max(1, (budget - (2 * one - two)) // max(two - one, 1))
-    while allocation(batch) > budget:
-        batch -= 1
-    while allocation(batch + 1) <= budget:
-        batch += 1
-    return batch
+    per_image = max(1, (allocation(FAR) - one) / (FAR - 1))
+    guess = int(min(MAX_BATCH, max(1, 1 + (budget - one) // per_image)))
+    lo, hi, step = 1, MAX_BATCH + 1, 1  # lo fits; hi does not (beyond the cap counts as not fitting)
+    if fits(guess):
+        lo = guess
+        while lo + step < hi and fits(lo + step):
+            lo, step = lo + step, 2 * step
+        hi = min(hi, lo + step)
+    else:
+        hi = guess
+        while hi - step > lo and not fits(hi - step):
+            hi, step = hi - step, 2 * step
+        lo = max(lo, hi - step)
+    while hi - lo > 1:
+        middle = (lo + hi) // 2
+        lo, hi = (middle, hi) if fits(middle) else (lo, middle)
+    return lo
 
 
 def unit_rows(net, plan):
@@ -78,7 +110,7 @@ def main(argv=None):
     try:
         input_shape, classes = SHAPES[args.data]
         net = models.by_name(args.model, input_shape=input_shape, classes=classes)
-        budget = parse_bytes(args.budget) if args.budget else None
+        budget = check_budget(parse_bytes(args.budget)) if args.budget is not None else None
         if args.batch < 1:
             raise ValueError("--batch must be positive")
         plan, result = report(net, model=args.model, batch=args.batch, mode=args.bits, budget=budget)
@@ -101,7 +133,7 @@ def main(argv=None):
     if budget is not None:
         print(f"\nlargest batch within {format_bytes(budget)}:")
         for mode, batch in result["largest_batch"].items():
-            print(f"  {mode:>6}: {batch}")
+            print(f"  {mode:>6}: {batch}" + (" (the cap)" if batch == MAX_BATCH else ""))
     return 0
 
 

@@ -1,29 +1,75 @@
-"""The planner: totals equal the sum of rows, and the largest batch under a budget is exact."""
+"""The planner: stores sized from the unit shapes, and the largest batch under a budget exact and quick."""
 import json
+import math
 
 import pytest
 
 from minibp import models, plan
-from minibp.net import MODE_BITS
+from minibp.net import MODE_BITS, Net
 
 
 @pytest.mark.parametrize("mode", list(MODE_BITS))
-def test_totals_equal_the_sum_of_rows(mode):
-    net = models.by_name("resnet164")
-    p = net.plan(batch=128, mode=mode)
-    assert p.total_bytes == sum(spec.nbytes for spec in p.buffers.values()) == sum(p.bytes_by_category().values())
-    assert p.allocation_bytes >= p.total_bytes
+def test_stores_hold_bits_per_element_of_each_normalised_input(mode):
+    """Exact stores keep one float32 per element of every batch-normalised unit input; k-bit stores
+    keep k bits of it, so k/32 of the exact bytes. Counted here from the unit shapes alone."""
+    net, batch = models.by_name("resnet20", input_shape=(28, 28, 1)), 7
+    elements = sum(batch * math.prod(u.in_shape) for u in net.units if u.batchnorm)
+    bits = MODE_BITS[mode] or 32
+    assert net.plan(batch=batch, mode=mode).bytes_by_category()["activation stores"] == elements * bits // 8
+
+
+def assert_largest(net, mode, budget, batch):
+    assert net.plan(batch=batch, mode=mode).allocation_bytes <= budget
+    assert net.plan(batch=batch + 1, mode=mode).allocation_bytes > budget
 
 
 @pytest.mark.parametrize("mode", ["exact", "4"])
-def test_largest_batch_fits_and_one_more_does_not(mode):
+@pytest.mark.parametrize("budget", [300 * 2**20, 11 * 2**30 + 12345])
+def test_largest_batch_fits_and_one_more_does_not(mode, budget):
     net = models.by_name("resnet20")
-    budget = 300 * 2**20
     batch = plan.largest_batch(net, mode=mode, budget=budget)
     assert batch > 1
-    assert net.plan(batch=batch, mode=mode).allocation_bytes <= budget
-    assert net.plan(batch=batch + 1, mode=mode).allocation_bytes > budget
+    assert_largest(net, mode, budget, batch)
     assert plan.largest_batch(net, mode=mode, budget=1000) == 0
+
+
+@pytest.fixture
+def plan_calls(monkeypatch):
+    """Counts Net.plan calls, and stops a search that would run for minutes after a few hundred."""
+    calls, real = [], Net.plan
+
+    def counted(self, **options):
+        calls.append(options["batch"])
+        assert len(calls) <= 300, "the batch search does not stop"
+        return real(self, **options)
+    monkeypatch.setattr(Net, "plan", counted)
+    return calls
+
+
+@pytest.mark.parametrize("budget", ["1000TiB", "1PiB", "12345678901234"])
+def test_huge_budgets_take_a_few_plans(plan_calls, budget):
+    net = models.by_name("resnet20")
+    for mode in ("exact", "2"):
+        plan_calls.clear()
+        batch = plan.largest_batch(net, mode=mode, budget=plan.parse_bytes(budget))
+        assert len(plan_calls) <= 40
+        assert_largest(net, mode, plan.parse_bytes(budget), batch)
+
+
+def test_the_batch_is_capped(plan_calls, monkeypatch):
+    """A net whose arena stops growing past batch 5 fits any batch: the search stops at the cap."""
+    net = models.by_name("resnet20")
+    real = Net.plan
+    monkeypatch.setattr(Net, "plan", lambda self, **o: real(self, **dict(o, batch=min(o["batch"], 5))))
+    assert plan.largest_batch(net, mode="4", budget=2**40) == plan.MAX_BATCH
+
+
+def test_cli_answers_huge_budgets_quickly(plan_calls, capsys):
+    assert plan.main(["--model", "resnet20", "--budget", "1000TiB"]) == 0
+    assert len(plan_calls) <= 100
+    assert "largest batch within" in capsys.readouterr().out
+    assert plan.main(["--model", "resnet20", "--budget", "1e30"]) == 2
+    assert capsys.readouterr().err == "error: budget 1e+30 bytes is beyond any machine (at most 1 PiB)\n"
 
 
 def test_four_bits_fit_more_than_exact():
@@ -43,13 +89,23 @@ def test_cli_prints_categories_units_budget_and_json(capsys):
 
 
 @pytest.mark.parametrize("argv,match", [(["--budget", "lots"], "a size is"), (["--model", "vgg"], "unknown model"),
-                                        (["--batch", "0"], "positive")])
+                                        (["--batch", "0"], "positive"), (["--budget", "0"], "positive"),
+                                        (["--budget=-1GiB"], "positive"), (["--budget", "nan"], "a size is"),
+                                        (["--budget", "1.2.3GB"], "a size is"), (["--budget", "1e400"], "finite")])
 def test_cli_errors(capsys, argv, match):
     assert plan.main(argv) == 2
-    assert match in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert match in err and err.count("\n") == 1 and err.startswith("error: ")
+
+
+@pytest.mark.parametrize("budget", [0, -5, float("nan"), 2**50 + 1])
+def test_bad_budgets_are_refused(budget):
+    with pytest.raises(ValueError, match="budget"):
+        plan.largest_batch(models.by_name("resnet20"), mode="4", budget=budget)
 
 
 def test_parse_bytes():
     assert plan.parse_bytes("11GiB") == 11 * 2**30
     assert plan.parse_bytes("1.5 GB") == 1_500_000_000
     assert plan.parse_bytes("512") == 512
+    assert plan.parse_bytes("1PiB") == plan.MAX_BUDGET
