@@ -58,3 +58,19 @@ def synchronize():
     """Wait for queued device work (a no-op on the CPU); for timings."""
     if device == "gpu":
         xp.cuda.get_current_stream().synchronize()
+
+
+def available_memory():
+    """Bytes a new allocation can take now: free device memory on the GPU, MemAvailable on the CPU
+    (None where the system does not say)."""
+    if device == "gpu":
+        # free on the device, plus what CuPy's pool holds unused (it hands that out first)
+        return int(xp.cuda.runtime.memGetInfo()[0]) + int(xp.get_default_memory_pool().free_bytes())
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

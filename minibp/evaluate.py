@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 from . import checkpoint, data, models
-from .train import evaluate
+from .kernels import KernelError
+from .train import compile_within_memory, evaluate
 
 
 def main(argv=None):
@@ -26,18 +27,27 @@ def main(argv=None):
     path = Path(args.run)
     path = path / "checkpoint.h5" if path.is_dir() else path
     try:
+        if args.batch is not None and args.batch < 1:
+            raise ValueError(f"--batch must be positive, got {args.batch}")
         saved = checkpoint.load(path)
         config = saved.config
-        data_path = data.dataset_path(args.data_dir or config["data_dir"], config["data"])
-        train_split = data.load_split(data_path, "train")
-        split = train_split if args.split == "train" else data.load_split(data_path, args.split)
+        train_split, test_split = data.load_dataset(data.dataset_path(args.data_dir or config["data_dir"],
+                                                                      config["data"]))
+        split = train_split if args.split == "train" else test_split
         net = models.by_name(config["model"], input_shape=split.images.shape[1:], classes=split.classes)
-        net.compile(batch=args.batch or config["batch"] // config["split"], mode=config["bits"])
+        batch = min(args.batch or config["batch"] // config["split"], len(split.labels))  # no bigger than the split
+        compile_within_memory(net, batch=batch, mode=config["bits"])
         checkpoint.restore(net, saved)
         loss, accuracy = evaluate(net, split, train_split.pixel_mean())
-    except (ValueError, FileNotFoundError) as e:
+    except FloatingPointError as e:
+        print(f"error: the checkpoint's net gives a non-finite loss on the {args.split} split ({e})", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, KernelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     result = dict(checkpoint=str(path), iteration=saved.iteration, split=args.split, images=len(split.labels),
                   loss=loss, accuracy=accuracy, model=config["model"], bits=config["bits"], data=config["data"])
     if args.json:

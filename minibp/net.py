@@ -35,6 +35,14 @@ from .cudnn_conv import ConvGraphs, CudnnEngine, make_handle
 MODE_BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 
 
+def positive_int(value, what):
+    """value as an int if it is a positive whole number (not a bool, not 2.7), else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) \
+            or not float(value).is_integer() or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return int(value)
+
+
 def parse_mode(mode):
     """'exact' | '8' | '4' | '2' | 'naive' (also the ints 8, 4, 2) -> (name, bits, naive)."""
     name = str(mode)
@@ -80,6 +88,7 @@ class Net:
         self._block = None              # (the unit whose input is saved, its shortcut kind) while open
         self._pending = None            # ("shortcut", layer) or ("projection",) for the next unit
         self.arena = None
+        self._n = 0  # the batch of the last training forward, which backward reads (0: none)
 
     # ------------------------------------------------------------------ building
 
@@ -188,9 +197,11 @@ class Net:
         None for the GEMM path."""
         self._check_complete()
         _, bits, _ = parse_mode(mode)
-        if int(batch) < 1:
-            raise ValueError(f"batch must be positive, got {batch}")
-        N, dtype, units = int(batch), self.dtype, self.units
+        N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
+        for u in units:
+            if bits and u.batchnorm and u.in_shape[2] % (8 // bits):
+                raise ValueError(f"unit {u.index} has {u.in_shape[2]} channels: at {bits} bits the channel "
+                                 f"count must be a multiple of {8 // bits}")
         size = lambda shape: N * int(np.prod(shape))  # noqa: E731 - elements of a batch of this shape
         plan = Plan()
         plan.add("input", (N,) + self.input_shape, dtype, "input batch")                 # (N, H, W, C)
@@ -206,7 +217,7 @@ class Net:
             plan.add("pooled", (max(pooled),), dtype, shared)
             plan.add("dpooled", (max(pooled),), dtype, shared)
         residuals = [size(u.in_shape) for u in units if u.saves_input]
-        residuals += [size(u.out_shape) for u in units if u.adds_projection]
+        residuals += [size(u.in_shape) for u in units if u.adds_projection]  # the projection's output
         if residuals:
             plan.add("residual", (max(residuals),), dtype, "residual (and its gradient)")
         workspace = [int(np.prod(u.conv.workspace_shape(N, accumulate_dx=u.projection is not None)))
@@ -227,7 +238,11 @@ class Net:
             else:
                 plan.add(f"store{u.index}", (size(u.in_shape) * bits // 8,), np.uint8, "activation stores")
             plan.add(f"stats{u.index}", (5, C), dtype, "batch-norm statistics")  # mean, sigma, gamma_c, b, shift
-            plan.add(f"running{u.index}", (2, C), dtype, "batch-norm statistics")  # running mean, var
+        S = sum(u.in_shape[2] for u in bn_units)
+        # running mean and variance of every BN unit, channels concatenated in unit order, and their values
+        # before this step's forward: a step whose loss is not finite puts them back
+        plan.add("running", (2, S), dtype, "batch-norm statistics")           # (2, S)
+        plan.add("running_before", (2, S), dtype, "batch-norm statistics")    # (2, S)
         n_params = self.num_parameters
         plan.add("params", (n_params,), dtype, "parameters")
         plan.add("grads", (n_params,), dtype, "gradients")
@@ -247,20 +262,18 @@ class Net:
         every convolution but the classifier; see cudnn_conv.py)."""
         if conv not in ("gemm", "cudnn"):
             raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
+        plan = self.plan(batch=batch, mode=mode, input_grad=input_grad)  # checks everything before allocating
         self.mode, self.bits, self.naive = parse_mode(mode)
-        for u in self.units:
-            if self.bits and u.batchnorm and u.in_shape[2] % (8 // self.bits):
-                raise ValueError(f"unit {u.index} has {u.in_shape[2]} channels: at {self.bits} bits the channel "
-                                 f"count must be a multiple of {8 // self.bits}")
-        self.batch = int(batch)
+        self.batch = positive_int(batch, "batch")
         for u in self.units:  # a recompile starts from the GEMM path
             for layer in (u.conv, u.projection):
                 if layer is not None:
                     layer.engine = None
         engines = self._cudnn_graphs(self.batch) if conv == "cudnn" else {}
         workspace = max([g.workspace_bytes for g in engines.values()] + [0]) if engines else None
-        self.arena = Arena(self.plan(batch=batch, mode=mode, input_grad=input_grad,
-                                     cudnn_workspace_bytes=workspace))
+        if workspace is not None:
+            plan = self.plan(batch=batch, mode=mode, input_grad=input_grad, cudnn_workspace_bytes=workspace)
+        self.arena = Arena(plan)
         for layer, graphs in engines.items():
             layer.engine = CudnnEngine(graphs, workspace=self.arena["cudnn_workspace"],
                                        dw_scratch=self.arena["cudnn_dw"])
@@ -272,8 +285,14 @@ class Net:
             self.param_views[name] = self.params[offset:offset + n].reshape(shape)
             self.grad_views[name] = self.grads[offset:offset + n].reshape(shape)
             offset += n
+        self.running_views, offset = {}, 0  # unit index -> its (2, C) columns of the running statistics
+        for u in self.units:
+            if u.batchnorm:
+                C = u.in_shape[2]
+                self.running_views[u.index] = self.arena["running"][:, offset:offset + C]
+                offset += C
         self.initialize(seed=seed)
-        self._n = 0  # the batch size of the last forward, which backward reads
+        self._n = 0
         return self
 
     def _cudnn_graphs(self, batch):
@@ -307,10 +326,7 @@ class Net:
         self.params[...] = backend.xp.asarray(host)
         self.grads[...] = 0
         self.arena["velocity"][...] = 0
-        for u in self.units:
-            if u.batchnorm:
-                running = self.arena[f"running{u.index}"]
-                running[0], running[1] = 0, 1
+        self.arena["running"][0], self.arena["running"][1] = 0, 1
 
     # ------------------------------------------------------------------ buffers
 
@@ -347,10 +363,16 @@ class Net:
         """Run the chain on a batch (N <= the compiled batch); returns (loss, accuracy) as floats.
 
         train=True uses batch statistics, updates the running ones and writes every unit's store for
-        backward(); train=False uses the running statistics and writes no store.
+        backward(); train=False uses the running statistics and writes no store. A loss that is not
+        finite leaves the running statistics as they were and raises FloatingPointError (unless
+        check_finite=False).
         """
+        if labels is None:
+            raise ValueError("forward() needs labels (N,) to compute the loss")
         n = self._check_batch(images, labels)
         xp = backend.xp
+        if train:
+            xp.copyto(self.arena["running_before"], self.arena["running"])
         x = self._view("input", self.input_shape, n)
         xp.copyto(x, xp.asarray(images))
         labels_device = self.arena["labels"][:n]
@@ -367,9 +389,13 @@ class Net:
         logits = self.arena["logits"][:n]
         loss, accuracy = layers.softmax_cross_entropy(logits, labels_device)
         loss, accuracy = float(loss), float(accuracy)  # the one host round-trip of a step
-        if check_finite and not np.isfinite(loss):
-            raise FloatingPointError(f"the loss is {loss}: training diverged (lower the learning rate?)")
         self._n = n if train else 0
+        if not np.isfinite(loss):
+            if train:  # this batch's statistics must not reach later evaluations
+                xp.copyto(self.arena["running"], self.arena["running_before"])
+            if check_finite:
+                self._n = 0
+                raise FloatingPointError(f"the loss is {loss}")
         return loss, accuracy
 
     def _forward_unit(self, u, x, out, n, *, train):
@@ -383,7 +409,7 @@ class Net:
         a = x
         if u.batchnorm:
             a = self._view("a", u.in_shape, n)
-            stats, running = self.arena[f"stats{u.index}"], self.arena[f"running{u.index}"]
+            stats, running = self.arena[f"stats{u.index}"], self.running_views[u.index]
             gamma, beta = p[f"unit{u.index}.gamma"], p[f"unit{u.index}.beta"]
             if train:
                 layers.batchnorm_statistics(x, stats, partial=self.arena["partial"])
@@ -422,6 +448,8 @@ class Net:
         Call after forward(train=True). With input_grad=True at compile, dL/dimages lands in
         net.arena["input_grad"].
         """
+        if self.arena is None:
+            raise RuntimeError("compile the net first: net.compile(batch=..., mode=...)")
         if not self._n:
             raise RuntimeError("backward() needs a training forward() first")
         n = self._n
@@ -492,6 +520,8 @@ class Net:
     # ------------------------------------------------------------------ utilities
 
     def zero_grad(self):
+        if self.arena is None:
+            raise RuntimeError("compile the net first: net.compile(batch=..., mode=...)")
         self.grads[...] = 0
 
     def describe(self):

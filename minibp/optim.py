@@ -16,10 +16,15 @@ class SGD:
     def __init__(self, net, *, momentum=0.9, weight_decay=2e-4):
         if net.arena is None:
             raise RuntimeError("compile the net before making its optimizer")
-        if not 0 <= momentum < 1 or weight_decay < 0:
-            raise ValueError(f"momentum must be in [0, 1) and weight_decay >= 0, got {momentum}, {weight_decay}")
-        self.net, self.momentum, self.weight_decay = net, momentum, weight_decay
-        self.velocity = net.arena["velocity"]  # (num_parameters,)
+        if not 0 <= momentum < 1 or not 0 <= weight_decay < np.inf:  # (NaN fails both)
+            raise ValueError(f"momentum must be in [0, 1) and weight_decay finite and >= 0, got {momentum}, "
+                             f"{weight_decay}")
+        self.net, self.momentum, self.weight_decay = net, float(momentum), float(weight_decay)
+
+    @property
+    def velocity(self):
+        """(num_parameters,) the net's momentum buffer, looked up each time: a recompile moves it."""
+        return self.net.arena["velocity"]
 
     def step(self, *, lr):
         """p -= lr * (velocity = momentum * velocity + grad + weight_decay * p [decayed part])."""

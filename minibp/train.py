@@ -6,13 +6,16 @@
     python -m minibp.train --out runs/fm-4bit --resume                   # continue after Ctrl-C
     python -m minibp.evaluate runs/fm-4bit                               # test accuracy of its checkpoint
 
-Writes OUT/metrics.jsonl (one JSON object a line: {"kind": "train"|"val", "iter", ...}) and
-OUT/checkpoint.h5 (atomically, every --checkpoint-every iterations, at the end and on Ctrl-C).
-A resumed run continues with the saved configuration and data order and ends with the same weights
-as an uninterrupted one.
+Writes OUT/metrics.jsonl (one JSON object a line: {"kind": "train"|"val"|"resume", "iter", ...}) and
+OUT/checkpoint.h5 (atomically, every --checkpoint-every iterations, at the end, on Ctrl-C and on
+SIGTERM). A resumed run continues with the saved configuration and data order and ends with the same
+weights as an uninterrupted one. One trainer at a time owns a run folder (rundir.py). A run that
+diverges stops without touching its last good checkpoint and says how to resume it.
+
+Exit status: 0 done, 1 the run failed (diverged, a write failed), 2 a bad option or input file,
+130 interrupted (a checkpoint was saved).
 """
 import argparse
-import json
 import signal
 import sys
 import time
@@ -22,10 +25,20 @@ import numpy as np
 
 from . import backend, checkpoint, data, models
 from .arena import format_bytes
+from .kernels import KernelError
 from .net import MODE_BITS
 from .optim import SGD
+from .plan import largest_batch
+from .rundir import MetricsLog, RunDir
 
-REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # METHOD.md's recipe, for 64k iterations
+REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
+# Options that define a run: a resumed run must keep them. The others may change on resume.
+DEFINING = ("data", "model", "bits", "batch", "split", "seed", "momentum", "weight_decay", "no_augment")
+CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every")
+
+
+class Diverged(Exception):
+    """The loss or the weights stopped being finite."""
 
 
 def parse_schedule(text):
@@ -37,6 +50,9 @@ def parse_schedule(text):
                          f"got {text!r}") from None
     if not steps or steps[0][0] != 0 or any(lr < 0 or not np.isfinite(lr) for _, lr in steps):
         raise ValueError(f"the schedule must start at iteration 0 with finite non-negative rates, got {text!r}")
+    repeated = sorted({it for (it, _), (nxt, _) in zip(steps, steps[1:]) if it == nxt})
+    if repeated:
+        raise ValueError(f"the schedule gives iteration {repeated[0]} more than one rate: {text!r}")
     return steps
 
 
@@ -54,7 +70,7 @@ def build_parser():
                    help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--split", type=int, default=1, help="sub-batches a batch is computed in (gradients accumulate)")
-    p.add_argument("--iters", type=int, default=None, help="iterations in all (default 64000)")
+    p.add_argument("--iters", type=int, default=64000, help="iterations in all (default 64000)")
     p.add_argument("--lr-schedule", default=REFERENCE_SCHEDULE, help=f"ITER:LR,... (default {REFERENCE_SCHEDULE})")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=2e-4)
@@ -62,10 +78,19 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="run folder (default: runs/<data>-<model>-<bits>-seed<seed>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="start a new run in an --out that holds one")
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--val-every", type=int, default=400)
     p.add_argument("--checkpoint-every", type=int, default=400)
     return p
+
+
+def given_options(argv):
+    """The options present on the command line, {dest: value}, told apart from defaults."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return vars(parser.parse_args(argv))
 
 
 def evaluate(net, split, mean):
@@ -78,13 +103,7 @@ def evaluate(net, split, mean):
     return total_loss / len(split.labels), total_correct / len(split.labels)
 
 
-def _config(args):
-    config = {k: v for k, v in vars(args).items() if k not in ("resume", "out")}
-    config["iters"] = 64000 if args.iters is None else args.iters
-    return config
-
-
-def _check_config(config):
+def check_config(config):
     if config["batch"] < 1 or config["split"] < 1 or config["batch"] % config["split"]:
         raise ValueError(f"--batch ({config['batch']}) must be a positive multiple of --split ({config['split']})")
     if config["iters"] < 1:
@@ -96,65 +115,106 @@ def _check_config(config):
     parse_schedule(config["lr_schedule"])
 
 
-class MetricsLog:
-    """OUT/metrics.jsonl: appended a line at a time, flushed, so a crash loses nothing written."""
-
-    def __init__(self, path, *, keep_through=None):
-        self.path = Path(path)
-        if keep_through is not None and self.path.exists():  # a resumed run: drop records past the checkpoint
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("iter", 0) <= keep_through]
-            self.path.write_text("".join(line + "\n" for line in kept))
-        self.file = open(self.path, "a")
-
-    def write(self, **record):
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+def compile_within_memory(net, *, batch, mode, what="--batch"):
+    """net.compile(batch, mode), after checking that its plan fits the memory available now; the refusal
+    gives the plan's size and the largest batch that fits."""
+    plan = net.plan(batch=batch, mode=mode)
+    available = backend.available_memory()
+    if available is not None and plan.allocation_bytes > available:
+        fits = largest_batch(net, mode=mode, budget=available) if available > 0 else 0
+        raise ValueError(f"a batch of {batch} needs {format_bytes(plan.allocation_bytes)} but {backend.device} has "
+                         f"{format_bytes(available)} available: the largest batch that fits is {fits} "
+                         f"(lower {what}, or compute the batch in parts with --split)")
+    return net.compile(batch=batch, mode=mode)
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
-        return _run(args)
-    except (ValueError, FileNotFoundError) as e:
+        with np.errstate(all="ignore"):  # a diverging step is found by the finiteness checks, not by warnings
+            return _run(args, given_options(argv))
+    except Diverged as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except (ValueError, FileNotFoundError, KernelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # a full disk or a vanished folder while writing
+        print(f"error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays as it was
+        print("\ninterrupted: the last checkpoint written stays as it was", file=sys.stderr)
+        return 130
 
 
-def _run(args):
+def new_config(args):
+    config = {k: v for k, v in vars(args).items() if k not in ("resume", "overwrite", "out")}
+    config["data_dir"] = str(Path(args.data_dir).resolve())  # a run resumes from any folder
+    return config
+
+
+def _resumed_config(saved, given, ckpt_path):
+    """The saved configuration with the changeable options given now applied; a ValueError listing
+    any defining option given with another value than the run's."""
+    config = dict(saved.config)
+    differ = [f"--{k.replace('_', '-')} {given[k]} (the run has {config.get(k)})" for k in DEFINING
+              if k in given and given[k] != config.get(k)]
+    if differ:
+        raise ValueError(f"{ckpt_path} was trained with other options; a resumed run keeps them: "
+                         + "; ".join(differ))
+    changed = {k: [config.get(k), given[k]] for k in CHANGEABLE if k in given and given[k] != config.get(k)}
+    for key, (_, new) in changed.items():
+        config[key] = new
+    if "data_dir" in changed:
+        config["data_dir"] = str(Path(config["data_dir"]).resolve())
+    return config, changed
+
+
+def _run(args, given):
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues a run and --overwrite starts it again: give one")
     out = Path(args.out or f"runs/{args.data}-{args.model}-{args.bits}-seed{args.seed}")
-    ckpt_path = out / "checkpoint.h5"
-    saved = None
+    if not args.resume:  # the cheap checks before anything touches the disk
+        check_config(new_config(args))
+    run = RunDir.claim(out, fresh=not args.resume, overwrite=args.overwrite)
+    try:
+        return _train(args, given, run, out)
+    finally:
+        run.release()
+
+
+def _train(args, given, run, out):
+    saved, changed = None, {}
     if args.resume:
-        if not ckpt_path.is_file():
-            raise FileNotFoundError(f"--resume: no checkpoint at {ckpt_path}")
-        saved = checkpoint.load(ckpt_path)
-        config = saved.config
-        if args.iters is not None:
-            config["iters"] = args.iters
+        if not run.checkpoint_path.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint at {run.checkpoint_path} (a run stopped before its "
+                                    "first checkpoint starts again with --overwrite)")
+        saved = checkpoint.load(run.checkpoint_path)
+        config, changed = _resumed_config(saved, given, run.checkpoint_path)
+        check_config(config)
     else:
-        if ckpt_path.exists():
-            raise ValueError(f"{out} already holds a run: pass --resume to continue it, or another --out")
-        config = _config(args)
-    _check_config(config)
+        config = new_config(args)
     schedule = parse_schedule(config["lr_schedule"])
 
-    path = data.dataset_path(config["data_dir"], config["data"])
-    train_split, test_split = data.load_split(path, "train"), data.load_split(path, "test")
+    train_split, test_split = data.load_dataset(data.dataset_path(config["data_dir"], config["data"]))
     mean = train_split.pixel_mean()
-    net = models.by_name(config["model"], input_shape=train_split.images.shape[1:], classes=train_split.classes)
-    sub_batch = config["batch"] // config["split"]
-    net.compile(batch=sub_batch, mode=config["bits"], seed=config["seed"])
-    opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
     batches = data.Batches(train_split, batch=config["batch"], mean=mean, augment=not config["no_augment"],
                            seed=config["seed"])
+    if saved is not None:
+        batches.restore(saved.data_state)
+    net = models.by_name(config["model"], input_shape=train_split.images.shape[1:], classes=train_split.classes)
+    sub_batch = config["batch"] // config["split"]
+    compile_within_memory(net, batch=sub_batch, mode=config["bits"])
+    net.initialize(seed=config["seed"])
+    opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
     iteration = 0
     if saved is not None:
         checkpoint.restore(net, saved)
-        batches.restore(saved.data_state)
         iteration = saved.iteration
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = MetricsLog(out / "metrics.jsonl", keep_through=iteration if saved else None)
+    metrics = MetricsLog(run.metrics_path, keep_through=iteration if saved else None)
+    if changed:
+        metrics.write(kind="resume", iter=iteration, changed=changed)
     planned = net.arena.plan.total_bytes
     in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
     print(f"{config['model']} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
@@ -162,31 +222,49 @@ def _run(args):
           f"{in_sub_batches}, device {backend.device}")
     print(net.arena.plan.summary())
     if saved:
-        print(f"resumed from {ckpt_path} at iteration {iteration}")
+        print(f"resumed from {run.checkpoint_path} at iteration {iteration}"
+              + "".join(f"; {k} {old} -> {new}" for k, (old, new) in changed.items()))
 
-    interrupted = []
-
-    def on_interrupt(*_):
-        if interrupted:  # a second Ctrl-C: stop at once (the last checkpoint stays)
-            raise KeyboardInterrupt
-        interrupted.append(True)
-        print("\ninterrupt: finishing this iteration, then saving a checkpoint (Ctrl-C again to quit now)",
-              flush=True)
-
-    previous_handler = signal.signal(signal.SIGINT, on_interrupt)
+    last_saved = [saved.iteration if saved else None]
 
     def save():
-        checkpoint.save(ckpt_path, net, iteration=iteration, config=config, data_state=batches.state())
+        try:
+            checkpoint.save(run.checkpoint_path, net, iteration=iteration, config=config, data_state=batches.state())
+        except checkpoint.NotFinite as e:
+            raise Diverged(diverged_message(f"at iteration {iteration} ({e})")) from None
+        last_saved[0] = iteration
 
+    def diverged_message(what):
+        lower = ",".join(f"{it}:{lr / 10:g}" for it, lr in schedule)
+        if last_saved[0] is None:
+            return (f"training diverged {what}; no checkpoint was saved. Start again with a lower learning rate: "
+                    f"python -m minibp.train ... --overwrite --lr-schedule {lower}")
+        return (f"training diverged {what}; the last good checkpoint is {run.checkpoint_path} (iteration "
+                f"{last_saved[0]}). Resume it with a lower learning rate: python -m minibp.train --out {out} "
+                f"--resume --lr-schedule {lower}")
+
+    stop = []
+
+    def on_signal(number, _frame):
+        if stop:  # a second Ctrl-C: stop at once (the last checkpoint stays)
+            raise KeyboardInterrupt
+        stop.append(number)
+        print(f"\n{signal.Signals(number).name}: finishing this iteration, then saving a checkpoint "
+              "(Ctrl-C again to quit now)", flush=True)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         window_start, window_images = time.perf_counter(), 0
-        while iteration < config["iters"] and not interrupted:
+        while iteration < config["iters"] and not stop:
             lr = learning_rate(schedule, iteration)
             images, labels = batches.next()
             net.zero_grad()
             losses, accuracies = [], []
             for start in range(0, config["batch"], sub_batch):
-                loss, accuracy = net.forward(images[start:start + sub_batch], labels[start:start + sub_batch])
+                try:
+                    loss, accuracy = net.forward(images[start:start + sub_batch], labels[start:start + sub_batch])
+                except FloatingPointError as e:
+                    raise Diverged(diverged_message(f"at iteration {iteration + 1} ({e})")) from None
                 net.backward(loss_scale=1.0 / config["split"])
                 losses.append(loss)
                 accuracies.append(accuracy)
@@ -201,21 +279,24 @@ def _run(args):
                 metrics.write(kind="train", iter=iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
                               planned_bytes=planned)
                 window_start, window_images = time.perf_counter(), 0
+            if iteration % config["checkpoint_every"] == 0 or iteration == config["iters"]:
+                save()  # before the validation, so a failing validation loses no training
             if iteration % config["val_every"] == 0 or iteration == config["iters"]:
                 val_loss, val_accuracy = evaluate(net, test_split, mean)
                 print(f"iter {iteration:6d}  validation loss {val_loss:.4f}  accuracy {val_accuracy:.4f}", flush=True)
                 metrics.write(kind="val", iter=iteration, loss=val_loss, accuracy=val_accuracy)
                 window_start = time.perf_counter()
-            if iteration % config["checkpoint_every"] == 0 or iteration == config["iters"]:
+        if stop:
+            if last_saved[0] != iteration:
                 save()
+            print(f"stopped at iteration {iteration}: checkpoint saved to {run.checkpoint_path}\n"
+                  f"continue with: python -m minibp.train --out {out} --resume", flush=True)
+            return 130
     finally:
-        signal.signal(signal.SIGINT, previous_handler)
-    if interrupted:
-        save()
-        print(f"interrupted at iteration {iteration}: checkpoint saved to {ckpt_path}\n"
-              f"continue with: python -m minibp.train --out {out} --resume", flush=True)
-        return 130
-    print(f"done: {iteration} iterations; checkpoint {ckpt_path}, metrics {out / 'metrics.jsonl'}")
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        metrics.close()
+    print(f"done: {iteration} iterations; checkpoint {run.checkpoint_path}, metrics {run.metrics_path}")
     return 0
 
 

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 
-from minibp import checkpoint, evaluate, train
+from minibp import checkpoint, data, evaluate, train
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,6 +29,7 @@ def make_dataset(directory, name="cifar10", *, n_train=256, n_test=64, shape=(8,
             images = np.clip(prototypes[labels] + rng.normal(0, 25, (n,) + shape), 0, 255).astype(np.uint8)
             f.create_dataset(f"{split}/images", data=images)
             f.create_dataset(f"{split}/labels", data=labels)
+            f[split].attrs.update(data.split_checksums(images, labels))
     return path
 
 
