@@ -48,7 +48,8 @@ def main(argv=None):
         if (run / "checkpoint.h5").exists():
             argv = common + ["--resume"]
         else:
-            argv = common + ["--data", args.data, "--data-dir", args.data_dir, "--model", args.model, "--bits", mode,
+            argv = common + ["--overwrite",  # a run stopped before its first checkpoint starts again
+                             "--data", args.data, "--data-dir", args.data_dir, "--model", args.model, "--bits", mode,
                              "--batch", str(args.batch), "--lr-schedule", args.lr_schedule, "--seed", str(args.seed),
                              "--val-every", str(max(args.iters // 4, 1)), "--log-every", str(max(args.iters // 40, 1))]
         print(f"=== mode {mode}: python -m minibp.train {' '.join(argv)}", flush=True)
