@@ -5,8 +5,8 @@
 // forward pass and read by the backward pass:
 //     stats[0] = mean_c      stats[1] = sigma_c = sqrt(var_c + eps)
 //     stats[2] = gamma_c, gamma clamped to >= 1e-8      stats[3] = b_c = beta_c / gamma_c
-//     stats[4] = shift_c of the k-bit code of channel c (quant.cuh)
-// The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b.
+//     stats[4] = shift_c of the k-bit code of channel c
+// The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh).
 //
 // Every kernel walks whole rows (pixels), whose C channels are contiguous: the inner loops read
 // memory in order, find a channel without division, vectorise on the CPU, and a row's codes are
@@ -22,16 +22,6 @@
 #define B(c) stats[3 * C + (c)]
 #define SHIFT(c) stats[4 * C + (c)]
 
-// The code of element c in a row of codes (8/BITS codes a byte, the first in the high bits).
-template <int BITS>
-__device__ __forceinline__ int code_at(const unsigned char* row_codes, int c) {
-    constexpr int per_byte = 8 / BITS;
-    return (row_codes[c / per_byte] >> (8 - BITS * (c % per_byte + 1))) & ((1 << BITS) - 1);
-}
-
-// relu that lets NaN through, so that a diverged net shows in its loss.
-__device__ __forceinline__ real_t relu(real_t y) { return y <= 0 ? (real_t)0 : y; }
-
 // xhat (and the ReLU mask) of one element as the forward pass computed it from x ...
 __device__ __forceinline__ real_t xhat_from_x(real_t x, int c, int C, const real_t* stats, const real_t* beta,
                                               bool* on) {
@@ -40,11 +30,11 @@ __device__ __forceinline__ real_t xhat_from_x(real_t x, int c, int C, const real
     return xhat;
 }
 
-// ... and as the k-bit store restores it: xhat~ = vhat - b, mask = code >= shift.
+// ... and as the k-bit store restores it from the code q.
 template <int BITS>
-__device__ __forceinline__ real_t xhat_from_code(int code, int c, int C, const real_t* stats, bool* on) {
-    *on = (real_t)code >= SHIFT(c);
-    return (real_t)quant_vhat(code, (float)SHIFT(c), BITS) - B(c);
+__device__ __forceinline__ real_t xhat_from_code(float q, int c, int C, const real_t* stats, bool* on) {
+    *on = quant_mask(q, (float)SHIFT(c));
+    return quant_xhat(q, (float)SHIFT(c), B(c), BITS);
 }
 
 // The rows [r0, r1) of chunk `chunk`.
@@ -89,37 +79,20 @@ extern "C" __global__ void batchnorm_coefficients(int C, int bits, real_t eps, c
 
 // ----------------------------------------------------------------------------- forward
 
-// The row's codes, in two passes that each vectorise on the CPU: the codes as numbers into a_row
-// (scratch here: the caller writes a afterwards), then packed 8/k to a byte.
+// The row's codes: as numbers into a_row (scratch here: the caller writes a afterwards), then packed.
 template <int BITS>
 __device__ void encode_row(const real_t* x_row, real_t* a_row, unsigned char* row_codes, int C,
                            const real_t* stats) {
-    constexpr int per_byte = 8 / BITS;
     for (int c = 0; c < C; ++c)
-        a_row[c] = (real_t)quant_code((float)((x_row[c] - MEAN(c)) / SIGMA(c) + B(c)), (float)SHIFT(c), BITS);
-    for (int j = 0; j < C / per_byte; ++j) {
-        int byte = 0;
-        for (int t = 0; t < per_byte; ++t) byte = (byte << BITS) | (int)a_row[j * per_byte + t];
-        row_codes[j] = (unsigned char)byte;
-    }
+        a_row[c] = quant_code((float)((x_row[c] - MEAN(c)) / SIGMA(c) + B(c)), (float)SHIFT(c), BITS);
+    quant_pack_row<BITS>(a_row, row_codes, C);
 }
 
-// A row's codes as numbers, one a channel, into out (a row of scratch): the loops that then decode
-// them read plain floats and vectorise.
-template <int BITS>
-__device__ void unpack_row(const unsigned char* row_codes, real_t* out, int C) {
-    constexpr int per_byte = 8 / BITS;
-    for (int j = 0; j < C / per_byte; ++j)
-        for (int t = 0; t < per_byte; ++t)
-            out[j * per_byte + t] = (real_t)((row_codes[j] >> (8 - BITS * (t + 1))) & ((1 << BITS) - 1));
-}
-
-// a~ = relu(gamma_c * vhat) of a row of codes (the naive mode's forward, and the restore).
+// a~ of a row of codes (the naive mode's forward, and the restore).
 template <int BITS>
 __device__ void restore_row(const unsigned char* row_codes, real_t* a_row, int C, const real_t* stats) {
-    unpack_row<BITS>(row_codes, a_row, C);
-    for (int c = 0; c < C; ++c)
-        a_row[c] = relu(GAMMA(c) * (real_t)quant_vhat((int)a_row[c], (float)SHIFT(c), BITS));
+    quant_unpack_row<BITS>(row_codes, a_row, C);
+    for (int c = 0; c < C; ++c) a_row[c] = quant_restore((float)a_row[c], (float)SHIFT(c), GAMMA(c), BITS);
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
@@ -176,7 +149,7 @@ __device__ void sums_row(const real_t* da_row, const unsigned char* row_codes, r
                          const real_t* stats) {
     for (int c = 0; c < C; ++c) {
         bool on;
-        const real_t xhat = xhat_from_code<BITS>(code_at<BITS>(row_codes, c), c, C, stats, &on);
+        const real_t xhat = xhat_from_code<BITS>(quant_code_at<BITS>(row_codes, c), c, C, stats, &on);
         const real_t dy = da_row[c] * (real_t)on;
         dbeta[c] += dy;
         dgamma[c] += dy * xhat;
@@ -230,10 +203,10 @@ __device__ __forceinline__ real_t bn_dx(real_t da, bool on, real_t xhat, int c, 
 template <int BITS>
 __device__ void dx_row(const real_t* da_row, const unsigned char* row_codes, real_t* dx_row, int C,
                        const real_t* stats, const real_t* sums, real_t inv_count) {
-    unpack_row<BITS>(row_codes, dx_row, C);  // dx_row holds the codes until each is replaced by its dx
+    quant_unpack_row<BITS>(row_codes, dx_row, C);  // dx_row holds the codes until each is replaced by its dx
     for (int c = 0; c < C; ++c) {
         bool on;
-        const real_t xhat = xhat_from_code<BITS>((int)dx_row[c], c, C, stats, &on);
+        const real_t xhat = xhat_from_code<BITS>((float)dx_row[c], c, C, stats, &on);
         dx_row[c] = bn_dx(da_row[c], on, xhat, c, C, stats, sums, inv_count);
     }
 }

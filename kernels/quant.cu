@@ -1,46 +1,60 @@
-// Pack and unpack the k-bit store (k = 2, 4, 8) of NHWC activations. One fused pass each way.
-// The code itself is defined in quant.cuh; the NumPy references are minibp/quant.py's *_ref.
+// The k-bit store of (M, C) values v with per-channel b, through quant.cuh's functions, the ones the
+// training kernels (bn.cu) use: minibp/quant.py's kernel wrappers, for its tests and bench/quant.py.
+// n_bytes = M*C*k/8, the size of the codes. A thread takes one row at a time, in blocks of up to
+// BLOCK_C channels whose codes go through a local scratch block as numbers, as bn.cu's go through a
+// row of its output: the loops over a block vectorise on the CPU.
 #include "common.cuh"
 #include "quant.cuh"
 
-// codes[j] <- the codes of v[j*8/k .. j*8/k + 8/k - 1]; v is (M, C) with C a multiple of 8/k,
-// so one byte never straddles two pixels. b is (C,), codes is (M*C*k/8,).
-extern "C" __global__ void quantize(long long n_bytes, int C, int bits, const real_t* v, const real_t* b,
-                                    unsigned char* codes) {
-    const int per_byte = 8 / bits;
-    GRID_STRIDE_LOOP(j, n_bytes) {
-        const long long e0 = j * per_byte;
-        const int c0 = (int)(e0 % C);
-        int byte = 0;
-        for (int t = 0; t < per_byte; ++t) {
-            const float shift = quant_shift((float)b[c0 + t], bits);
-            byte = (byte << bits) | quant_code((float)v[e0 + t], shift, bits);
+constexpr int BLOCK_C = 64;  // a multiple of 8/k, as C is: blocks are whole bytes
+
+template <int BITS>
+__device__ void quantize_rows(long long rows, int C, const real_t* v, const real_t* b, unsigned char* codes) {
+    GRID_STRIDE_LOOP(r, rows) {
+        for (int c0 = 0; c0 < C; c0 += BLOCK_C) {
+            const int n = C - c0 < BLOCK_C ? C - c0 : BLOCK_C;
+            const real_t* v_block = v + r * C + c0;
+            real_t q[BLOCK_C];
+            for (int c = 0; c < n; ++c) q[c] = quant_code((float)v_block[c], quant_shift((float)b[c0 + c], BITS), BITS);
+            quant_pack_row<BITS>(q, codes + (r * C + c0) / (8 / BITS), n);
         }
-        codes[j] = (unsigned char)byte;
     }
 }
 
-// From the codes of (M, C) values: xhat~ = vhat - b, a~ = relu(gamma * vhat), mask = q >= shift.
-// Any output may be null (not wanted). One thread per byte of codes, like quantize.
+// codes (n_bytes,) <- the codes of v (M, C); b is (C,).
+extern "C" __global__ void quantize(long long n_bytes, int C, int bits, const real_t* v, const real_t* b,
+                                    unsigned char* codes) {
+    const long long rows = n_bytes * (8 / bits) / C;
+    if (bits == 2) quantize_rows<2>(rows, C, v, b, codes);
+    if (bits == 4) quantize_rows<4>(rows, C, v, b, codes);
+    if (bits == 8) quantize_rows<8>(rows, C, v, b, codes);
+}
+
+template <int BITS>
+__device__ void dequantize_rows(long long rows, int C, const unsigned char* codes, const real_t* b,
+                                const real_t* gamma, real_t* xhat, real_t* a, unsigned char* mask) {
+    GRID_STRIDE_LOOP(r, rows) {
+        for (int c0 = 0; c0 < C; c0 += BLOCK_C) {
+            const int n = C - c0 < BLOCK_C ? C - c0 : BLOCK_C;
+            const long long e0 = r * C + c0;
+            real_t q[BLOCK_C];
+            quant_unpack_row<BITS>(codes + e0 / (8 / BITS), q, n);
+            for (int c = 0; c < n; ++c) {
+                const float shift = quant_shift((float)b[c0 + c], BITS);
+                if (xhat) xhat[e0 + c] = quant_xhat((float)q[c], shift, b[c0 + c], BITS);
+                if (a) a[e0 + c] = quant_restore((float)q[c], shift, gamma[c0 + c], BITS);
+                if (mask) mask[e0 + c] = (unsigned char)quant_mask((float)q[c], shift);
+            }
+        }
+    }
+}
+
+// xhat~, a~ and mask (each (M, C), any of them null when not wanted) of the codes (n_bytes,) of (M, C) values.
 extern "C" __global__ void dequantize(long long n_bytes, int C, int bits, const unsigned char* codes,
                                       const real_t* b, const real_t* gamma, real_t* xhat, real_t* a,
                                       unsigned char* mask) {
-    const int per_byte = 8 / bits;
-    const int code_mask = (1 << bits) - 1;
-    GRID_STRIDE_LOOP(j, n_bytes) {
-        const long long e0 = j * per_byte;
-        const int c0 = (int)(e0 % C);
-        const int byte = codes[j];
-        for (int t = 0; t < per_byte; ++t) {
-            const int c = c0 + t;
-            const float shift = quant_shift((float)b[c], bits);
-            const int code = (byte >> (8 - bits * (t + 1))) & code_mask;
-            const real_t vhat = (real_t)quant_vhat(code, shift, bits);
-            const bool on = code >= shift;  // the ReLU mask
-            if (xhat) xhat[e0 + t] = vhat - b[c];
-            const real_t y = gamma[c] * vhat;
-            if (a) a[e0 + t] = y > 0 ? y : (real_t)0;  // relu(gamma * vhat): zero exactly where the mask is
-            if (mask) mask[e0 + t] = (unsigned char)on;
-        }
-    }
+    const long long rows = n_bytes * (8 / bits) / C;
+    if (bits == 2) dequantize_rows<2>(rows, C, codes, b, gamma, xhat, a, mask);
+    if (bits == 4) dequantize_rows<4>(rows, C, codes, b, gamma, xhat, a, mask);
+    if (bits == 8) dequantize_rows<8>(rows, C, codes, b, gamma, xhat, a, mask);
 }

@@ -1,20 +1,22 @@
-"""The k-bit activation store of METHOD.md: pack v = y/gamma into k-bit codes, and restore.
+"""The k-bit activation store: each unit keeps k-bit codes of v = xhat + b instead of its activations.
 
-For NHWC activations viewed as (M, C) with per-channel b = beta/gamma, K = 2^k:
+For NHWC activations viewed as (M, C), b_c = beta_c / gamma_c per channel, K = 2^k bins of width 6/K:
 
     shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1)
-    q       = clamp(floor((v - 1e-6) * K/6) + shift_c, 0, K-1)        the stored code
-    vhat    = (q - shift_c + 0.5) * 6/K                                bin midpoint
-    mask    = q >= shift_c         (= v >= 1e-6 in float32: the ReLU mask is exact)
-    xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)
+    q       = clamp(floor((v - 1e-6) * K/6) + shift_c, 0, K-1)    the stored code (NaN -> 0)
+    vhat    = (q - shift_c + 0.5) * 6/K                            the bin's midpoint
+    mask    = q >= shift_c            (= v >= 1e-6 in float32: the ReLU's mask is exact)
+    xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)              what the backward pass reads
 
-The cap of shift at K-1 is minibp's one change to the reference scheme (which clamps only at
-1): without it, a channel with b_c < -(K/2-1)*6/K has zero outside the code range and loses
-every positive value's mask bit. Codes are packed 8/k to a byte, element i in the most
-significant bits (at k = 4: i in the high nibble, i+1 in the low one).
+The paper's reference code clamps shift only at 1; minibp also caps it at K-1, so zero stays a bin
+edge inside the code range for every b: without the cap a channel with b_c < -(K/2-1)*6/K has zero
+above the top code and loses every positive value's mask bit. Codes are packed 8/k to a byte, the
+first element in the most significant bits (at k = 4: element i in the high nibble, i+1 in the low
+one); C is a multiple of 8/k, so a byte never straddles two rows.
 
-quantize/dequantize run one fused kernel (kernels/quant.cu) each; the *_ref functions are the
-plain NumPy statement of the same arithmetic, kept for readers and for the tests.
+The *_ref functions state this in plain NumPy float32, for readers and the tests. quantize and
+dequantize run kernels/quant.cu, built from kernels/quant.cuh: the device functions the training
+kernels (kernels/bn.cu) write and read the stores with, so the tests of these wrappers test those.
 """
 import numpy as np
 
@@ -30,14 +32,10 @@ def check_bits(bits):
     return int(bits)
 
 
-def store_nbytes(num_values, bits):
-    """Bytes of the packed codes of num_values values."""
-    return num_values * check_bits(bits) // 8
-
-
 # ----------------------------------------------------------------------------- NumPy reference
 
 def shift_ref(b, *, bits):
+    """shift_c (float32) of per-channel b."""
     K = np.float32(1 << bits)
     scale = K / np.float32(6)
     with np.errstate(over="ignore"):
@@ -53,6 +51,7 @@ def codes_ref(v, b, *, bits):
 
 
 def pack_ref(codes, *, bits):
+    """Unpacked codes -> bytes, 8/k codes a byte, the first in the most significant bits."""
     per_byte = 8 // bits
     codes = np.asarray(codes, np.uint8).reshape(-1, per_byte)
     packed = np.zeros(codes.shape[0], np.uint8)
@@ -62,12 +61,14 @@ def pack_ref(codes, *, bits):
 
 
 def unpack_ref(packed, *, bits, shape):
+    """Bytes -> the unpacked codes (uint8) of shape `shape`."""
     per_byte = 8 // bits
     slots = [(packed >> np.uint8(8 - bits * (t + 1))) & np.uint8((1 << bits) - 1) for t in range(per_byte)]
     return np.stack(slots, axis=1).reshape(shape)
 
 
 def quantize_ref(v, b, *, bits):
+    """The packed codes (uint8, size*bits/8) of v (..., C)."""
     return pack_ref(codes_ref(v, b, bits=bits), bits=bits)
 
 
@@ -77,10 +78,9 @@ def dequantize_ref(packed, b, gamma, *, bits, shape):
     shift = shift_ref(b, bits=bits)
     q = unpack_ref(np.asarray(packed), bits=bits, shape=shape).astype(np.float32)
     vhat = ((q - shift + np.float32(0.5)) * (np.float32(6) / np.float32(1 << bits))).astype(b.dtype)
-    xhat = vhat - b
-    mask = (q >= shift).astype(np.uint8)
-    a = np.where(mask, np.asarray(gamma, b.dtype) * vhat, b.dtype.type(0))  # relu(gamma * vhat), as gamma > 0
-    return xhat, a, mask
+    y = np.asarray(gamma, b.dtype) * vhat
+    a = np.where(y <= 0, b.dtype.type(0), y)  # relu that lets NaN through, as the kernels'
+    return vhat - b, a, (q >= shift).astype(np.uint8)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -117,8 +117,8 @@ def quantize_into(v, b, codes, *, bits):
         raise ValueError(f"b ({b.dtype}) must have v's dtype ({v.dtype})")
     if codes.dtype != np.uint8 or codes.shape != (size * bits // 8,):
         raise ValueError(f"codes must be uint8 of shape ({size * bits // 8},), got {codes.dtype} {codes.shape}")
-    n_bytes = size * bits // 8
-    kernels.load("quant.cu", v.dtype).quantize(n_bytes, channels, bits, v, b, codes, threads=n_bytes)
+    kernels.load("quant.cu", v.dtype).quantize(size * bits // 8, channels, bits, v, b, codes,
+                                               threads=size // channels)  # a thread a row
     return codes
 
 
@@ -143,14 +143,13 @@ def dequantize_into(codes, b, gamma, *, bits, shape, xhat=None, a=None, mask=Non
     for name, out, dtype in (("xhat", xhat, b.dtype), ("a", a, b.dtype), ("mask", mask, np.uint8)):
         if out is not None and (out.shape != tuple(shape) or out.dtype != dtype):
             raise ValueError(f"{name} must be {np.dtype(dtype)} of shape {tuple(shape)}, got {out.dtype} {out.shape}")
-    n_bytes = size * bits // 8
-    kernels.load("quant.cu", b.dtype).dequantize(n_bytes, channels, bits, codes, b, gamma, xhat, a, mask,
-                                                 threads=n_bytes)
+    kernels.load("quant.cu", b.dtype).dequantize(size * bits // 8, channels, bits, codes, b, gamma, xhat, a, mask,
+                                                 threads=size // channels)
     return xhat, a, mask
 
 
 def dequantize(codes, b, gamma, *, bits, shape):
-    """(xhat~, a~, mask) of shape `shape` from packed codes; see the module docstring."""
+    """(xhat~, a~, mask) of shape `shape` from packed codes."""
     xp = backend.xp
     outputs = dict(xhat=xp.empty(shape, b.dtype), a=xp.empty(shape, b.dtype), mask=xp.empty(shape, np.uint8))
     return dequantize_into(codes, b, gamma, bits=bits, shape=shape, **outputs)

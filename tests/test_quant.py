@@ -1,4 +1,4 @@
-"""The k-bit store: kernels byte-identical to the NumPy reference, and the properties METHOD.md promises."""
+"""The k-bit store: kernels byte-identical to the NumPy reference, and the properties minibp/quant.py states."""
 import numpy as np
 import pytest
 

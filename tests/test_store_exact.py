@@ -1,0 +1,186 @@
+"""The training kernels' k-bit store, exactly: the codes layers.batchnorm_relu_forward writes, the a~ that
+batchnorm_relu_restore reads back and the BN-ReLU backward from the codes, against minibp.quant's NumPy
+reference of the store (quantize_ref, dequantize_ref), at 8, 4 and 2 bits.
+
+The data puts values on and next to every bin edge, far outside the window (|v| of 20 to 1000), and in
+channels whose b = beta/gamma is very negative or very positive (+-50) or next to the boundaries where
+the shift's clamp at 1 and cap at K-1 begin."""
+import numpy as np
+import pytest
+
+from minibp import layers, quant
+from conftest import device, host
+
+BITS = [8, 4, 2]
+RTOL, ATOL = 1e-5, 1e-6  # float32 rounding, scaled by the size of what is summed (see _assert_close)
+FAR = [20.0, -20.0, 37.3, -64.0, 100.0, -100.0, 999.5, -1000.0]
+
+
+def _channels(bits):
+    """(gamma, beta) of each channel: b = beta/gamma exactly (gamma a power of two), except the last two."""
+    K = 1 << bits
+    cap = np.float32(-(K / 2 - 1) * 6 / K)  # b below this: shift reaches the cap K-1; -cap: the clamp at 1
+    b = [0.0, 0.37, -0.81, 50.0, -50.0, cap, np.nextafter(cap, -np.inf), np.nextafter(cap, np.inf),
+         cap - np.float32(6 / K), cap + np.float32(6 / K), -cap, np.nextafter(-cap, -np.inf),
+         np.nextafter(-cap, np.inf), 2.5, -7.0, 1e-30, 3.0, -3.0]
+    gamma = [1.0, 0.5, 2.0, 4.0, 0.25, 1.0, 2.0, 0.5, 1.0, 8.0, 1.0, 0.5, 2.0, 1.0, 1.0, 1.0, 1.0, 0.5]
+    b = np.array(b, np.float32)
+    gamma = np.array(gamma, np.float32)
+    beta = list(b * gamma) + [-5e-7, 0.9]
+    gamma = list(gamma) + [1e-9, 1.7]  # 1e-9 is clamped to 1e-8: b = -50
+    return np.array(gamma, np.float32), np.array(beta, np.float32)
+
+
+def _edge_case(bits, rng):
+    """x (M, C) and the mean and variance to normalise it with, for _channels' channels: every channel
+    has v = (x - mean)/sigma + b on and next to each bin edge around its window, 1e-6, 0, far values and
+    random ones. sigma = sqrt(var) is a power of two."""
+    K = 1 << bits
+    gamma, beta = _channels(bits)
+    C = len(gamma)
+    b = (beta / np.maximum(gamma, np.float32(layers.GAMMA_MIN))).astype(np.float32)
+    shift = quant.shift_ref(b, bits=bits)
+    mean = (rng.standard_normal(C) * 3).astype(np.float32)
+    mean[::2] = 0  # v = x/sigma + b: exactly on an edge wherever float32 lets x/sigma + b be one
+    sigma = np.float32(2.0) ** rng.integers(-2, 3, C)
+    columns = []
+    for c in range(C):
+        edges = (np.arange(-2, K + 3, dtype=np.float32) - shift[c]) * np.float32(6 / K) + quant.MASK_THRESHOLD
+        targets = np.concatenate([edges, [0.0, 1e-6, -1e-6], FAR, rng.standard_normal(40) * 3 + b[c]])
+        x0 = ((targets.astype(np.float64) - b[c]) * sigma[c] + mean[c]).astype(np.float32)
+        down, up = [x0], [x0]
+        for _ in range(2):  # and the two float32 neighbours each side, so that some land exactly on an edge
+            down.append(np.nextafter(down[-1], np.float32(-np.inf)))
+            up.append(np.nextafter(up[-1], np.float32(np.inf)))
+        columns.append(np.concatenate(down + up[1:]))
+    x = np.ascontiguousarray(np.stack(columns, axis=1))
+    return x, gamma, beta, mean, sigma * sigma
+
+
+def _training_case(bits, rng):
+    """Activations as a unit sees them: (N, H, W, C), its statistics taken from x."""
+    x = (rng.standard_normal((3, 5, 7, 16)) * 2 + 0.5).astype(np.float32)
+    gamma = (np.abs(rng.standard_normal(16)) + 0.2).astype(np.float32)
+    beta = (rng.standard_normal(16) * 2).astype(np.float32)
+    return x, gamma, beta, None, None
+
+
+def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False):
+    """(stats, a, codes) as the training forward writes them: with x's own statistics and eps = 1e-5, or
+    with the given mean and var and eps = 0 (sigma = sqrt(var) exactly)."""
+    C = x.shape[-1]
+    stats = device(np.zeros((5, C), np.float32))
+    if mean is None:
+        partial = device(np.zeros(layers.reduction_chunks(x.size // C) * C, np.float32))
+        layers.batchnorm_statistics(device(x), stats, partial=partial)
+    else:
+        stats[0], stats[1] = device(mean), device(var)
+    layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5 if mean is None else 0.0, bits=bits)
+    a = device(np.zeros(x.shape, np.float32))
+    codes = device(np.zeros(x.size * bits // 8, np.uint8))
+    layers.batchnorm_relu_forward(device(x), stats, device(beta), a, bits=bits, naive=naive, codes=codes)
+    return stats, a, codes
+
+
+def _v(x, stats):
+    """v = xhat + b in the forward kernel's float32 arithmetic."""
+    mean, sigma, _, b, _ = stats
+    return ((x - mean) / sigma + b).astype(np.float32)
+
+
+def _cases(bits):
+    return [_edge_case(bits, np.random.default_rng(bits)), _training_case(bits, np.random.default_rng(bits))]
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_forward_codes_are_quantize_ref_byte_for_byte(bits):
+    for x, gamma, beta, mean, var in _cases(bits):
+        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var)
+        s = host(stats)
+        assert np.array_equal(s[3], (beta / np.maximum(gamma, np.float32(layers.GAMMA_MIN))).astype(np.float32))
+        assert np.array_equal(s[4], quant.shift_ref(s[3], bits=bits))
+        v = _v(x, s)
+        assert np.array_equal(host(codes), quant.quantize_ref(v, s[3], bits=bits))
+        # quant.py's kernels write the same bytes from v
+        assert np.array_equal(host(quant.quantize(device(v), device(s[3]), bits=bits)), host(codes))
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_edge_data_reaches_every_hard_case(bits):
+    """The edge case is what it claims: values exactly on edges, far values, shifts at both bounds."""
+    K = 1 << bits
+    x, gamma, beta, mean, var = _edge_case(bits, np.random.default_rng(bits))
+    s = host(_store(x, gamma, beta, bits=bits, mean=mean, var=var)[0])
+    v = _v(x, s)
+    edges = (np.arange(K + 1, dtype=np.float32)[:, None] - s[4]) * np.float32(6 / K) + quant.MASK_THRESHOLD
+    on_edge = [np.isin(edges[:, c], v[:, c]) for c in range(v.shape[1])]
+    assert on_edge[0].all()  # b = 0: every edge, the zero edge (v = 1e-6) among them
+    assert np.mean(on_edge) > 0.5  # and most edges of the other channels
+    assert (np.abs(v) >= 20).any(axis=0).all() and (np.abs(v) >= 999).any()
+    assert {1, K - 1} <= set(s[4].tolist()) and s[3].min() <= -50 and s[3].max() >= 50
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_masks_are_exact_and_restore_equals_reference(bits):
+    for x, gamma, beta, mean, var in _cases(bits):
+        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var)
+        s = host(stats)
+        xhat, a, mask = quant.dequantize_ref(host(codes), s[3], s[2], bits=bits, shape=x.shape)
+        # the mask is the ReLU's sign of v for every b, very negative ones included (shift capped at K-1)
+        assert np.array_equal(mask.astype(bool), _v(x, s) >= quant.MASK_THRESHOLD)
+        restored = device(np.full(x.shape, np.nan, np.float32))
+        layers.batchnorm_relu_restore(stats, device(beta), restored, bits=bits, codes=codes)
+        assert np.array_equal(host(restored), a)
+        assert np.array_equal(host(restored) > 0, mask.astype(bool))
+        # the naive forward feeds the same a~ forward
+        _, a_naive, _ = _store(x, gamma, beta, bits=bits, mean=mean, var=var, naive=True)
+        assert np.array_equal(host(a_naive), a)
+        # and quant.py's kernels decode the codes the same way
+        for name, got, want in zip(("xhat", "a", "mask"), quant.dequantize(codes, stats[3], stats[2], bits=bits,
+                                                                           shape=x.shape), (xhat, a, mask)):
+            assert np.array_equal(host(got), want), name
+
+
+def _assert_close(got, want, scale, name):
+    """|got - want| <= RTOL * scale + ATOL elementwise: scale bounds what float32 rounding can reach."""
+    error = np.abs(np.asarray(got, np.float64) - want)
+    bound = RTOL * scale + ATOL
+    worst = np.unravel_index(np.argmax(error - bound), error.shape)
+    assert np.all(error <= bound), f"{name}: error {error[worst]:.3g} > {bound[worst]:.3g} at {worst}"
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits):
+    """dy = da*mask, dbeta = sum dy, dgamma = sum dy*xhat~, dx = gamma/sigma*(dy - dbeta/M - xhat~*dgamma/M)
+    + residual_grad, with xhat~ and the mask of the reference's dequantize of the forward's codes."""
+    rng = np.random.default_rng(100 + bits)
+    for x, gamma, beta, mean, var in _cases(bits):
+        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var)
+        s = host(stats)
+        C = x.shape[-1]
+        M = x.size // C
+        da = rng.standard_normal(x.shape).astype(np.float32)
+        da.reshape(M, C)[::5] = 0
+        residual = rng.standard_normal(x.shape).astype(np.float32)
+        dgamma0, dbeta0 = rng.standard_normal((2, C)).astype(np.float32)
+        dx, dgamma, dbeta = (device(np.full(x.shape, np.nan, np.float32)), device(dgamma0.copy()),
+                             device(dbeta0.copy()))
+        partial = device(np.zeros(2 * layers.reduction_chunks(M) * C, np.float32))
+        sums = device(np.zeros((2, C), np.float32))
+        layers.batchnorm_relu_backward(device(da), stats, device(beta), dx, bits=bits, codes=codes, dgamma=dgamma,
+                                       dbeta=dbeta, partial=partial, sums=sums, residual_grad=device(residual))
+
+        xhat, _, mask = (t.astype(np.float64) for t in quant.dequantize_ref(host(codes), s[3], s[2], bits=bits,
+                                                                            shape=x.shape))
+        sigma, g = s[1].astype(np.float64), s[2].astype(np.float64)
+        want_dx, want_dgamma, want_dbeta = layers.batchnorm_relu_backward_ref(da.astype(np.float64), xhat, mask,
+                                                                             g, sigma)
+        axes = tuple(range(x.ndim - 1))
+        dy = np.abs(da * mask)
+        sum_dy, sum_dy_xhat = dy.sum(axis=axes), (dy * np.abs(xhat)).sum(axis=axes)
+        _assert_close(host(sums)[0], want_dbeta, sum_dy, "this batch's dbeta")
+        _assert_close(host(sums)[1], want_dgamma, sum_dy_xhat, "this batch's dgamma")
+        _assert_close(host(dbeta), dbeta0 + want_dbeta, sum_dy + np.abs(dbeta0), "dbeta")
+        _assert_close(host(dgamma), dgamma0 + want_dgamma, sum_dy_xhat + np.abs(dgamma0), "dgamma")
+        dx_scale = g / sigma * (dy + sum_dy / M + np.abs(xhat) * sum_dy_xhat / M) + np.abs(residual)
+        _assert_close(host(dx), want_dx + residual, dx_scale, "dx")
