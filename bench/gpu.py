@@ -40,7 +40,7 @@ def main(argv=None):
         nets, times, pool_bytes = {}, {m: [] for m in modes}, {}
         for mode in modes:
             before = pool.used_bytes()
-            nets[mode] = models.by_name(model).compile(batch=args.batch, mode=mode, seed=0, conv=args.conv)
+            nets[mode] = models.by_name(model).compile(batch=args.batch, bits=mode, seed=0, conv=args.conv)
             pool_bytes[mode] = pool.used_bytes() - before
         optimizers = {m: SGD(nets[m]) for m in modes}
         start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -73,7 +73,7 @@ def main(argv=None):
         budget = parse_bytes(args.budget)
         net = models.by_name(model)
         print(f"largest batch within {format_bytes(budget)}: " +
-              ", ".join(f"{m} {largest_batch(net, mode=m, budget=budget)}" for m in modes))
+              ", ".join(f"{m} {largest_batch(net, bits=m, budget=budget)}" for m in modes))
         nets.clear()
         optimizers.clear()
         pool.free_all_blocks()

@@ -21,7 +21,7 @@ def sample_batch(data_name, data_dir, *, quick, batch, seed=0):
 
 def compile_modes(model, modes, *, input_shape, classes, batch, seed=0):
     """{mode: compiled net}, all with the same initial weights (same seed)."""
-    return {m: models.by_name(model, input_shape=input_shape, classes=classes).compile(batch=batch, mode=m,
+    return {m: models.by_name(model, input_shape=input_shape, classes=classes).compile(batch=batch, bits=m,
                                                                                       seed=seed)
             for m in modes}
 
@@ -35,8 +35,7 @@ def weight_gradients(net, images, labels):
     net.zero_grad()
     net.forward(images, labels)
     net.backward()
-    return {u.index: backend.to_host(net.grad_views[f"unit{u.index}.w"]).astype(np.float64).ravel()
-            for u in net.units}
+    return {u.index: backend.to_host(u.g["w"]).astype(np.float64).ravel() for u in net.units}
 
 
 def relative_error(approximate, exact):

@@ -33,7 +33,7 @@ def child(model, batch, mode, data):
     from minibp.plan import SHAPES
     shape, classes = SHAPES[data]
     rng = np.random.default_rng(0)
-    tiny = models.by_name("resnet11", input_shape=(8, 8, shape[2]), classes=classes).compile(batch=2, mode=mode)
+    tiny = models.by_name("resnet11", input_shape=(8, 8, shape[2]), classes=classes).compile(batch=2, bits=mode)
     tiny.forward(rng.standard_normal((2, 8, 8, shape[2])).astype(np.float32), np.zeros(2, np.int64))
     tiny.backward()
     SGD(tiny).step(lr=0.1)
@@ -42,7 +42,7 @@ def child(model, batch, mode, data):
     labels = rng.integers(0, classes, batch)
     del tiny
     baseline = resident_bytes("VmRSS")
-    net = models.by_name(model, input_shape=shape, classes=classes).compile(batch=batch, mode=mode)
+    net = models.by_name(model, input_shape=shape, classes=classes).compile(batch=batch, bits=mode)
     net.forward(images, labels)
     net.backward()
     SGD(net).step(lr=0.1)

@@ -58,7 +58,7 @@ def main(argv=None):
     nets, optimizers = {}, {}
     for mode in modes:
         nets[mode] = models.by_name(args.model, input_shape=shape, classes=classes).compile(batch=args.batch,
-                                                                                           mode=mode, seed=0)
+                                                                                           bits=mode, seed=0)
         optimizers[mode] = SGD(nets[mode])
 
     def iteration(mode):

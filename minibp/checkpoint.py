@@ -1,16 +1,16 @@
 """Checkpoints: everything a run needs to continue bit for bit, in one HDF5 file written atomically.
 
-    /params      (P,)   the flat parameter vector        /velocity   (P,)  SGD momentum
-    /running     (2, S) BN running mean and variance of every BN unit, channels concatenated in unit order
-    /data_order  (N,)   the current epoch's order of training images
-    attrs: format, iteration, config (JSON), data_epoch, data_position, data_rng (JSON), and the SHA-256
-           of each array's bytes (params_sha256, ...)
+    /state/params/<name>     each parameter, by the net's names (net.py's key(): "unit3.w", ...)
+    /state/momentum/<name>   its SGD momentum
+    /state/running/<unit>    (2, C) that unit's BN running mean and variance
+    /data_order  (N,)        the current epoch's order of training images
+    attrs: format, iteration, config (JSON), data_epoch, data_position, data_rng (JSON); every array
+           carries the SHA-256 of its bytes as its attribute sha256
 
-The file is written under a temporary name in the same folder and renamed over the old one, so an
-interruption at any moment leaves either the previous checkpoint or the new one. A checkpoint is never
-written from a net whose parameters, momentum or running statistics are not all finite, and loading
-checks the structure, the shapes, the ranges, finiteness and the checksums, so a damaged file is named
-as such instead of failing later.
+The file is written under a temporary name in the same folder, fsync'd and renamed over the old one,
+so an interruption at any moment leaves either the previous checkpoint or the new one. A checkpoint
+is never written from a net whose state is not all finite, and loading checks the structure, the
+ranges, finiteness and the checksums, so a damaged file is named as such instead of failing later.
 """
 import contextlib
 import hashlib
@@ -27,8 +27,7 @@ import numpy as np
 from . import backend
 
 FORMAT = "minibp-checkpoint-2"
-OLD_FORMATS = ("minibp-checkpoint-1",)  # readable, but carry no checksums
-ARRAYS = ("params", "velocity", "running", "data_order")
+OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read
 
 
 class NotFinite(ValueError):
@@ -39,23 +38,16 @@ class NotFinite(ValueError):
 class Checkpoint:
     iteration: int
     config: dict
-    params: np.ndarray      # (P,)
-    velocity: np.ndarray    # (P,)
-    running: np.ndarray     # (2, S)
+    state: dict        # name -> array, as net.state() gives it (an old-format file: "flat/params", ...)
     data_state: dict
-
-
-def state_arrays(net):
-    """{name: host array} of what a checkpoint keeps of a compiled net."""
-    return dict(params=backend.to_host(net.params), velocity=backend.to_host(net.arena["velocity"]),
-                running=backend.to_host(net.arena["running"]))
+    path: str = "the checkpoint"
 
 
 def check_finite(arrays):
     """Raise NotFinite naming the arrays that hold NaN or Inf."""
     bad = [name for name, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
     if bad:
-        raise NotFinite(f"the net's {' and '.join(bad)} hold NaN or Inf")
+        raise NotFinite(f"the net's {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold NaN or Inf")
 
 
 def sha256(array):
@@ -91,10 +83,11 @@ def atomic_h5(path):
 
 
 def save(path, net, *, iteration, config, data_state):
-    """Write net's parameters, momentum and BN running statistics, the iteration, the run's config and
-    the data stream's state to path, atomically. Raises NotFinite (writing nothing) if the net diverged."""
-    arrays = state_arrays(net)
-    check_finite(arrays)
+    """Write net's state, the iteration, the run's config and the data stream's state to path,
+    atomically. Raises NotFinite (writing nothing) if the net diverged."""
+    state = net.state()
+    check_finite(state)
+    arrays = {f"state/{name}": array for name, array in state.items()}
     arrays["data_order"] = np.asarray(data_state["order"], np.int64)
     with atomic_h5(path) as f:
         f.attrs.update(format=FORMAT, iteration=int(iteration), config=json.dumps(config),
@@ -102,7 +95,7 @@ def save(path, net, *, iteration, config, data_state):
                        data_rng=data_state["rng"])
         for name, array in arrays.items():
             f[name] = array
-            f.attrs[f"{name}_sha256"] = sha256(array)
+            f[name].attrs["sha256"] = sha256(array)
     return path
 
 
@@ -114,41 +107,45 @@ def load(path):
     try:
         with h5py.File(path, "r") as f:
             fmt = f.attrs.get("format")
-            if fmt != FORMAT and fmt not in OLD_FORMATS:
+            if fmt not in (FORMAT, OLD_FORMAT):
                 raise ValueError(f"is not a minibp checkpoint (format {fmt!r})")
-            missing = [n for n in ARRAYS if not isinstance(f.get(n), h5py.Dataset)]
+            groups = ("state", "data_order") if fmt == FORMAT else ("params", "velocity", "running", "data_order")
+            missing = [n for n in groups if n not in f]
             missing += [n for n in ("iteration", "config", "data_epoch", "data_position", "data_rng")
                         if n not in f.attrs]
             if missing:
                 raise ValueError(f"lacks {', '.join(missing)}")
-            arrays = {n: f[n][...] for n in ARRAYS}
+            arrays = {}
+            f.visititems(lambda name, item: arrays.__setitem__(name, (item[...], item.attrs.get("sha256")))
+                         if isinstance(item, h5py.Dataset) else None)
             attrs = {k: f.attrs[k] for k in f.attrs}
     except OSError as e:
         raise ValueError(f"{path} is not a readable minibp checkpoint ({e})") from None
     except ValueError as e:
         raise ValueError(f"{path} {e}") from None
     try:
-        return _validated(arrays, attrs, checked=fmt == FORMAT)
+        checkpoint = _validated(arrays, attrs, checked=fmt == FORMAT)
     except ValueError as e:
         raise ValueError(f"{path} is damaged: {e}") from None
+    checkpoint.path = str(path)
+    return checkpoint
 
 
 def _validated(arrays, attrs, *, checked):
     if checked:
-        for name, array in arrays.items():
-            if attrs.get(f"{name}_sha256") != sha256(array):
+        for name, (array, digest) in arrays.items():
+            if digest != sha256(array):
                 raise ValueError(f"{name} fails its SHA-256 check")
     else:
         print("warning: an older checkpoint without checksums: it cannot be verified", file=sys.stderr)
-    params, velocity, running, order = (arrays[n] for n in ARRAYS)
-    if params.ndim != 1 or velocity.shape != params.shape or running.ndim != 2 or running.shape[0] != 2:
-        raise ValueError(f"array shapes params {params.shape}, velocity {velocity.shape}, running {running.shape} "
-                         "do not fit together")
-    for name in ("params", "velocity", "running"):
-        if arrays[name].dtype.kind != "f":
-            raise ValueError(f"{name} is {arrays[name].dtype}, not floating point")
-    check_finite(dict(params=params, velocity=velocity, running=running))
-    if (running[1] < 0).any():
+        arrays = {("flat/" + n if n != "data_order" else n): v for n, v in arrays.items()}
+    order = arrays.pop("data_order")[0]
+    state = {name.removeprefix("state/"): array for name, (array, _) in arrays.items()}
+    bad = [name for name, a in state.items() if a.dtype.kind != "f"]
+    if bad:
+        raise ValueError(f"{bad[0]} is {state[bad[0]].dtype}, not floating point")
+    check_finite(state)
+    if any((a[1] < 0).any() for name, a in state.items() if name.startswith("running/") and a.ndim == 2):
         raise ValueError("a running variance is negative")
     try:
         config = json.loads(attrs["config"])
@@ -162,17 +159,34 @@ def _validated(arrays, attrs, *, checked):
         raise ValueError("data_order is not a permutation of the training images")
     if iteration < 0 or epoch < 0 or not 0 <= position <= len(order):
         raise ValueError(f"iteration {iteration}, data epoch {epoch} or position {position} out of range")
-    return Checkpoint(iteration=iteration, config=config, params=params, velocity=velocity, running=running,
+    return Checkpoint(iteration=iteration, config=config, state=state,
                       data_state=dict(epoch=epoch, position=position, order=order.astype(np.int64),
                                       rng=str(attrs["data_rng"])))
 
 
 def restore(net, checkpoint):
     """Copy a checkpoint's parameters, momentum and running statistics into a compiled net."""
-    if checkpoint.params.shape != net.params.shape or checkpoint.running.shape != net.arena["running"].shape:
-        raise ValueError(f"the checkpoint has {checkpoint.params.size} parameters and {checkpoint.running.shape[1]} "
-                         f"BN channels, the net {net.params.size} and {net.arena['running'].shape[1]}: another model")
-    xp = backend.xp
-    net.params[...] = xp.asarray(checkpoint.params.astype(net.dtype, copy=False))
-    net.arena["velocity"][...] = xp.asarray(checkpoint.velocity.astype(net.dtype, copy=False))
-    net.arena["running"][...] = xp.asarray(checkpoint.running.astype(net.dtype, copy=False))
+    state = checkpoint.state
+    if "flat/params" in state:
+        state = _from_flat(net, *(state[f"flat/{n}"] for n in ("params", "velocity", "running")))
+    try:
+        net.load_state(state)
+    except ValueError as e:
+        raise ValueError(f"{checkpoint.path} does not fit the model: {e}") from None
+
+
+def _from_flat(net, params, velocity, running):
+    """The old format's flat vectors (in the net's parameter order) as named state."""
+    state, offset, channel = {}, 0, 0
+    for name, array in net.state().items():
+        kind, rest = name.split("/", 1)
+        if kind == "params":
+            state[name] = params[offset:offset + array.size].reshape(array.shape)
+            state["momentum/" + rest] = velocity[offset:offset + array.size].reshape(array.shape)
+            offset += array.size
+        elif kind == "running":
+            state[name] = running[:, channel:channel + array.shape[1]]
+            channel += array.shape[1]
+    if offset != params.size or channel != running.shape[1]:
+        raise ValueError("the checkpoint holds another model")
+    return state

@@ -129,6 +129,18 @@ def make_handle():
     return handle
 
 
-def weight_scratch_elements(convs):
-    """Elements of the scratch a wgrad writes before it is added into the accumulated gradient."""
-    return max([int(np.prod(c.weight_shape)) for c in convs] + [1])
+def build_graphs(convs, *, batch):
+    """{conv layer: its ConvGraphs, built} for these convs at this batch (GPU only)."""
+    handle = make_handle()
+    graphs = {conv: ConvGraphs(conv, batch=batch) for conv in convs}
+    for g in graphs.values():
+        g.build(handle)
+    return graphs
+
+
+def attach_engines(convs, graphs, arena):
+    """Every conv back on the GEMM path, then the ones with graphs onto cuDNN, with the arena's workspace."""
+    for conv in convs:
+        conv.engine = None
+    for conv, g in graphs.items():
+        conv.engine = CudnnEngine(g, workspace=arena["cudnn_workspace"], dw_scratch=arena["cudnn_dw"])

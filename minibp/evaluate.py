@@ -36,7 +36,7 @@ def main(argv=None):
         split = train_split if args.split == "train" else test_split
         net = models.by_name(config["model"], input_shape=split.images.shape[1:], classes=split.classes)
         batch = min(args.batch or config["batch"] // config["split"], len(split.labels))  # no bigger than the split
-        compile_within_memory(net, batch=batch, mode=config["bits"])
+        compile_within_memory(net, batch=batch, bits=config["bits"], training=False, hint="lower --batch")
         checkpoint.restore(net, saved)
         loss, accuracy = evaluate(net, split, train_split.pixel_mean())
     except FloatingPointError as e:

@@ -16,7 +16,8 @@ import sys
 
 from . import models
 from .arena import format_bytes
-from .net import MODE_BITS
+from .params import key
+from .quant import BITS
 
 SHAPES = {"cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100), "fashion-mnist": ((28, 28, 1), 10)}
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -48,14 +49,14 @@ def check_budget(budget):
     return int(budget)
 
 
-def largest_batch(net, *, mode, budget):
+def largest_batch(net, *, bits, budget, training=True):
     """The largest batch (at most MAX_BATCH) whose arena fits the budget; 0 if not even one image fits.
 
     The arena grows with the batch, monotonically and nearly linearly (alignment padding and reduction
     chunks aside): plans at batch 1 and FAR predict the answer, a bracket widened from the prediction by
     doubling steps and then a bisection pin it down in O(log(error)) more plans, whatever the budget."""
     budget = check_budget(budget)
-    allocation = lambda batch: net.plan(batch=batch, mode=mode).allocation_bytes  # noqa: E731
+    allocation = lambda batch: net.plan(batch=batch, bits=bits, training=training).allocation_bytes  # noqa: E731
     fits = lambda batch: allocation(batch) <= budget  # noqa: E731
     one = allocation(1)
     if one > budget:
@@ -81,18 +82,19 @@ def largest_batch(net, *, mode, budget):
 
 def unit_rows(net, plan):
     """[(unit index, input shape, store bytes)] of the units that keep a store."""
-    return [(u.index, u.in_shape, plan[f"store{u.index}"].nbytes) for u in net.units if f"store{u.index}" in plan]
+    return [(u.index, u.in_shape, plan[key(u.index, "store")].nbytes) for u in net.units
+            if key(u.index, "store") in plan]
 
 
-def report(net, *, model, batch, mode, budget=None):
-    plan = net.plan(batch=batch, mode=mode)
-    result = dict(model=model, batch=batch, mode=mode, units=len(net.units), parameters=net.num_parameters,
+def report(net, *, model, batch, bits, budget=None):
+    plan = net.plan(batch=batch, bits=bits)
+    result = dict(model=model, batch=batch, bits=bits, units=len(net.units), parameters=net.num_parameters,
                   categories=plan.bytes_by_category(), total_bytes=plan.total_bytes,
                   allocation_bytes=plan.allocation_bytes,
                   unit_stores=[dict(unit=i, input_shape=list(s), bytes=b) for i, s, b in unit_rows(net, plan)])
     if budget is not None:
         result["budget_bytes"] = budget
-        result["largest_batch"] = {m: largest_batch(net, mode=m, budget=budget) for m in MODE_BITS}
+        result["largest_batch"] = {m: largest_batch(net, bits=m, budget=budget) for m in BITS}
     return plan, result
 
 
@@ -102,9 +104,9 @@ def main(argv=None):
     parser.add_argument("--model", default="resnet164")
     parser.add_argument("--data", choices=list(SHAPES), default="cifar10", help="input shape and classes")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--bits", choices=list(MODE_BITS), default="4")
+    parser.add_argument("--bits", choices=list(BITS), default="4")
     parser.add_argument("--units", action="store_true", help="also list every unit's store")
-    parser.add_argument("--budget", help="e.g. 11GiB: print the largest batch that fits, for each mode")
+    parser.add_argument("--budget", help="e.g. 11GiB: print the largest batch that fits, for each store")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -113,7 +115,7 @@ def main(argv=None):
         budget = check_budget(parse_bytes(args.budget)) if args.budget is not None else None
         if args.batch < 1:
             raise ValueError("--batch must be positive")
-        plan, result = report(net, model=args.model, batch=args.batch, mode=args.bits, budget=budget)
+        plan, result = report(net, model=args.model, batch=args.batch, bits=args.bits, budget=budget)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -123,7 +125,7 @@ def main(argv=None):
         print(json.dumps(result, indent=1))
         return 0
     print(f"{args.model} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
-          f"batch {args.batch}, mode {args.bits}")
+          f"batch {args.batch}, bits {args.bits}")
     print(plan.summary())
     print(f"(one allocation of {format_bytes(plan.allocation_bytes)} with alignment)")
     if args.units:
@@ -132,8 +134,8 @@ def main(argv=None):
             print(f"{index:4d}  {str(shape):17s}  {format_bytes(nbytes):>10}")
     if budget is not None:
         print(f"\nlargest batch within {format_bytes(budget)}:")
-        for mode, batch in result["largest_batch"].items():
-            print(f"  {mode:>6}: {batch}" + (" (the cap)" if batch == MAX_BATCH else ""))
+        for bits, batch in result["largest_batch"].items():
+            print(f"  {bits:>6}: {batch}" + (" (the cap)" if batch == MAX_BATCH else ""))
     return 0
 
 

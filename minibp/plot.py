@@ -54,21 +54,21 @@ def plot_runs(runs, out, *, labels=None):
     return out
 
 
-def plot_plan(model, *, batch, mode, out, data="cifar10"):
+def plot_plan(model, *, batch, bits, out, data="cifar10"):
     """Each unit's store, and the shared buffers as one bar, in MiB."""
     from . import models
     from .plan import SHAPES, unit_rows
     plt = _pyplot()
     shape, classes = SHAPES[data]
     net = models.by_name(model, input_shape=shape, classes=classes)
-    plan = net.plan(batch=batch, mode=mode)
+    plan = net.plan(batch=batch, bits=bits)
     rows = unit_rows(net, plan)
     fig, ax = plt.subplots(figsize=(11, 3.5))
     ax.bar([i for i, _, _ in rows], [b / 2**20 for _, _, b in rows], width=1.0, color="C0")
     ax.set_xlabel("unit")
     ax.set_ylabel("store (MiB)")
     categories = plan.bytes_by_category()
-    ax.set_title(f"{model}, batch {batch}, mode {mode}: stores {categories['activation stores'] / 2**30:.2f} GiB "
+    ax.set_title(f"{model}, batch {batch}, bits {bits}: stores {categories['activation stores'] / 2**30:.2f} GiB "
                  f"of {plan.total_bytes / 2**30:.2f} GiB planned")
     fig.tight_layout()
     fig.savefig(out, dpi=90)
@@ -88,7 +88,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         if args.plan:
-            plot_plan(args.plan, batch=args.batch, mode=args.bits, out=args.out)
+            plot_plan(args.plan, batch=args.batch, bits=args.bits, out=args.out)
         elif args.runs:
             labels = args.labels.split(",") if args.labels else None
             if labels and len(labels) != len(args.runs):

@@ -23,7 +23,18 @@ import numpy as np
 from . import backend, kernels
 
 SUPPORTED_BITS = (2, 4, 8)
+# The stores a net can keep, by the name the API, the CLI and checkpoints give them ("bits"): exact keeps
+# the float input; naive is the 4-bit store fed forward too (the ablation).
+BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 MASK_THRESHOLD = np.float32(1e-6)
+
+
+def parse_bits(bits):
+    """'exact' | 8 | 4 | 2 | 'naive' (ints or strings) -> (name, k, naive); k = 0 for exact."""
+    name = str(bits)
+    if name not in BITS:
+        raise ValueError(f"bits must be one of {', '.join(BITS)}, got {bits!r}")
+    return name, BITS[name], name == "naive"
 
 
 def check_bits(bits):

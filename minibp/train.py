@@ -26,7 +26,7 @@ import numpy as np
 from . import backend, checkpoint, data, models
 from .arena import format_bytes
 from .kernels import KernelError
-from .net import MODE_BITS
+from .quant import BITS
 from .optim import SGD
 from .plan import largest_batch
 from .rundir import MetricsLog, RunDir
@@ -66,7 +66,7 @@ def build_parser():
     p.add_argument("--data", choices=data.DATASETS, default="cifar10")
     p.add_argument("--data-dir", default="data", help="where datasets/prepare.py wrote <data>.h5 (default: data)")
     p.add_argument("--model", default="resnet164", help="resnet<9n+2>: resnet20, resnet164 (default), resnet1001")
-    p.add_argument("--bits", choices=list(MODE_BITS), default="4",
+    p.add_argument("--bits", choices=list(BITS), default="4",
                    help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--split", type=int, default=1, help="sub-batches a batch is computed in (gradients accumulate)")
@@ -94,12 +94,16 @@ def given_options(argv):
 
 
 def evaluate(net, split, mean):
-    """(loss, accuracy) of net (running BN statistics) over a whole split."""
+    """(loss, accuracy) of net (running BN statistics) over a whole split, from net.predict's logits."""
     total_loss = total_correct = 0.0
     for images, labels in data.evaluation_batches(split, batch=net.batch, mean=mean):
-        loss, accuracy = net.forward(images, labels, train=False)
-        total_loss += loss * len(labels)
-        total_correct += accuracy * len(labels)
+        logits = net.predict(images).astype(np.float64)
+        shifted = logits - logits.max(axis=1, keepdims=True)
+        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+        total_loss -= float(log_p[np.arange(len(labels)), labels].sum())
+        total_correct += int((logits.argmax(axis=1) == labels).sum())
+    if not np.isfinite(total_loss):
+        raise FloatingPointError(f"the loss over the {split.name} split is {total_loss}")
     return total_loss / len(split.labels), total_correct / len(split.labels)
 
 
@@ -115,17 +119,17 @@ def check_config(config):
     parse_schedule(config["lr_schedule"])
 
 
-def compile_within_memory(net, *, batch, mode, what="--batch"):
-    """net.compile(batch, mode), after checking that its plan fits the memory available now; the refusal
-    gives the plan's size and the largest batch that fits."""
-    plan = net.plan(batch=batch, mode=mode)
+def compile_within_memory(net, *, batch, bits, hint="lower --batch, or compute it in parts with --split", **options):
+    """net.compile(batch=, bits=, **options), after checking that its plan fits the memory available now;
+    the refusal gives the plan's size and the largest batch that fits."""
+    training = options.get("training", True)
+    plan = net.plan(batch=batch, bits=bits, training=training)
     available = backend.available_memory()
     if available is not None and plan.allocation_bytes > available:
-        fits = largest_batch(net, mode=mode, budget=available) if available > 0 else 0
+        fits = largest_batch(net, bits=bits, budget=available, training=training) if available > 0 else 0
         raise ValueError(f"a batch of {batch} needs {format_bytes(plan.allocation_bytes)} but {backend.device} has "
-                         f"{format_bytes(available)} available: the largest batch that fits is {fits} "
-                         f"(lower {what}, or compute the batch in parts with --split)")
-    return net.compile(batch=batch, mode=mode)
+                         f"{format_bytes(available)} available: the largest batch that fits is {fits} ({hint})")
+    return net.compile(batch=batch, bits=bits, **options)
 
 
 def main(argv=None):
@@ -205,8 +209,7 @@ def _train(args, given, run, out):
         batches.restore(saved.data_state)
     net = models.by_name(config["model"], input_shape=train_split.images.shape[1:], classes=train_split.classes)
     sub_batch = config["batch"] // config["split"]
-    compile_within_memory(net, batch=sub_batch, mode=config["bits"])
-    net.initialize(seed=config["seed"])
+    compile_within_memory(net, batch=sub_batch, bits=config["bits"], seed=config["seed"])
     opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
     iteration = 0
     if saved is not None:
@@ -218,7 +221,7 @@ def _train(args, given, run, out):
     planned = net.arena.plan.total_bytes
     in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
     print(f"{config['model']} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
-          f"({len(train_split.labels):,} training images), mode {config['bits']}, batch {config['batch']}"
+          f"({len(train_split.labels):,} training images), bits {config['bits']}, batch {config['batch']}"
           f"{in_sub_batches}, device {backend.device}")
     print(net.arena.plan.summary())
     if saved:

@@ -3,6 +3,7 @@
 import numpy as np
 
 from minibp import backend, layers
+from minibp.params import key
 
 
 def _conv(conv, x, w, bias):
@@ -61,7 +62,6 @@ def forward_backward(net, images, labels):
     n = x.shape[0]
     caches, residual = [], None
     for u in net.units:
-        name = f"unit{u.index}"
         if u.shortcut is not None:
             x = x + _shortcut(u.shortcut, residual)
         elif u.adds_projection:
@@ -70,16 +70,16 @@ def forward_backward(net, images, labels):
             residual = x
         cache = {"x": x}
         if u.batchnorm:
-            a, xhat, _, sigma = layers.batchnorm_relu_forward_ref(x, p[f"{name}.gamma"], p[f"{name}.beta"], eps=net.eps)
+            a, xhat, _, sigma = layers.batchnorm_relu_forward_ref(x, p[key(u.index, "gamma")], p[key(u.index, "beta")], eps=net.eps)
             cache.update(xhat=xhat, sigma=sigma, mask=(a > 0))
         else:
             a = x
         cache["a"] = a
         conv_in = _pool(u.pool, a) if u.pool is not None else a
         cache["conv_in"] = conv_in
-        x, cache["col"] = _conv(u.conv, conv_in, p[f"{name}.w"], p.get(f"{name}.bias"))
+        x, cache["col"] = _conv(u.conv, conv_in, p[key(u.index, "w")], p.get(key(u.index, "bias")))
         if u.projection is not None:
-            residual, cache["projection_col"] = _conv(u.projection, conv_in, p[f"{name}.projection"], None)
+            residual, cache["projection_col"] = _conv(u.projection, conv_in, p[key(u.index, "projection")], None)
         caches.append(cache)
     logits = x.reshape(n, -1)
     shifted = logits - logits.max(axis=1, keepdims=True)
@@ -91,19 +91,18 @@ def forward_backward(net, images, labels):
 
     grads, dresidual = {}, None
     for u, cache in zip(reversed(net.units), reversed(caches)):
-        name = f"unit{u.index}"
-        dconv_in, grads[f"{name}.w"], dbias = _conv_backward(u.conv, cache["conv_in"].shape, cache["col"],
-                                                             p[f"{name}.w"], dy)
+        dconv_in, grads[key(u.index, "w")], dbias = _conv_backward(u.conv, cache["conv_in"].shape, cache["col"],
+                                                             p[key(u.index, "w")], dy)
         if u.conv.has_bias:
-            grads[f"{name}.bias"] = dbias
+            grads[key(u.index, "bias")] = dbias
         if u.projection is not None:
-            dproj_in, grads[f"{name}.projection"], _ = _conv_backward(
-                u.projection, cache["conv_in"].shape, cache["projection_col"], p[f"{name}.projection"], dresidual)
+            dproj_in, grads[key(u.index, "projection")], _ = _conv_backward(
+                u.projection, cache["conv_in"].shape, cache["projection_col"], p[key(u.index, "projection")], dresidual)
             dconv_in = dconv_in + dproj_in
         da = _pool_backward(u.pool, cache["a"], dconv_in) if u.pool is not None else dconv_in
         if u.batchnorm:
-            dx, grads[f"{name}.gamma"], grads[f"{name}.beta"] = layers.batchnorm_relu_backward_ref(
-                da, cache["xhat"], cache["mask"], p[f"{name}.gamma"], cache["sigma"])
+            dx, grads[key(u.index, "gamma")], grads[key(u.index, "beta")] = layers.batchnorm_relu_backward_ref(
+                da, cache["xhat"], cache["mask"], p[key(u.index, "gamma")], cache["sigma"])
         else:
             dx = da
         if u.saves_input:

@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 
-from minibp import checkpoint
 from minibp.models import preact_resnet
 from minibp.net import Net
 from minibp.optim import SGD
@@ -24,7 +23,7 @@ def tiny_batch(rng, n=4):
 
 
 def test_nan_input_leaves_the_running_statistics_as_they_were(rng):
-    net = tiny_net().compile(batch=4, mode="4")
+    net = tiny_net().compile(batch=4, bits="4")
     x, y = tiny_batch(rng)
     net.forward(x, y)  # one good step moves the running statistics away from (0, 1)
     before = host(net.arena["running"]).copy()
@@ -56,7 +55,7 @@ def test_using_the_net_before_compile_is_a_clear_error():
     (np.array([0.5, 1.0, 2.0, 0.0], np.float32), ValueError, "integers"),
 ])
 def test_labels_must_be_an_integer_array(rng, labels, error, match):
-    net = tiny_net().compile(batch=4, mode="4")
+    net = tiny_net().compile(batch=4, bits="4")
     x, _ = tiny_batch(rng)
     with pytest.raises(error, match=match):
         net.forward(x, labels)
@@ -65,19 +64,19 @@ def test_labels_must_be_an_integer_array(rng, labels, error, match):
 @pytest.mark.parametrize("batch", [2.7, 0, -1, True, "4", None])
 def test_batch_must_be_a_positive_integer(batch):
     with pytest.raises(ValueError, match="batch must be a positive integer"):
-        tiny_net().compile(batch=batch, mode="4")
+        tiny_net().compile(batch=batch, bits="4")
     with pytest.raises(ValueError, match="batch must be a positive integer"):
-        tiny_net().plan(batch=batch, mode="4")
+        tiny_net().plan(batch=batch, bits="4")
 
 
 def test_a_whole_float_batch_is_accepted():
-    assert tiny_net().compile(batch=4.0, mode="4").batch == 4
+    assert tiny_net().compile(batch=4.0, bits="4").batch == 4
 
 
 @pytest.mark.parametrize("options", [dict(weight_decay=float("nan")), dict(weight_decay=float("inf")),
                                      dict(weight_decay=-1e-4), dict(momentum=float("nan")), dict(momentum=1.0)])
 def test_sgd_refuses_non_finite_or_out_of_range_hyperparameters(options):
-    net = tiny_net().compile(batch=2, mode="4")
+    net = tiny_net().compile(batch=2, bits="4")
     with pytest.raises(ValueError, match="momentum must be"):
         SGD(net, **options)
 
@@ -87,28 +86,28 @@ def test_plan_refuses_what_compile_refuses():
     odd.conv(3)
     odd.classifier(2)
     with pytest.raises(ValueError, match="multiple of 2"):
-        odd.plan(batch=2, mode="4")
+        odd.plan(batch=2, bits="4")
     with pytest.raises(ValueError, match="multiple of 4"):
-        odd.plan(batch=2, mode="2")
-    odd.plan(batch=2, mode="exact")  # any channel count in exact mode
+        odd.plan(batch=2, bits="2")
+    odd.plan(batch=2, bits="exact")  # any channel count in exact mode
 
 
 def test_sgd_follows_a_recompiled_net(rng):
-    net = tiny_net().compile(batch=4, mode="4")
+    net = tiny_net().compile(batch=4, bits="4")
     opt = SGD(net, momentum=0.9)
-    net.compile(batch=2, mode="4")  # a new arena, with a new momentum buffer
+    net.compile(batch=2, bits="4")  # a new arena, with a new momentum buffer
     x, y = tiny_batch(rng, 2)
     net.zero_grad()
     net.forward(x, y)
     net.backward()
     opt.step(lr=0.1)
-    velocity = checkpoint.state_arrays(net)["velocity"]
-    assert np.abs(velocity).max() > 0  # the step's momentum is in the buffer a checkpoint saves
+    momentum = [v for name, v in net.state().items() if name.startswith("momentum/")]
+    assert max(np.abs(v).max() for v in momentum) > 0  # the step's momentum is in the state a checkpoint saves
 
 
 @pytest.mark.parametrize("depth", [11, 20])
 def test_projection_resnets_train(rng, depth):
-    net = preact_resnet(depth, input_shape=(8, 8, 3), classes=3, shortcut="projection").compile(batch=4, mode="4")
+    net = preact_resnet(depth, input_shape=(8, 8, 3), classes=3, shortcut="projection").compile(batch=4, bits="4")
     opt = SGD(net)
     x, y = tiny_batch(rng)
     losses = []
@@ -130,7 +129,7 @@ def test_projection_block_then_fewer_channels_matches_finite_differences(rng):
         net.conv(16, kernel=3, stride=2)
     net.conv(4, kernel=1)  # adds the projection, then reduces the channels
     net.classifier(3)
-    net.compile(batch=2, mode="exact", seed=1)
+    net.compile(batch=2, bits="exact", seed=1)
     x = device(rng.standard_normal((2, 8, 8, 3)))
     y = rng.integers(0, 3, 2)
     net.forward(x, y)

@@ -12,7 +12,7 @@ def _net():
     net.conv(4, kernel=3)
     net.conv(4, kernel=1)
     net.classifier(3)
-    return net.compile(batch=2, mode="4", seed=0)
+    return net.compile(batch=2, bits="4", seed=0)
 
 
 def test_sgd_kernel_equals_reference_exactly(rng):
@@ -35,9 +35,9 @@ def test_weight_decay_skips_batchnorm_and_bias():
     net.params[...] = 1
     net.grads[...] = 0
     optim.SGD(net, momentum=0.0, weight_decay=0.5).step(lr=1.0)
-    for name, shape, decayed in net.parameter_table():
-        assert np.all(host(net.param_views[name]) == (0.5 if decayed else 1.0)), name
-    assert not any(d for name, _, d in net.parameter_table() if name.endswith((".gamma", ".beta", ".bias")))
+    for name, _, param in net.parameter_table():
+        assert np.all(host(net.param_views[name]) == (0.5 if param.decayed else 1.0)), name
+    assert not any(p.decayed for _, _, p in net.parameter_table() if p.role in ("gamma", "beta", "bias"))
 
 
 def test_bad_options_are_refused():

@@ -5,32 +5,33 @@ import math
 import pytest
 
 from minibp import models, plan
-from minibp.net import MODE_BITS, Net
+from minibp.net import Net
+from minibp.quant import BITS
 
 
-@pytest.mark.parametrize("mode", list(MODE_BITS))
+@pytest.mark.parametrize("mode", list(BITS))
 def test_stores_hold_bits_per_element_of_each_normalised_input(mode):
     """Exact stores keep one float32 per element of every batch-normalised unit input; k-bit stores
     keep k bits of it, so k/32 of the exact bytes. Counted here from the unit shapes alone."""
     net, batch = models.by_name("resnet20", input_shape=(28, 28, 1)), 7
     elements = sum(batch * math.prod(u.in_shape) for u in net.units if u.batchnorm)
-    bits = MODE_BITS[mode] or 32
-    assert net.plan(batch=batch, mode=mode).bytes_by_category()["activation stores"] == elements * bits // 8
+    bits = BITS[mode] or 32
+    assert net.plan(batch=batch, bits=mode).bytes_by_category()["activation stores"] == elements * bits // 8
 
 
 def assert_largest(net, mode, budget, batch):
-    assert net.plan(batch=batch, mode=mode).allocation_bytes <= budget
-    assert net.plan(batch=batch + 1, mode=mode).allocation_bytes > budget
+    assert net.plan(batch=batch, bits=mode).allocation_bytes <= budget
+    assert net.plan(batch=batch + 1, bits=mode).allocation_bytes > budget
 
 
 @pytest.mark.parametrize("mode", ["exact", "4"])
 @pytest.mark.parametrize("budget", [300 * 2**20, 11 * 2**30 + 12345])
 def test_largest_batch_fits_and_one_more_does_not(mode, budget):
     net = models.by_name("resnet20")
-    batch = plan.largest_batch(net, mode=mode, budget=budget)
+    batch = plan.largest_batch(net, bits=mode, budget=budget)
     assert batch > 1
     assert_largest(net, mode, budget, batch)
-    assert plan.largest_batch(net, mode=mode, budget=1000) == 0
+    assert plan.largest_batch(net, bits=mode, budget=1000) == 0
 
 
 @pytest.fixture
@@ -51,7 +52,7 @@ def test_huge_budgets_take_a_few_plans(plan_calls, budget):
     net = models.by_name("resnet20")
     for mode in ("exact", "2"):
         plan_calls.clear()
-        batch = plan.largest_batch(net, mode=mode, budget=plan.parse_bytes(budget))
+        batch = plan.largest_batch(net, bits=mode, budget=plan.parse_bytes(budget))
         assert len(plan_calls) <= 40
         assert_largest(net, mode, plan.parse_bytes(budget), batch)
 
@@ -61,7 +62,7 @@ def test_the_batch_is_capped(plan_calls, monkeypatch):
     net = models.by_name("resnet20")
     real = Net.plan
     monkeypatch.setattr(Net, "plan", lambda self, **o: real(self, **dict(o, batch=min(o["batch"], 5))))
-    assert plan.largest_batch(net, mode="4", budget=2**40) == plan.MAX_BATCH
+    assert plan.largest_batch(net, bits="4", budget=2**40) == plan.MAX_BATCH
 
 
 def test_cli_answers_huge_budgets_quickly(plan_calls, capsys):
@@ -74,7 +75,7 @@ def test_cli_answers_huge_budgets_quickly(plan_calls, capsys):
 
 def test_four_bits_fit_more_than_exact():
     net = models.by_name("resnet56")
-    batches = {m: plan.largest_batch(net, mode=m, budget=2**30) for m in ("exact", "8", "4")}
+    batches = {m: plan.largest_batch(net, bits=m, budget=2**30) for m in ("exact", "8", "4")}
     assert batches["4"] > batches["8"] > batches["exact"]
 
 
@@ -85,7 +86,7 @@ def test_cli_prints_categories_units_budget_and_json(capsys):
     assert plan.main(["--model", "resnet20", "--batch", "32", "--json", "--budget", "1GB"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["total_bytes"] == sum(result["categories"].values())
-    assert set(result["largest_batch"]) == set(MODE_BITS)
+    assert set(result["largest_batch"]) == set(BITS)
 
 
 @pytest.mark.parametrize("argv,match", [(["--budget", "lots"], "a size is"), (["--model", "vgg"], "unknown model"),
@@ -101,7 +102,7 @@ def test_cli_errors(capsys, argv, match):
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), 2**50 + 1])
 def test_bad_budgets_are_refused(budget):
     with pytest.raises(ValueError, match="budget"):
-        plan.largest_batch(models.by_name("resnet20"), mode="4", budget=budget)
+        plan.largest_batch(models.by_name("resnet20"), bits="4", budget=budget)
 
 
 def test_parse_bytes():

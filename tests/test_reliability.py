@@ -70,7 +70,7 @@ def test_a_checkpoint_is_never_written_from_a_net_that_is_not_finite(tmp_path, d
     path = tmp_path / "run" / "checkpoint.h5"
     before = path.read_bytes()
     from minibp import models
-    net = models.by_name("resnet11", input_shape=(8, 8, 3), classes=4).compile(batch=4, mode="4")
+    net = models.by_name("resnet11", input_shape=(8, 8, 3), classes=4).compile(batch=4, bits="4")
     net.params[3] = np.inf
     with pytest.raises(checkpoint.NotFinite, match="params"):
         checkpoint.save(path, net, iteration=9, config={}, data_state=dict(epoch=0, position=0, order=np.arange(4),
@@ -166,7 +166,7 @@ def test_kill_loop_loses_nothing_and_repeats_no_iteration(tmp_path, data_dir):
     assert train.main(argv) == 0
     a, b = (checkpoint.load(tmp_path / name / "checkpoint.h5") for name in ("straight", "run"))
     assert a.iteration == b.iteration == iters
-    assert np.array_equal(a.params, b.params) and np.array_equal(a.velocity, b.velocity)
+    assert all(np.array_equal(a.state[name], b.state[name]) for name in a.state)
     records = read_metrics(run)
     train_iters = [r["iter"] for r in records if r["kind"] == "train"]
     assert train_iters == list(range(1, iters + 1))
@@ -228,8 +228,8 @@ def test_a_plan_larger_than_the_memory_is_refused_with_the_batch_that_fits(tmp_p
     fits = int(line.split("the largest batch that fits is ")[1].split()[0])
     from minibp import models
     net = models.by_name("resnet11", input_shape=(8, 8, 3), classes=4)
-    assert net.plan(batch=fits, mode="4").allocation_bytes <= 3 * 2**20 < net.plan(batch=fits + 1,
-                                                                                  mode="4").allocation_bytes
+    assert net.plan(batch=fits, bits="4").allocation_bytes <= 3 * 2**20 < net.plan(batch=fits + 1,
+                                                                                  bits="4").allocation_bytes
     assert evaluate.main([str(tmp_path / "nothing"), "--batch", "64"]) == 2  # (no run: a clear error too)
     capsys.readouterr()
 
@@ -243,35 +243,41 @@ def test_evaluate_clamps_its_batch_to_the_split(tmp_path, data_dir, capsys):
 
 # ----------------------------------------------------------------------------- damaged checkpoints
 
+def _rewrite(f, name, array):
+    """Replace a dataset and its checksum, so that only the content checks can catch the change."""
+    del f[name]
+    f[name] = array
+    f[name].attrs["sha256"] = checkpoint.sha256(array)
+
+
 def _damage(path, how):
     with h5py.File(path, "r+") as f:
         if how == "flipped bit":
-            params = f["params"][...]
-            params.view(np.uint32)[5] ^= 1 << 3
-            f["params"][...] = params
-        elif how == "order out of range":  # with a matching checksum: the range check must catch it
+            params = f["state/params/unit0.w"][...]
+            params.reshape(-1).view(np.uint32)[5] ^= 1 << 3
+            f["state/params/unit0.w"][...] = params
+        elif how == "order out of range":
             order = f["data_order"][...]
             order[0] = 10**6
-            del f["data_order"]
-            f["data_order"] = order
-            f.attrs["data_order_sha256"] = checkpoint.sha256(order)
+            _rewrite(f, "data_order", order)
         elif how == "broken config":
             f.attrs["config"] = "{not json"
-        elif how == "missing velocity":
-            del f["velocity"]
+        elif how == "missing state":
+            del f["state"]
         elif how == "not finite":
-            running = f["running"][...]
+            running = f["state/running/unit1.bn"][...]
             running[0, 0] = np.nan
-            del f["running"]
-            f["running"] = running
-            f.attrs["running_sha256"] = checkpoint.sha256(running)
+            _rewrite(f, "state/running/unit1.bn", running)
+        elif how == "wrong shape":
+            _rewrite(f, "state/params/unit1.gamma", np.ones(3, np.float32))
 
 
-@pytest.mark.parametrize("how,match", [("flipped bit", "params fails its SHA-256"),
+@pytest.mark.parametrize("how,match", [("flipped bit", "state/params/unit0.w fails its SHA-256"),
                                        ("order out of range", "data_order is not a permutation"),
                                        ("broken config", "not valid JSON"),
-                                       ("missing velocity", "lacks velocity"),
-                                       ("not finite", "running hold NaN")])
+                                       ("missing state", "lacks state"),
+                                       ("not finite", "running/unit1.bn hold NaN"),
+                                       ("wrong shape", "params/unit1.gamma' has shape (3,)")])
 def test_a_damaged_checkpoint_is_named_by_train_and_evaluate(tmp_path, data_dir, capsys, how, match):
     assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
     path = tmp_path / "run" / "checkpoint.h5"

@@ -1,0 +1,101 @@
+"""The parameter table: every parameter of a net, named once, and the state built on it.
+
+Each unit declares its parameters by role (units.py's Param); `key(index, role)` names them
+("unit3.w", "unit3.gamma", ...), and that name is what the plan's views, the gradients, the state and
+the checkpoints use. The table lays the parameters out in one flat vector, conv and FC weights first
+(so SGD decays exactly the first `num_decayed` entries), then BN gamma/beta and biases:
+
+    params, grads, velocity   (P,)     flat, in table order
+    running                   (2, S)   every BN unit's running mean and variance, channels in unit order
+
+A net's state is a dict of named host arrays: "params/<name>", "momentum/<name>" (a training net's)
+and "running/<unit>.bn" (2, C).
+"""
+import numpy as np
+
+from . import backend
+
+
+def key(index, role):
+    """The one place a unit's parameter or buffer gets its name in the plan, the state and checkpoints."""
+    return f"unit{index}.{role}"
+
+
+def parameter_table(units):
+    """[(name, unit, Param)]: every conv/FC weight (decayed) first, then BN gamma/beta and biases."""
+    rows = [(key(u.index, p.role), u, p) for u in units for p in u.parameters()]
+    return [r for r in rows if r[2].decayed] + [r for r in rows if not r[2].decayed]
+
+
+def _slices(units):
+    """(name, unit, Param, slice of the flat vector) in table order."""
+    offset, out = 0, []
+    for name, u, p in parameter_table(units):
+        size = int(np.prod(p.shape))
+        out.append((name, u, p, slice(offset, offset + size)))
+        offset += size
+    return out
+
+
+def bind(units, arena):
+    """Hand every unit its views (parameters and gradients by role, own buffers, running (2, C)); returns
+    {name: parameter view} and {name: gradient view}."""
+    params, grads, by_unit = {}, {}, {u.index: ({}, {}) for u in units}
+    for name, u, p, where in _slices(units):
+        params[name] = by_unit[u.index][0][p.role] = arena["params"][where].reshape(p.shape)
+        if "grads" in arena:
+            grads[name] = by_unit[u.index][1][p.role] = arena["grads"][where].reshape(p.shape)
+    channel = 0
+    for u in units:
+        own = {role: arena[key(u.index, role)] for role in ("store", "stats") if key(u.index, role) in arena}
+        C = u.bn_channels
+        u.bind(p=by_unit[u.index][0], g=by_unit[u.index][1], own=own, running=arena["running"][:, channel:channel + C])
+        channel += C
+    return params, grads
+
+
+def initialize(units, arena, *, seed, dtype):
+    """He-normal conv weights, N(0, 1/fan_in) classifier weights, gamma 1, beta 0, bias 0 (Param.init);
+    running statistics (0, 1); zero gradients and momentum."""
+    rng = np.random.default_rng(seed)
+    host = np.empty(arena["params"].size, dtype)
+    for _, _, p, where in _slices(units):
+        fan_in = int(np.prod(p.shape[1:]))  # weights are (Cout, kh, kw, Cin)
+        size = where.stop - where.start
+        host[where] = {"he": lambda: rng.standard_normal(size) * np.sqrt(2.0 / fan_in),
+                       "fan_in": lambda: rng.standard_normal(size) * np.sqrt(1.0 / fan_in),
+                       "one": lambda: 1.0, "zero": lambda: 0.0}[p.init]()
+    arena["params"][...] = backend.xp.asarray(host)
+    arena["running"][0], arena["running"][1] = 0, 1
+    for name in ("grads", "velocity"):
+        if name in arena:
+            arena[name][...] = 0
+
+
+def _state_views(units, arena):
+    """{state name: device view} of everything a state holds."""
+    views = {}
+    for name, _, p, where in _slices(units):
+        views["params/" + name] = arena["params"][where].reshape(p.shape)
+        if "velocity" in arena:
+            views["momentum/" + name] = arena["velocity"][where].reshape(p.shape)
+    views.update({"running/" + key(u.index, "bn"): u.running for u in units if u.bn_channels})
+    return views
+
+
+def get_state(units, arena):
+    return {name: backend.to_host(view).copy() for name, view in _state_views(units, arena).items()}
+
+
+def set_state(units, arena, state):
+    """Copy named arrays into the arena; momentum may be absent (it is then zero), all else must fit."""
+    views = _state_views(units, arena)
+    missing = [n for n in views if n not in state and not n.startswith("momentum/")]
+    unknown = [n for n in state if n not in views and not n.startswith("momentum/")]
+    if missing or unknown:
+        raise ValueError(f"the state does not fit this net: missing {missing[:3]}, unknown {unknown[:3]}")
+    for name, view in views.items():
+        value = np.asarray(state[name]) if name in state else np.zeros(view.shape)
+        if value.shape != view.shape:
+            raise ValueError(f"state {name!r} has shape {value.shape}, the net {view.shape}")
+        view[...] = backend.xp.asarray(value.astype(view.dtype, copy=False))
