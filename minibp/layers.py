@@ -13,13 +13,12 @@ in net.py, which keeps a k-bit (or exact) store per unit and nothing else of siz
 
 The *_ref functions are plain NumPy statements of what each kernel computes (for readers and tests).
 """
-import math
 
 import numpy as np
 
 from . import backend, kernels
 
-GAMMA_MIN = 1e-8         # gamma is clamped to at least this (METHOD.md)
+GAMMA_MIN = 1e-8         # gamma is clamped to at least this (docs/method.md, "The unit")
 ROWS_PER_CHUNK = 16      # rows a thread sums in the per-channel reductions; chunks are then summed by xp
 
 
@@ -252,7 +251,7 @@ def batchnorm_relu_forward_ref(x, gamma, beta, *, eps):
 
 
 def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
-    """(dx, dgamma, dbeta) from da, given xhat and the ReLU mask (METHOD.md's backward)."""
+    """(dx, dgamma, dbeta) from da, given xhat and the ReLU mask (docs/method.md, "What a unit keeps and its backward pass")."""
     axes = tuple(range(da.ndim - 1))
     dy = da * mask
     dbeta, dgamma = dy.sum(axis=axes), (dy * xhat).sum(axis=axes)
@@ -431,6 +430,3 @@ def softmax_cross_entropy_backward(logits, labels, dlogits, *, scale=1.0):
     dlogits[xp.arange(n), labels] -= 1
     dlogits *= scale / n
 
-
-def he_normal_std(fan_in):
-    return math.sqrt(2.0 / fan_in)

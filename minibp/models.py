@@ -1,4 +1,4 @@
-"""The pre-activation bottleneck ResNets of the paper's recipe (METHOD.md), by name.
+"""The pre-activation bottleneck ResNets of the paper's recipe (docs/method.md), by name.
 
     resnet164 = preact_resnet(164)          # 9n+2 layers, n = 18 bottleneck blocks a stage
     net = by_name("resnet1001", classes=100)

@@ -6,14 +6,8 @@ import pytest
 from minibp import backend
 
 
-def pytest_addoption(parser):
-    parser.addoption("--run-slow", action="store_true", help="also run the long experiments marked slow")
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "slow" in item.keywords and not config.getoption("--run-slow"):
-            item.add_marker(pytest.mark.skip(reason="a long experiment: pass --run-slow to run it"))
         if "gpu" in item.keywords and backend.device != "gpu":
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU: run with MINIBP_DEVICE=gpu on a GPU machine"))
 

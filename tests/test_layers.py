@@ -184,6 +184,13 @@ def test_pooling_kernels_equal_references(rng, cls, options, shape, dtype):
     if kind == "max":
         assert np.array_equal(host(dx), layers.maxpool_backward_ref(x, dy, pool.k, pool.stride, pool.pad_top,
                                                                     pool.pad_left))
+    else:  # each output's gradient spread evenly over its (valid, unpadded) window
+        k, s = pool.k, pool.stride
+        want_dx = np.zeros_like(x)
+        for i in range(pool.Ho):
+            for j in range(pool.Wo):
+                want_dx[:, i * s:i * s + k, j * s:j * s + k] += dy[:, i:i + 1, j:j + 1] / (k * k)
+        np.testing.assert_allclose(host(dx), want_dx, rtol=1e-5 if dtype == np.float32 else 1e-13, atol=1e-7)
 
 
 @pytest.mark.parametrize("cls,options,shape", POOL_CASES + [(layers.GlobalAvgPool, {}, (3, 4, 2))])

@@ -89,7 +89,7 @@ def test_approximate_gradients_are_close_to_exact(rng):
     """Cosine similarity of the whole gradient with the exact one, ResNet-20 at initialisation on random
     16x16x3 data, batch 16 (measured 2026-11-30: 8 bits 0.9986, 4 bits 0.991, 2 bits 0.89, naive 0.13).
 
-    8 bits is only a little closer than 4: both clip v to about +-3 sigma around b (METHOD.md's window),
+    8 bits is only a little closer than 4: both clip v to about +-3 sigma around b (docs/method.md, "The k-bit store"),
     and that clipping, not the bin width, is most of the 8-bit error.
     """
     x, y = batch(rng, 16, shape=(16, 16, 3), classes=10)
@@ -146,8 +146,6 @@ def test_plan_stores_cost_k_over_32_of_exact():
               for mode in ("exact", "8", "4", "2")}
     for bits in (8, 4, 2):
         assert stores[str(bits)] * 32 == stores["exact"] * bits
-    plan = net.plan(batch=32, bits="4")
-    assert plan.total_bytes == sum(plan.bytes_by_category().values())
 
 
 @pytest.mark.skipif(backend.device != "cpu", reason="tracemalloc sees NumPy's allocations")

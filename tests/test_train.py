@@ -71,9 +71,19 @@ def test_training_lowers_the_loss_and_writes_metrics(tmp_path, data_dir, capsys)
     assert result["iteration"] == 80 and abs(result["accuracy"] - val_records[-1]["accuracy"]) < 1e-9
 
 
-@pytest.mark.parametrize("bits", ["exact", "8", "naive"])
-def test_every_mode_trains(tmp_path, data_dir, bits):
-    assert train.main(base_args(tmp_path, bits=bits, iters=3, val_every=3)) == 0
+def test_every_store_trains_and_changes_only_what_it_should(tmp_path, data_dir):
+    """From the same seed the first loss is exact training's in every mode but naive (which feeds
+    approximations forward); the approximate backward of 8 and 2 bits then moves the weights
+    differently from exact."""
+    losses = {}
+    for bits in ("exact", "8", "2", "naive"):
+        assert train.main(base_args(tmp_path, out=bits, bits=bits, iters=3, log_every=1, val_every=3)) == 0
+        records = read_metrics(tmp_path / bits)
+        losses[bits] = [r["loss"] for r in records if r["kind"] == "train"]
+        assert len(losses[bits]) == 3 and all(np.isfinite(losses[bits]))
+        assert checkpoint.load(tmp_path / bits / "checkpoint.h5").config["bits"] == bits
+    assert losses["8"][0] == losses["2"][0] == losses["exact"][0] != losses["naive"][0]
+    assert losses["8"][2] != losses["exact"][2] and losses["2"][2] != losses["8"][2]
 
 
 def test_resume_gives_bit_identical_weights(tmp_path, data_dir):
@@ -89,9 +99,13 @@ def test_resume_gives_bit_identical_weights(tmp_path, data_dir):
         r for r in read_metrics(tmp_path / "resumed") if r["kind"] == "val"]
 
 
-def test_split_accumulates_sub_batches(tmp_path, data_dir):
-    assert train.main(base_args(tmp_path, batch=16, split=2, iters=3, val_every=3)) == 0
-    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").iteration == 3
+def test_split_computes_a_batch_in_smaller_sub_batches(tmp_path, data_dir):
+    common = dict(batch=16, iters=30, log_every=10, val_every=30, lr_schedule="0:0.05")
+    assert train.main(base_args(tmp_path, out="whole", **common)) == 0
+    assert train.main(base_args(tmp_path, out="split", split=2, **common)) == 0
+    whole, split = ([r for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("whole", "split"))
+    assert split[0]["planned_bytes"] < 0.7 * whole[0]["planned_bytes"]  # the arena is planned for 8, not 16
+    assert split[-1]["loss"] < split[0]["loss"] * 0.8  # the accumulated gradients train
 
 
 def test_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path, data_dir):
