@@ -246,29 +246,32 @@ class Net:
         if images.dtype != self.dtype:
             raise ValueError(f"images must be {self.dtype} (the net's dtype), got {images.dtype}")
 
-    def forward(self, images, labels, *, train=True, check_finite=True):
+    def forward(self, images, labels, *, train=True, sync=True):
         """Run the chain on a batch (N <= the compiled batch); returns (loss, accuracy) as floats.
 
         train=True uses batch statistics, updates the running ones and writes every unit's store for
         backward(); train=False uses the running statistics. A loss that is not finite leaves the running
-        statistics as they were and raises FloatingPointError (unless check_finite=False)."""
+        statistics as they were and raises FloatingPointError. sync=False (a step captured as a graph,
+        step.py): labels already checked, and (loss, accuracy) stay device scalars, unchecked."""
         if labels is None:
             raise ValueError("forward() needs labels (N,) to compute the loss; net.predict(images) needs none")
         self._check_images(images)
         if train and not self.training:
             raise RuntimeError("this net was compiled for evaluation (training=False): it cannot train")
+        if sync:
+            layers.check_labels(labels, images.shape[0], self.classes)
         xp, n = backend.xp, self._run(images, train=train)
-        layers.check_labels(labels, n, self.classes)
         xp.copyto(self.arena["labels"][:n], xp.asarray(labels).astype(np.int64, copy=False))
         loss, accuracy = layers.softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n])
-        loss, accuracy = float(loss), float(accuracy)  # the one host round-trip of a step
         self._n = n if train else 0
+        if not sync:
+            return loss, accuracy
+        loss, accuracy = float(loss), float(accuracy)  # the one host round-trip of an eager step
         if not np.isfinite(loss):
             if train:  # this batch's statistics must not reach later evaluations
                 xp.copyto(self.arena["running"], self.arena["running_before"])
-            if check_finite:
-                self._n = 0
-                raise FloatingPointError(f"the loss is {loss}")
+            self._n = 0
+            raise FloatingPointError(f"the loss is {loss}")
         return loss, accuracy
 
     def predict(self, images):

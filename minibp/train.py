@@ -30,11 +30,12 @@ from .quant import BITS
 from .optim import SGD
 from .plan import largest_batch
 from .rundir import MetricsLog, RunDir
+from .step import TrainStep
 
 REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
 # Options that define a run: a resumed run must keep them. The others may change on resume.
 DEFINING = ("data", "model", "bits", "batch", "split", "seed", "momentum", "weight_decay", "no_augment")
-CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every")
+CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph")
 
 
 class Diverged(Exception):
@@ -82,6 +83,8 @@ def build_parser():
     p.add_argument("--log-every", type=int, default=20)
     p.add_argument("--val-every", type=int, default=400)
     p.add_argument("--checkpoint-every", type=int, default=400)
+    p.add_argument("--graph", action="store_true",
+                   help="replay each training step as one CUDA graph (GPU; on the CPU steps run eagerly)")
     return p
 
 
@@ -211,6 +214,7 @@ def _train(args, given, run, out):
     sub_batch = config["batch"] // config["split"]
     compile_within_memory(net, batch=sub_batch, bits=config["bits"], seed=config["seed"])
     opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
+    step = TrainStep(net, opt, split=config["split"], graph=config.get("graph", False))
     iteration = 0
     if saved is not None:
         checkpoint.restore(net, saved)
@@ -222,7 +226,7 @@ def _train(args, given, run, out):
     in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
     print(f"{config['model']} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
           f"({len(train_split.labels):,} training images), bits {config['bits']}, batch {config['batch']}"
-          f"{in_sub_batches}, device {backend.device}")
+          f"{in_sub_batches}, device {backend.device}{', one CUDA graph a step' if step.graph else ''}")
     print(net.arena.plan.summary())
     if saved:
         print(f"resumed from {run.checkpoint_path} at iteration {iteration}"
@@ -261,22 +265,17 @@ def _train(args, given, run, out):
         while iteration < config["iters"] and not stop:
             lr = learning_rate(schedule, iteration)
             images, labels = batches.next()
-            net.zero_grad()
-            losses, accuracies = [], []
-            for start in range(0, config["batch"], sub_batch):
-                try:
-                    loss, accuracy = net.forward(images[start:start + sub_batch], labels[start:start + sub_batch])
-                except FloatingPointError as e:
-                    raise Diverged(diverged_message(f"at iteration {iteration + 1} ({e})")) from None
-                net.backward(loss_scale=1.0 / config["split"])
-                losses.append(loss)
-                accuracies.append(accuracy)
-            opt.step(lr=lr)
+            try:
+                step.run(images, labels, lr=lr)
+            except FloatingPointError as e:
+                raise Diverged(diverged_message(f"at iteration {iteration + 1} ({e})")) from None
             iteration += 1
             window_images += config["batch"]
             if iteration % config["log_every"] == 0 or iteration == config["iters"]:
+                loss, accuracy = step.result()  # (a graph's step: the first host read since the last log)
+                if not np.isfinite(loss):
+                    raise Diverged(diverged_message(f"by iteration {iteration} (the loss is {loss})"))
                 rate = window_images / (time.perf_counter() - window_start)
-                loss, accuracy = float(np.mean(losses)), float(np.mean(accuracies))
                 print(f"iter {iteration:6d}/{config['iters']}  loss {loss:.4f}  acc {accuracy:.3f}  lr {lr:g}  "
                       f"{rate:7.1f} img/s  plan {format_bytes(planned)}", flush=True)
                 metrics.write(kind="train", iter=iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,

@@ -1,0 +1,98 @@
+"""The training step: eager execution equals the hand-written loop; graph mode (GPU) replays the
+same step and gives the same losses; on the CPU it falls back to eager execution."""
+import numpy as np
+import pytest
+
+from minibp import backend, checkpoint, train
+from minibp.models import preact_resnet
+from minibp.optim import SGD
+from minibp.step import TrainStep
+from conftest import device, host
+from test_train import base_args, make_dataset
+
+
+def net_and_opt(batch=4, seed=1):
+    net = preact_resnet(11, input_shape=(8, 8, 3), classes=3).compile(batch=batch, bits=4, seed=seed)
+    return net, SGD(net, momentum=0.9, weight_decay=2e-4)
+
+
+def batches(rng, count, n):
+    return [(device(rng.standard_normal((n, 8, 8, 3)).astype(np.float32)), rng.integers(0, 3, n))
+            for _ in range(count)]
+
+
+def test_an_eager_step_is_the_hand_written_loop(rng):
+    data = batches(rng, 4, 8)
+    net, opt = net_and_opt()
+    step = TrainStep(net, opt, split=2)
+    results = []
+    for images, labels in data:
+        step.run(images, labels, lr=0.05)
+        results.append(step.result())
+    ref, ref_opt = net_and_opt()
+    ref_results = []
+    for images, labels in data:
+        ref.zero_grad()
+        halves = []
+        for i in (0, 4):
+            halves.append(ref.forward(images[i:i + 4], labels[i:i + 4]))
+            ref.backward(loss_scale=0.5)
+        ref_opt.step(lr=0.05)
+        ref_results.append(tuple(np.mean(halves, axis=0)))
+    assert np.array_equal(host(net.params), host(ref.params))
+    assert results == ref_results
+
+
+def test_graph_mode_falls_back_to_eager_off_the_gpu(rng):
+    data = batches(rng, 3, 4)
+    finals = []
+    for graph in (False, True):
+        net, opt = net_and_opt()
+        step = TrainStep(net, opt, graph=graph)
+        assert step.graph == (graph and backend.device == "gpu")
+        for lr, (images, labels) in zip((0.05, 0.05, 0.01), data):
+            step.run(images, labels, lr=lr)
+        finals.append((host(net.params).copy(), step.result()))
+    if backend.device == "cpu":
+        assert np.array_equal(finals[0][0], finals[1][0]) and finals[0][1] == finals[1][1]
+
+
+def test_a_step_refuses_a_batch_of_the_wrong_size(rng):
+    net, opt = net_and_opt()
+    with pytest.raises(ValueError, match="2 x 4 images"):
+        TrainStep(net, opt, split=2).run(*batches(rng, 1, 4)[0], lr=0.1)
+
+
+def test_forward_without_sync_leaves_the_loss_on_the_device(rng):
+    net, _ = net_and_opt()
+    (images, labels), = batches(rng, 1, 4)
+    loss, accuracy = net.forward(images, labels, sync=False)
+    assert np.ndim(loss) == 0 and (backend.device == "cpu" or backend.is_device_array(loss))
+    net.backward()
+    assert float(loss) == net.forward(images, labels)[0]
+
+
+def test_the_trainer_with_graph_gives_the_same_run(tmp_path):
+    make_dataset(tmp_path / "data")
+    assert train.main(base_args(tmp_path, out="eager", iters=4, val_every=4)) == 0
+    assert train.main(base_args(tmp_path, out="graph", iters=4, val_every=4) + ["--graph"]) == 0
+    a, b = (checkpoint.load(tmp_path / run / "checkpoint.h5") for run in ("eager", "graph"))
+    assert b.config["graph"] is True
+    assert all(np.array_equal(a.state[k], b.state[k]) for k in a.state)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("split", [1, 2])
+def test_graph_replay_gives_the_losses_of_eager_execution(rng, split):
+    """20 steps through one learning-rate change: the graph's losses are eager execution's, to rounding."""
+    data = batches(rng, 20, 4 * split)
+    losses = {}
+    for graph in (False, True):
+        net, opt = net_and_opt()
+        step = TrainStep(net, opt, split=split, graph=graph)
+        losses[graph] = []
+        for i, (images, labels) in enumerate(data):
+            step.run(images, labels, lr=0.05 if i < 10 else 0.01)
+            losses[graph].append(step.result())
+        assert step.graph == graph
+    np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
