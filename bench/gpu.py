@@ -1,82 +1,110 @@
-"""GPU timings and memory: time per iteration of exact vs 8 vs 4 (CUDA events, medians), CuPy's pool
-beside the plan, and the largest batch per mode within a budget.
+"""GPU timings and memory: a training step of exact vs 8 vs 4 bits, eager and replayed as one CUDA
+graph (CUDA events, medians), minibp kernel launches a step, convolution TFLOP/s beside a cuBLAS
+float32 GEMM measured in the same run, device memory against the plan, and the largest batch per store
+within the paper's 11 GiB and within this GPU's memory.
 
     MINIBP_DEVICE=gpu python bench/gpu.py                          # resnet164 and resnet1001, batch 128
     MINIBP_DEVICE=gpu python bench/gpu.py --models resnet164 --rounds 3 --conv cudnn
 
-Not yet run on a GPU (see README, "GPU"); bench/gpu_check.sh runs it.
+bench/gpu_check.sh runs it; README, "GPU", says what has run.
 """
 import argparse
 import statistics
 import sys
+import time
 
 import numpy as np
 
-from minibp import backend, models
+from minibp import backend, kernels, models
 from minibp.arena import format_bytes
 from minibp.optim import SGD
 from minibp.plan import largest_batch, parse_bytes
+from minibp.step import TrainStep
+
+
+def gemm_tflops(cupy, size=8192, repeats=5):
+    """float32 GEMM TFLOP/s of cuBLAS (through cupy.matmul), best of a few."""
+    a = cupy.asarray(np.random.default_rng(0).standard_normal((size, size), dtype=np.float32))
+    out = cupy.empty_like(a)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    best = float("inf")
+    for _ in range(repeats):
+        start.record()
+        cupy.matmul(a, a, out=out)
+        end.record()
+        end.synchronize()
+        best = min(best, cupy.cuda.get_elapsed_time(start, end) / 1e3)
+    return 2 * size**3 / best / 1e12
+
+
+def conv_flops(net, batch):
+    """Multiply-adds x 2 of every conv and FC: forward, data gradient and weight gradient."""
+    return 3 * batch * sum(u.conv.flops_per_image + (u.projection.flops_per_image if u.projection else 0)
+                           for u in net.units)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="resnet164,resnet1001")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--modes", default="exact,8,4")
+    parser.add_argument("--stores", default="exact,8,4", help="the --bits values to compare")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--conv", default="gemm", choices=["gemm", "cudnn"])
-    parser.add_argument("--budget", default="11GiB", help="for the largest batch per mode (the paper's GPU)")
+    parser.add_argument("--budget", default="11GiB", help="for the largest batch per store (the paper's GPU)")
     args = parser.parse_args(argv)
     if backend.device != "gpu":
         print("bench/gpu.py needs a GPU: run it with MINIBP_DEVICE=gpu on a machine with one", file=sys.stderr)
         return 2
     cupy = backend.xp
     pool = cupy.get_default_memory_pool()
-    modes = args.modes.split(",")
+    stores = args.stores.split(",")
+    device_bytes = cupy.cuda.runtime.memGetInfo()[1]
+    print(f"cuBLAS float32 GEMM: {gemm_tflops(cupy):.1f} TFLOP/s; device memory {format_bytes(device_bytes)}")
     for model in args.models.split(","):
         rng = np.random.default_rng(0)
-        images = rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32)  # (N, H, W, C)
+        images = cupy.asarray(rng.standard_normal((args.batch, 32, 32, 3)).astype(np.float32))  # (N, H, W, C)
         labels = rng.integers(0, 10, args.batch)
-        nets, times, pool_bytes = {}, {m: [] for m in modes}, {}
-        for mode in modes:
-            before = pool.used_bytes()
-            nets[mode] = models.by_name(model).compile(batch=args.batch, bits=mode, seed=0, conv=args.conv)
-            pool_bytes[mode] = pool.used_bytes() - before
-        optimizers = {m: SGD(nets[m]) for m in modes}
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-
-        def iteration(mode):
-            start.record()
-            nets[mode].zero_grad()
-            nets[mode].forward(images, labels)
-            nets[mode].backward()
-            optimizers[mode].step(lr=0.01)
-            end.record()
-            end.synchronize()
-            return cupy.cuda.get_elapsed_time(start, end) / 1e3
-
-        for mode in modes:  # warm-up: kernel compilation, cuBLAS/cuDNN set-up
-            iteration(mode)
-            iteration(mode)
-        for _ in range(args.rounds):
-            for mode in modes:
-                times[mode].append(iteration(mode))
-        base = statistics.median(times[modes[0]])
-        print(f"\n{model}, batch {args.batch}, conv {args.conv}, {args.rounds} interleaved rounds")
-        print(f"{'mode':>6}  {'median ms':>9}  {'min':>7}  {'max':>7}  {'vs ' + modes[0]:>9}  {'plan':>10}  "
-              f"{'pool':>10}")
-        for mode in modes:
-            median = statistics.median(times[mode])
-            print(f"{mode:>6}  {median * 1e3:9.1f}  {min(times[mode]) * 1e3:7.1f}  {max(times[mode]) * 1e3:7.1f}  "
-                  f"{median / base:9.3f}  {format_bytes(nets[mode].arena.plan.allocation_bytes):>10}  "
-                  f"{format_bytes(pool_bytes[mode]):>10}", flush=True)
-        budget = parse_bytes(args.budget)
+        rows = []
+        for bits in stores:
+            for graph in (False, True):
+                before = pool.used_bytes()
+                net = models.by_name(model).compile(batch=args.batch, bits=bits, seed=0, conv=args.conv)
+                arena_bytes = pool.used_bytes() - before
+                step = TrainStep(net, SGD(net), graph=graph)
+                start, end = cupy.cuda.Event(), cupy.cuda.Event()
+                launches = kernels.launches
+                host = time.perf_counter()
+                step.run(images, labels, lr=0.01)   # eager (graph mode: teaches its pool)
+                step.result()
+                launches = kernels.launches - launches
+                first = time.perf_counter() - host
+                step.run(images, labels, lr=0.01)   # graph mode: the capture
+                step.result()
+                times = []
+                for _ in range(args.rounds):
+                    start.record(step.stream if graph else None)
+                    step.run(images, labels, lr=0.01)
+                    end.record(step.stream if graph else None)
+                    end.synchronize()
+                    times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
+                loss, _ = step.result()
+                extra = step.pool.total_bytes() if graph else 0
+                rows.append((bits, graph, statistics.median(times), min(times), launches, first,
+                             net.arena.plan.allocation_bytes, arena_bytes + extra, loss,
+                             conv_flops(net, args.batch) / statistics.median(times) / 1e12))
+                del step, net
+                pool.free_all_blocks()
+        print(f"\n{model}, batch {args.batch}, conv {args.conv}, {args.rounds} rounds, {time.strftime('%Y-%m-%d')}")
+        print(f"{'bits':>5} {'step':>6} {'median ms':>9} {'min ms':>7} {'kernels':>8} {'first s':>7} "
+              f"{'conv TFLOP/s':>12} {'plan':>10} {'device':>10} {'loss':>7}")
+        for bits, graph, median, fastest, launches, first, plan, used, loss, tflops in rows:
+            print(f"{bits:>5} {'graph' if graph else 'eager':>6} {median * 1e3:9.1f} {fastest * 1e3:7.1f} "
+                  f"{launches if not graph else 1:>8} {first:7.2f} {tflops:12.2f} {format_bytes(plan):>10} "
+                  f"{format_bytes(used):>10} {loss:7.4f}", flush=True)
         net = models.by_name(model)
-        print(f"largest batch within {format_bytes(budget)}: " +
-              ", ".join(f"{m} {largest_batch(net, bits=m, budget=budget)}" for m in modes))
-        nets.clear()
-        optimizers.clear()
-        pool.free_all_blocks()
+        for name, budget in (("11 GiB", parse_bytes(args.budget)), ("this GPU", device_bytes)):
+            print(f"largest batch within {name}: " +
+                  ", ".join(f"{b} {largest_batch(net, bits=b, budget=budget)}" for b in stores))
     return 0
 
 

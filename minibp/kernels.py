@@ -42,6 +42,7 @@ from . import backend
 _PACKAGED_KERNELS = Path(__file__).resolve().parent / "kernels_src"
 KERNEL_DIR = _PACKAGED_KERNELS if _PACKAGED_KERNELS.is_dir() else Path(__file__).resolve().parent.parent / "kernels"
 BLOCK = 256  # threads a block in the default launch shape
+launches = 0  # kernels launched by this process (the benchmarks count them a step)
 
 # C type of a kernel parameter -> NumPy dtype. real_t resolves to the module's dtype.
 _C_TYPES = {
@@ -116,6 +117,8 @@ class Kernel:
             grid, block = (min(-(-threads // BLOCK), 2**31 - 1),), (BLOCK,)
         if grid is None or block is None:
             raise ValueError(f"{self.name}(): give threads= or both grid= and block=")
+        global launches
+        launches += 1
         self._launch(_dim3(grid), _dim3(block), converted)
 
     def __repr__(self):
