@@ -9,8 +9,8 @@ Eager: net.zero_grad(), then net.forward / net.backward for each sub-batch, then
 comes back to the host after every forward, so a loss that is not finite raises FloatingPointError
 at once (and leaves the running statistics as they were).
 
-Graph: on a GPU a step is thousands of kernel launches and array operations (ResNet-1001: about 8,000
-kernels and 2,000 GEMMs), each costing the host microseconds while the device needs tens of
+Graph: on a GPU a step is thousands of kernel launches and array operations (bench/gpu.py counts
+them), each costing the host microseconds while the device needs tens of
 milliseconds for the whole step's arithmetic. Every buffer of a step is already in the net's arena,
 at fixed addresses, so the step can be captured once as a CUDA graph and replayed:
 - the batch is copied into fixed device buffers (images (B, H, W, C), labels (B,)) before each launch;
