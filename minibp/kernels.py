@@ -4,9 +4,12 @@ A kernel file holds `extern "C" __global__` functions written in plain CUDA C++.
 reads their signatures from the source, so every call is checked the same way on both devices
 (pointer dtypes, C-contiguity, array module, writability, scalar ranges) before it launches:
 
-    module = kernels.load("quant.cu")                  # real_t = float
-    module.encode(n, scale, v, b, codes, threads=n)    # grid covering n threads, 256 a block
-    module.encode(..., grid=(3,), block=(7,))          # or an explicit launch shape
+    module = kernels.load("sgd.cu")                    # real_t = float
+    module.sgd_momentum(n=n, n_decay=d, lr=0.1, momentum=0.9, weight_decay=2e-4,
+                        params=p, grads=g, velocity=v, threads=n)   # a grid covering n threads, 256 a block
+    module.sgd_momentum(..., grid=(3,), block=(7,))    # or an explicit launch shape
+
+Arguments go by name, each checked against the parameter of that name in the source.
 
 GPU: the source is compiled by NVRTC through cupy.RawModule, once per process.
 CPU: the same source is wrapped in a generated C++ file (kernels/cpu_shim.h supplies the CUDA
@@ -86,7 +89,9 @@ class Param:
             if backend.device == "cpu" and not self.is_const and not value.flags.writeable:
                 raise ValueError(f"{where}: the kernel writes this array, but it is read-only")
             return value
-        if isinstance(value, (np.ndarray, bool)) or not np.isscalar(value):
+        if isinstance(value, (bool, np.bool_)) and self.dtype.kind in "iu":
+            value = int(value)  # a flag: the kernels take C ints for them
+        if isinstance(value, (np.ndarray, bool, np.bool_)) or not np.isscalar(value):
             raise ValueError(f"{where}: expected a scalar, got {type(value).__name__}")
         if self.dtype.kind in "iu":
             if not float(value).is_integer():
@@ -98,16 +103,20 @@ class Param:
 
 
 class Kernel:
-    """A callable kernel: kernel(*args, threads=n) or kernel(*args, grid=(..), block=(..))."""
+    """A callable kernel: kernel(name=value, ..., threads=n) or kernel(name=value, ..., grid=(..), block=(..))."""
 
     def __init__(self, name, params, launch_fn):
         self.name, self.params, self._launch = name, params, launch_fn
 
-    def __call__(self, *args, threads=None, grid=None, block=None):
-        if len(args) != len(self.params):
-            raise ValueError(f"{self.name}() takes {len(self.params)} arguments "
-                             f"({', '.join(p.name for p in self.params)}), got {len(args)}")
-        converted = [p.convert(self.name, a) for p, a in zip(self.params, args)]
+    def __call__(self, *args, threads=None, grid=None, block=None, **arguments):
+        names = [p.name for p in self.params]
+        if args:
+            raise TypeError(f"{self.name}(): pass the kernel's arguments by name ({', '.join(names)})")
+        missing, unknown = [n for n in names if n not in arguments], [n for n in arguments if n not in names]
+        if missing or unknown:
+            raise ValueError(f"{self.name}() takes {', '.join(names)}" + (f"; missing {', '.join(missing)}" if missing
+                             else "") + (f"; no parameter {', '.join(unknown)}" if unknown else ""))
+        converted = [p.convert(self.name, arguments[p.name]) for p in self.params]
         if threads is not None:
             if grid is not None or block is not None:
                 raise ValueError("give either threads= or grid= and block=, not both")

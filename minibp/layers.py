@@ -80,6 +80,11 @@ class Conv2D:
             return (batch * self.H * self.W, self.cin) if accumulate_dx else (0, 0)
         return (batch * self.Ho * self.Wo, self.kh * self.kw * self.cin)
 
+    def _geometry(self, n):
+        """The im2col/col2im kernels' shape arguments, by name."""
+        return dict(N=n, H=self.H, W=self.W, C=self.cin, kh=self.kh, kw=self.kw, stride=self.stride,
+                    pad_top=self.pad_top, pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
+
     def _columns(self, x, col):
         """The (N*Ho*Wo, kh*kw*Cin) matrix the GEMM reads: x itself, a subsampled copy, or im2col."""
         n = x.shape[0]
@@ -90,8 +95,7 @@ class Conv2D:
         if self.is_pointwise:  # strided 1x1: subsample
             backend.xp.copyto(out.reshape(n, self.Ho, self.Wo, self.cin), x[:, ::self.stride, ::self.stride, :])
         else:
-            _k("conv.cu", x.dtype).im2col(n, self.H, self.W, self.cin, self.kh, self.kw, self.stride, self.pad_top,
-                                          self.pad_left, self.Ho, self.Wo, x, out, threads=rows * self.kh * self.kw)
+            _k("conv.cu", x.dtype).im2col(**self._geometry(n), x=x, col=out, threads=rows * self.kh * self.kw)
         return out
 
     def forward(self, x, w, bias, y, *, col):
@@ -133,8 +137,7 @@ class Conv2D:
                 dx[...] = 0
             dx[:, ::self.stride, ::self.stride, :] += dcol.reshape(n, self.Ho, self.Wo, self.cin)
         else:
-            _k("conv.cu", x.dtype).col2im(n, self.H, self.W, self.cin, self.kh, self.kw, self.stride, self.pad_top,
-                                          self.pad_left, self.Ho, self.Wo, int(accumulate_dx), dcol, dx,
+            _k("conv.cu", x.dtype).col2im(**self._geometry(n), accumulate=accumulate_dx, col=dcol, dx=dx,
                                           threads=n * self.H * self.W)
 
 
@@ -177,10 +180,10 @@ def batchnorm_statistics(x, stats, *, partial):
     chunks = reduction_chunks(rows)
     part = partial[: chunks * C]
     sums = _k("bn.cu", x.dtype).channel_sums
-    sums(rows, C, ROWS_PER_CHUNK, x, None, part, threads=chunks)
+    sums(rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK, x=x, center=None, partial=part, threads=chunks)
     xp.sum(part.reshape(chunks, C), axis=0, out=stats[0])
     stats[0] /= rows
-    sums(rows, C, ROWS_PER_CHUNK, x, stats[0], part, threads=chunks)
+    sums(rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK, x=x, center=stats[0], partial=part, threads=chunks)
     xp.sum(part.reshape(chunks, C), axis=0, out=stats[1])
     stats[1] /= rows
 
@@ -189,7 +192,8 @@ def batchnorm_coefficients(gamma, beta, stats, *, eps, bits):
     """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:5]: gamma clamped
     to >= 1e-8, b = beta / gamma, and the k-bit code's shift per channel (0 when bits = 0). One kernel."""
     C = gamma.shape[0]
-    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C, bits, eps, gamma, beta, stats, threads=C)
+    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C=C, bits=bits, eps=eps, gamma=gamma, beta=beta, stats=stats,
+                                                     threads=C)
 
 
 def _store_args(bits, x_copy, codes):
@@ -205,16 +209,16 @@ def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=Non
     rows = x.size // C
     if naive and (bits == 0 or codes is None):
         raise ValueError("naive mode feeds the k-bit codes forward: it needs bits > 0 and a codes buffer")
-    _k("bn.cu", x.dtype).batchnorm_relu_forward(rows, C, bits, int(naive), x, stats, beta, a, x_copy, codes,
-                                                 threads=rows)
+    _k("bn.cu", x.dtype).batchnorm_relu_forward(rows=rows, C=C, bits=bits, naive=naive, x=x, stats=stats, beta=beta,
+                                                 a=a, x_copy=x_copy, codes=codes, threads=rows)
 
 
 def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None):
     """a (the exact activation at bits = 0, else a~) from the unit's store."""
     x_copy, codes = _store_args(bits, x_copy, codes)
     rows = a.size // a.shape[-1]
-    _k("bn.cu", a.dtype).batchnorm_relu_restore(rows, a.shape[-1], bits, x_copy, codes, stats, beta, a,
-                                                 threads=rows)
+    _k("bn.cu", a.dtype).batchnorm_relu_restore(rows=rows, C=a.shape[-1], bits=bits, x_copy=x_copy, codes=codes,
+                                                 stats=stats, beta=beta, a=a, threads=rows)
 
 
 def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=None, dgamma, dbeta, partial,
@@ -231,13 +235,14 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
     chunks = reduction_chunks(rows)
     part = partial[: 2 * chunks * C]
     module = _k("bn.cu", da.dtype)
-    module.batchnorm_relu_backward_sums(rows, C, ROWS_PER_CHUNK, bits, da, x_copy, codes, stats, beta, part,
+    store = dict(bits=bits, x_copy=x_copy, codes=codes, stats=stats, beta=beta)
+    module.batchnorm_relu_backward_sums(rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK, da=da, partial=part, **store,
                                         threads=chunks)
     xp.sum(part.reshape(2, chunks, C), axis=1, out=sums)
     dbeta += sums[0]
     dgamma += sums[1]
-    module.batchnorm_relu_backward_dx(rows, C, bits, da, x_copy, codes, stats, beta, sums, 1.0 / rows,
-                                      residual_grad, dx, threads=rows)
+    module.batchnorm_relu_backward_dx(rows=rows, C=C, da=da, sums=sums, inv_count=1.0 / rows,
+                                      residual_grad=residual_grad, dx=dx, **store, threads=rows)
 
 
 def batchnorm_relu_forward_ref(x, gamma, beta, *, eps):
@@ -276,15 +281,17 @@ class MaxPool:
         return (self.Ho, self.Wo, self.C)
 
     def _geometry(self, n):
-        return (n, self.H, self.W, self.C, self.k, self.stride, self.pad_top, self.pad_left, self.Ho, self.Wo)
+        return dict(N=n, H=self.H, W=self.W, C=self.C, k=self.k, stride=self.stride, pad_top=self.pad_top,
+                    pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
 
     def forward(self, x, y):
         n = x.shape[0]
-        _k("pool.cu", x.dtype).maxpool_forward(*self._geometry(n), x, y, threads=n * self.Ho * self.Wo)
+        _k("pool.cu", x.dtype).maxpool_forward(**self._geometry(n), x=x, y=y, threads=n * self.Ho * self.Wo)
 
     def backward(self, x, dy, dx):
         """dx = dL/dx; reads x (the forward input) to find each window's argmax."""
-        _k("pool.cu", x.dtype).maxpool_backward(*self._geometry(x.shape[0]), x, dy, dx, threads=x.size // self.C)
+        _k("pool.cu", x.dtype).maxpool_backward(**self._geometry(x.shape[0]), x=x, dy=dy, dx=dx,
+                                                threads=x.size // self.C)
 
 
 class AvgPool:
@@ -305,11 +312,12 @@ class AvgPool:
         return (self.Ho, self.Wo, self.Cy)
 
     def _geometry(self, n):
-        return (n, self.H, self.W, self.C, self.k, self.stride, self.pad_top, self.pad_left, self.Ho, self.Wo, self.Cy)
+        return dict(N=n, H=self.H, W=self.W, C=self.C, k=self.k, stride=self.stride, pad_top=self.pad_top,
+                    pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo, Cy=self.Cy)
 
     def forward(self, x, y, *, accumulate=False):
         n = x.shape[0]
-        _k("pool.cu", x.dtype).avgpool_forward(*self._geometry(n), int(accumulate), x, y,
+        _k("pool.cu", x.dtype).avgpool_forward(**self._geometry(n), accumulate=accumulate, x=x, y=y,
                                                threads=n * self.Ho * self.Wo)
 
     def backward(self, x, dy, dx):
@@ -317,7 +325,7 @@ class AvgPool:
         self.backward_into(dy, dx)
 
     def backward_into(self, dy, dx, *, accumulate=False):
-        _k("pool.cu", dy.dtype).avgpool_backward(*self._geometry(dx.shape[0]), int(accumulate), dy, dx,
+        _k("pool.cu", dy.dtype).avgpool_backward(**self._geometry(dx.shape[0]), accumulate=accumulate, dy=dy, dx=dx,
                                                  threads=dx.size // self.C)
 
 

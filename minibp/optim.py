@@ -32,8 +32,9 @@ class SGD:
             raise ValueError(f"the learning rate must be a finite non-negative number, got {lr}")
         net = self.net
         n = net.params.size
-        kernels.load("sgd.cu", net.dtype).sgd_momentum(n, net.num_decayed, lr, self.momentum, self.weight_decay,
-                                                       net.params, net.grads, self.velocity, threads=n)
+        kernels.load("sgd.cu", net.dtype).sgd_momentum(n=n, n_decay=net.num_decayed, lr=lr, momentum=self.momentum,
+                                                       weight_decay=self.weight_decay, params=net.params,
+                                                       grads=net.grads, velocity=self.velocity, threads=n)
 
 
 def sgd_momentum_ref(params, grads, velocity, *, n_decay, lr, momentum, weight_decay):

@@ -128,7 +128,7 @@ def quantize_into(v, b, codes, *, bits):
         raise ValueError(f"b ({b.dtype}) must have v's dtype ({v.dtype})")
     if codes.dtype != np.uint8 or codes.shape != (size * bits // 8,):
         raise ValueError(f"codes must be uint8 of shape ({size * bits // 8},), got {codes.dtype} {codes.shape}")
-    kernels.load("quant.cu", v.dtype).quantize(size * bits // 8, channels, bits, v, b, codes,
+    kernels.load("quant.cu", v.dtype).quantize(n_bytes=size * bits // 8, C=channels, bits=bits, v=v, b=b, codes=codes,
                                                threads=size // channels)  # a thread a row
     return codes
 
@@ -154,8 +154,8 @@ def dequantize_into(codes, b, gamma, *, bits, shape, xhat=None, a=None, mask=Non
     for name, out, dtype in (("xhat", xhat, b.dtype), ("a", a, b.dtype), ("mask", mask, np.uint8)):
         if out is not None and (out.shape != tuple(shape) or out.dtype != dtype):
             raise ValueError(f"{name} must be {np.dtype(dtype)} of shape {tuple(shape)}, got {out.dtype} {out.shape}")
-    kernels.load("quant.cu", b.dtype).dequantize(size * bits // 8, channels, bits, codes, b, gamma, xhat, a, mask,
-                                                 threads=size // channels)
+    kernels.load("quant.cu", b.dtype).dequantize(n_bytes=size * bits // 8, C=channels, bits=bits, codes=codes, b=b,
+                                                 gamma=gamma, xhat=xhat, a=a, mask=mask, threads=size // channels)
     return xhat, a, mask
 
 

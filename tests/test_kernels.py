@@ -47,41 +47,58 @@ def quant_module():
 
 def _quantize_args(n_bytes=8):
     v = device(np.linspace(-3, 3, 2 * n_bytes, dtype=np.float32))
-    return [n_bytes, 2, 4, v, device(np.zeros(2, np.float32)), device(np.zeros(n_bytes, np.uint8))]
+    return dict(n_bytes=n_bytes, C=2, bits=4, v=v, b=device(np.zeros(2, np.float32)),
+                codes=device(np.zeros(n_bytes, np.uint8)))
 
 
-def test_arguments_are_checked_before_launch(quant_module):
-    q = quant_module.quantize
+@pytest.mark.parametrize("change,match", [
+    (dict(v=None), "missing v"),                                              # a name left out
+    (dict(rows=3), "no parameter rows"),                                      # a name it does not have
+    (dict(v="float64"), "'v'.*float32"),
+    (dict(v="strided"), "C-contiguous"),
+    (dict(C=2**40), "does not fit int32"),
+    (dict(bits=4.5), "integer"),
+    (dict(v=[0.0] * 16), "array"),
+])
+def test_arguments_are_checked_by_name_before_launch(quant_module, change, match):
     args = _quantize_args()
-    with pytest.raises(ValueError, match="takes 6 arguments"):
-        q(*args[:5], threads=8)
-    bad = list(args); bad[3] = args[3].astype(np.float64)
-    with pytest.raises(ValueError, match="'v'.*float32"):
-        q(*bad, threads=8)
-    bad = list(args); bad[3] = device(np.zeros((32, 2), np.float32))[:, 0]
-    with pytest.raises(ValueError, match="C-contiguous"):
-        q(*bad, threads=8)
-    bad = list(args); bad[1] = 2**40
-    with pytest.raises(ValueError, match="does not fit int32"):
-        q(*bad, threads=8)
-    bad = list(args); bad[2] = 4.5
-    with pytest.raises(ValueError, match="integer"):
-        q(*bad, threads=8)
-    bad = list(args); bad[3] = [0.0] * 16
-    with pytest.raises(ValueError, match="array"):
-        q(*bad, threads=8)
+    for name, value in change.items():
+        if value is None:
+            del args[name]
+        elif value == "float64":
+            args[name] = args[name].astype(np.float64)
+        elif value == "strided":
+            args[name] = device(np.zeros((32, 2), np.float32))[:, 0]
+        else:
+            args[name] = value
+    with pytest.raises(ValueError, match=match):
+        quant_module.quantize(**args, threads=8)
+
+
+def test_launches_need_names_and_a_shape(quant_module):
+    args = _quantize_args()
+    with pytest.raises(TypeError, match="by name"):
+        quant_module.quantize(*args.values(), threads=8)
     with pytest.raises(ValueError, match="threads= or"):
-        q(*args)
+        quant_module.quantize(**args)
     with pytest.raises(ValueError, match="1 to 3 positive"):
-        q(*args, grid=(0,), block=(1,))
+        quant_module.quantize(**args, grid=(0,), block=(1,))
+
+
+def test_swapped_sizes_are_caught_by_name(quant_module):
+    """A call that swaps two values still names each: the one that no longer fits its parameter is named."""
+    args = _quantize_args()
+    args["C"], args["codes"] = args["codes"], args["C"]
+    with pytest.raises(ValueError, match="argument 'C'.*scalar|argument 'codes'"):
+        quant_module.quantize(**args, threads=8)
 
 
 @pytest.mark.skipif(backend.device != "cpu", reason="NumPy arrays carry the writeable flag")
 def test_read_only_output_is_refused(quant_module):
     args = _quantize_args()
-    args[5].flags.writeable = False
+    args["codes"].flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):
-        quant_module.quantize(*args, threads=8)
+        quant_module.quantize(**args, threads=8)
 
 
 @pytest.mark.parametrize("grid,block", [((1,), (1,)), ((3,), (7,)), ((1,), (1000,)), ((4096,), (256,)),
@@ -91,7 +108,8 @@ def test_any_launch_shape_gives_the_same_result(quant_module, grid, block):
     v = rng.standard_normal((333, 6)).astype(np.float32) * 2
     b = rng.standard_normal(6).astype(np.float32)
     codes = device(np.zeros(v.size // 2, np.uint8))
-    quant_module.quantize(v.size // 2, 6, 4, device(v), device(b), codes, grid=grid, block=block)
+    quant_module.quantize(n_bytes=v.size // 2, C=6, bits=4, v=device(v), b=device(b), codes=codes, grid=grid,
+                          block=block)
     from minibp.quant import quantize_ref
     assert np.array_equal(host(codes), quantize_ref(v, b, bits=4))
 

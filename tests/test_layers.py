@@ -26,17 +26,18 @@ def test_im2col_and_col2im_equal_their_references_exactly(rng, case, dtype):
     rows, cols = 2 * conv.Ho * conv.Wo, k * k * cin
     col = device(np.zeros((rows, cols), dtype))
     module = kernels.load("conv.cu", dtype)
-    geometry = (2, H, W, cin, k, k, s, conv.pad_top, conv.pad_left, conv.Ho, conv.Wo)
-    module.im2col(*geometry, device(x), col, threads=rows * k * k)
+    geometry = dict(N=2, H=H, W=W, C=cin, kh=k, kw=k, stride=s, pad_top=conv.pad_top, pad_left=conv.pad_left,
+                    Ho=conv.Ho, Wo=conv.Wo)
+    module.im2col(**geometry, x=device(x), col=col, threads=rows * k * k)
     assert np.array_equal(host(col), layers.im2col_ref(x, k, k, s, conv.pad_top, conv.pad_left, conv.Ho, conv.Wo))
     dcol = _rand(rng, (rows, cols), dtype)
-    for accumulate in (0, 1):
+    for accumulate in (False, True):
         dx = _rand(rng, x.shape, dtype)
         want = layers.col2im_ref(dcol, x.shape, k, k, s, conv.pad_top, conv.pad_left, conv.Ho, conv.Wo)
         if accumulate:
             want = host(dx) + want
         dx_device = device(dx)
-        module.col2im(*geometry, accumulate, device(dcol), dx_device, threads=2 * H * W)
+        module.col2im(**geometry, accumulate=accumulate, col=device(dcol), dx=dx_device, threads=2 * H * W)
         np.testing.assert_allclose(host(dx_device), want, rtol=1e-6 if dtype == np.float32 else 1e-14,
                                    atol=1e-6 if dtype == np.float32 else 1e-14)
         if not accumulate:
