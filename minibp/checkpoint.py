@@ -24,7 +24,6 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import backend
 
 FORMAT = "minibp-checkpoint-2"
 OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read

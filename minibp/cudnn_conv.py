@@ -14,7 +14,6 @@ plans and executing them needs a GPU and has not yet run (see README, "GPU").
     graphs.build(handle)                      # on the GPU: plans, and graphs.workspace_bytes
     graphs.forward(x, w, y, workspace=ws)
 """
-import numpy as np
 
 from . import backend
 

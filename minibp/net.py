@@ -33,6 +33,7 @@ from .params import key
 from .quant import parse_bits
 from .units import ConvUnit, Step
 
+
 def positive_int(value, what):
     """value as an int if it is a positive whole number (not a bool, not 2.7), else a ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) \
