@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import checkpoint, data, models
+from . import checkpoint, data, imagenet, models
 from .kernels import KernelError
 from .train import compile_within_memory, evaluate
 
@@ -20,7 +20,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run folder (with checkpoint.h5) or a checkpoint file")
     parser.add_argument("--split", choices=["test", "train"], default="test")
-    parser.add_argument("--data-dir", help="where the <data>.h5 file is (default: the run's)")
+    parser.add_argument("--data-dir", help="where the <data>.h5 file (or the ImageNet folder) is (default: the run's)")
+    parser.add_argument("--workers", type=int, help="ImageNet: JPEG-decoding processes (default: the cores less one)")
     parser.add_argument("--batch", type=int, default=None, help="images a forward pass (default: the run's sub-batch)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = parser.parse_args(argv)
@@ -31,14 +32,22 @@ def main(argv=None):
             raise ValueError(f"--batch must be positive, got {args.batch}")
         saved = checkpoint.load(path)
         config = saved.config
-        train_split, test_split = data.load_dataset(data.dataset_path(args.data_dir or config["data_dir"],
-                                                                      config["data"]))
+        if args.workers is not None and args.workers < 1:
+            raise ValueError(f"--workers must be positive, got {args.workers}")
+        if config["data"] == "imagenet":  # "test" is its val/ folder; the reader normalises
+            train_split, test_split = imagenet.load_folders(args.data_dir or config["data_dir"])
+            input_shape, mean = (config["image_size"], config["image_size"], 3), None
+        else:
+            train_split, test_split = data.load_dataset(data.dataset_path(args.data_dir or config["data_dir"],
+                                                                          config["data"]))
+            input_shape, mean = train_split.images.shape[1:], train_split.pixel_mean()
         split = train_split if args.split == "train" else test_split
-        net = models.by_name(config["model"], input_shape=split.images.shape[1:], classes=split.classes)
+        net = models.by_name(config["model"], imagenet=config["data"] == "imagenet", input_shape=input_shape,
+                             classes=split.classes)
         batch = min(args.batch or config["batch"] // config["split"], len(split.labels))  # no bigger than the split
         compile_within_memory(net, batch=batch, bits=config["bits"], training=False, hint="lower --batch")
         checkpoint.restore(net, saved)
-        loss, accuracy = evaluate(net, split, train_split.pixel_mean())
+        loss, accuracy = evaluate(net, split, mean, workers=args.workers)
     except FloatingPointError as e:
         print(f"error: the checkpoint's net gives a non-finite loss on the {args.split} split ({e})", file=sys.stderr)
         return 1

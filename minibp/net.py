@@ -71,6 +71,7 @@ class Net:
         self._block = None              # the open residual block's shortcut kind
         self._pending = None            # ("shortcut", layer) or ("projection", None) for the next unit
         self._n = 0                     # the batch of the last training forward, which backward reads
+        self.deferred_running = {}      # {unit index: (2, C) view} while running updates are deferred
 
     # ------------------------------------------------------------------ building
 
@@ -340,6 +341,25 @@ class Net:
                 backend.xp.copyto(step.shared("residual", u.in_shape), dx)
             dy = dx
         self._n = 0  # the stores now hold nothing backward may read twice
+
+    def defer_running(self, increments):
+        """increments (2, S) or None. While set, a training forward writes each BN unit's running-statistics
+        increment, (1 - bn_momentum) * (batch mean, unbiased variance), into its channels of increments and
+        leaves `running` as it is; add_running applies it later. Ranks training together (dist.py) gather
+        every rank's increments and apply them in rank order, as one process applies its sub-batches'."""
+        if increments is None:
+            self.deferred_running = {}
+            return
+        edges = np.cumsum([0] + [u.bn_channels for u in self.units])  # the running buffer's layout (params.py)
+        self.deferred_running = {u.index: increments[:, a:b] for u, a, b in zip(self.units, edges, edges[1:])
+                                 if b > a}
+
+    def add_running(self, increments):
+        """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), with the
+        arithmetic of the update it defers."""
+        running = self.arena["running"]
+        running *= self.bn_momentum
+        running += increments.astype(running.dtype, copy=False)
 
     def zero_grad(self):
         self._check_compiled()

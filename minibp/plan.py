@@ -4,6 +4,7 @@
     python -m minibp.plan --model resnet164 --batch 128 --bits exact --units     # and each unit's store
     python -m minibp.plan --model resnet1001 --budget 11GiB                      # largest batch per mode
     python -m minibp.plan --model resnet164 --json
+    python -m minibp.plan --model resnet152 --data imagenet --batch 256 --bits 4   # the ImageNet ResNets
 
 The numbers come from Net.plan, the very table the trainer's arena allocates from: a batch "fits"
 a budget when the arena's one allocation (every buffer, aligned) is at most the budget.
@@ -19,7 +20,8 @@ from .arena import format_bytes
 from .params import key
 from .quant import BITS
 
-SHAPES = {"cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100), "fashion-mnist": ((28, 28, 1), 10)}
+SHAPES = {"cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100), "fashion-mnist": ((28, 28, 1), 10),
+          "imagenet": ((224, 224, 3), 1000)}
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40,
          "p": 2**50, "pb": 10**15, "pib": 2**50}
@@ -101,8 +103,10 @@ def report(net, *, model, batch, bits, budget=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m minibp.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet164")
-    parser.add_argument("--data", choices=list(SHAPES), default="cifar10", help="input shape and classes")
+    parser.add_argument("--model", help="resnet<9n+2> (default resnet164); with --data imagenet resnet50, "
+                        "resnet101 or resnet152 (default)")
+    parser.add_argument("--data", choices=list(SHAPES), default="cifar10",
+                        help="input shape and classes; imagenet: 224x224x3, 1000 classes and the ImageNet ResNets")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--bits", choices=list(BITS), default="4")
     parser.add_argument("--units", action="store_true", help="also list every unit's store")
@@ -111,7 +115,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         input_shape, classes = SHAPES[args.data]
-        net = models.by_name(args.model, input_shape=input_shape, classes=classes)
+        args.model = args.model or ("resnet152" if args.data == "imagenet" else "resnet164")
+        net = models.by_name(args.model, imagenet=args.data == "imagenet", input_shape=input_shape, classes=classes)
         budget = check_budget(parse_bytes(args.budget)) if args.budget is not None else None
         if args.batch < 1:
             raise ValueError("--batch must be positive")

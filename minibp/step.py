@@ -4,6 +4,7 @@ replayed as one CUDA graph.
     step = TrainStep(net, opt, split=2, graph=True)   # graph: GPU only; elsewhere it runs eagerly
     step.run(images, labels, lr=0.1)                  # one step over split * net.batch images
     loss, accuracy = step.result()                    # the last step's mean over its sub-batches
+    TrainStep(net, opt, split=1, group=dist.start())  # one rank's share of a batch (dist.py): see below
 
 Eager: net.zero_grad(), then net.forward / net.backward for each sub-batch, then opt.step; the loss
 comes back to the host after every forward, so a loss that is not finite raises FloatingPointError
@@ -21,6 +22,17 @@ at fixed addresses, so the step can be captured once as a CUDA graph and replaye
   capture (a schedule has a handful);
 - the loss stays on the device until result() reads it (once per logged step), so divergence is
   found at the next logged step, and checkpoints still refuse weights that are not finite.
+
+Several ranks (group, dist.py), each running split sub-batches of its share of the batch, take the
+step of one process running ranks * split sub-batches: each backward is scaled by 1 / (ranks * split);
+the forward passes write the running-statistics increments aside (Net.defer_running); after the last
+backward one all-reduce sums the flat gradients over the ranks and one all-gather brings every rank's
+increments, losses and accuracies, which every rank then applies in rank order before the same SGD
+step. (With 2 ranks of 1 sub-batch the summed gradients are bit for bit those of one process with 2:
+0 + g1 on one rank, 0 + g2 on the other, g1 + g2 either way; in general they differ from it by the
+order of the additions.) Eager, the losses are checked after the gather, on every rank alike, before
+anything is applied; a graph captures the NCCL calls with the rest (MPI cannot be captured: the CPU has
+no graphs anyway).
 """
 import numpy as np
 
@@ -28,13 +40,20 @@ from . import backend, layers
 
 
 class TrainStep:
-    def __init__(self, net, opt, *, split=1, graph=False):
+    def __init__(self, net, opt, *, split=1, graph=False, group=None):
         if net.arena is None or not net.training:
             raise RuntimeError("TrainStep needs a net compiled for training")
-        self.net, self.opt, self.split = net, opt, int(split)
+        self.net, self.opt, self.split, self.group = net, opt, int(split), group
         self.graph = bool(graph) and backend.device == "gpu"  # the CPU fallback is eager execution
+        self.loss_scale = 1.0 / (self.split * (group.size if group else 1))
         self._last = (np.nan, np.nan)
         self._losses = None  # (split, 2) device: each sub-batch's loss and accuracy, in graph mode
+        if group is not None:  # a row per sub-batch: its running-statistics increments (2, S), loss, accuracy
+            S = net.arena["running"].shape[1]
+            self._mine = backend.xp.zeros((self.split, 2 * S + 2), np.float64)  # (float64 holds all exactly)
+            self._all = backend.xp.zeros((group.size,) + self._mine.shape, np.float64)  # (ranks, split, 2S + 2)
+            self._increments = [row[:2 * S].reshape(2, S) for row in self._mine]
+            self._losses = self._mine[:, 2 * S:]
         if self.graph:
             xp = backend.xp
             self.stream, self.pool, self.graphs, self._warm = xp.cuda.Stream(non_blocking=True), \
@@ -43,15 +62,18 @@ class TrainStep:
             with xp.cuda.using_allocator(self.pool.malloc):
                 self.images = xp.empty((B,) + net.input_shape, net.dtype)   # (B, H, W, C)
                 self.labels = xp.empty((B,), np.int64)                      # (B,)
-                self._losses = xp.empty((self.split, 2), net.dtype)         # (split, 2)
+                if group is None:
+                    self._losses = xp.empty((self.split, 2), net.dtype)     # (split, 2)
 
     def run(self, images, labels, *, lr):
         """One step on images (split * net.batch, H, W, C) and labels (split * net.batch,)."""
         if len(images) != self.split * self.net.batch:
             raise ValueError(f"a step takes {self.split} x {self.net.batch} images, got {len(images)}")
-        if not self.graph:
+        if not self.graph and self.group is None:
             return self._eager(images, labels, lr)
         layers.check_labels(np.asarray(labels), len(labels), self.net.classes)  # on the host: no device sync
+        if not self.graph:
+            return self._body(images, labels, lr)
         xp = backend.xp
         with self.stream, xp.cuda.using_allocator(self.pool.malloc):
             xp.copyto(self.images, xp.asarray(images))
@@ -59,20 +81,32 @@ class TrainStep:
             if lr in self.graphs:
                 self.graphs[lr].launch(stream=self.stream)
             elif not self._warm:
-                self._body(lr)
+                self._body(self.images, self.labels, lr)
                 self._warm = True
             else:
                 self.stream.begin_capture()
-                self._body(lr)
+                self._body(self.images, self.labels, lr)
                 self.graphs[lr] = self.stream.end_capture()
                 self.graphs[lr].launch(stream=self.stream)
 
     def result(self):
-        """(loss, accuracy) of the last step, averaged over its sub-batches (graph mode: a host read)."""
-        if self._losses is not None:
+        """(loss, accuracy) of the last step, averaged over its sub-batches and ranks (graph mode: a host read)."""
+        if self.graph and self.group is not None:
+            self.group.wait(self.stream)
+            self._last = self._mean_over_ranks()
+        elif self.graph:
             self.stream.synchronize()
             self._last = tuple(float(v) for v in backend.to_host(self._losses).mean(axis=0))
         return self._last
+
+    def _mean_over_ranks(self):
+        """(loss, accuracy) over every rank's sub-batches, averaged as one process averages its own."""
+        losses = np.ascontiguousarray(backend.to_host(self._all)[..., -2:].reshape(-1, 2))  # (ranks * split, 2)
+        if not self.graph and not np.isfinite(losses[:, 0]).all():
+            rank, sub_batch = divmod(int(np.flatnonzero(~np.isfinite(losses[:, 0]))[0]), self.split)
+            raise FloatingPointError(f"the loss is {losses[rank * self.split + sub_batch, 0]} on rank {rank}, "
+                                     f"sub-batch {sub_batch}")
+        return tuple(float(v) for v in losses.mean(axis=0))
 
     def _eager(self, images, labels, lr):
         net, n = self.net, self.net.batch
@@ -80,16 +114,28 @@ class TrainStep:
         results = []
         for start in range(0, len(images), n):
             results.append(net.forward(images[start:start + n], labels[start:start + n]))
-            net.backward(loss_scale=1.0 / self.split)
+            net.backward(loss_scale=self.loss_scale)
         self.opt.step(lr=lr)
         self._last = tuple(float(v) for v in np.mean(results, axis=0))
 
-    def _body(self, lr):
-        """The step from the fixed buffers, with no host round-trip: what a graph captures."""
-        net, n = self.net, self.net.batch
+    def _body(self, images, labels, lr):
+        """The step with no host round-trip: what a graph captures (eager with a group, one host read of
+        the gathered losses before anything is applied)."""
+        net, n, group = self.net, self.net.batch, self.group
         net.zero_grad()
         for s in range(self.split):
-            loss, accuracy = net.forward(self.images[s * n:(s + 1) * n], self.labels[s * n:(s + 1) * n], sync=False)
+            if group is not None:
+                net.defer_running(self._increments[s])
+            loss, accuracy = net.forward(images[s * n:(s + 1) * n], labels[s * n:(s + 1) * n], sync=False)
             self._losses[s, 0], self._losses[s, 1] = loss, accuracy
-            net.backward(loss_scale=1.0 / self.split)
+            net.backward(loss_scale=self.loss_scale)
+        if group is not None:
+            net.defer_running(None)
+            group.sum(net.grads)
+            group.gather(self._mine, self._all)
+            if not self.graph:
+                group.wait()
+                self._last = self._mean_over_ranks()  # raises FloatingPointError before anything is applied
+            for increments in self._all.reshape(-1, self._mine.shape[1])[:, :-2]:  # in rank order
+                net.add_running(increments.reshape(2, -1))
         self.opt.step(lr=lr)

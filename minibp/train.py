@@ -1,21 +1,26 @@
 """Train a pre-activation ResNet with approximate activations: the paper's recipe by default.
 
     python -m minibp.train --data cifar10                                # ResNet-164, 4 bits, 64k iterations
+    python -m minibp.train --data imagenet --data-dir DIR                # ResNet-152, batch 256, 640k iterations
     python -m minibp.train --data fashion-mnist --model resnet20 --iters 2000 \\
         --lr-schedule 0:0.01,100:0.1,1000:0.01,1500:0.001 --out runs/fm-4bit
     python -m minibp.train --out runs/fm-4bit --resume                   # continue after Ctrl-C
     python -m minibp.evaluate runs/fm-4bit                               # test accuracy of its checkpoint
+    mpirun -n 2 python -m minibp.train --data cifar10                    # 2 ranks, 64 of each 128 images (dist.py)
 
 Writes OUT/metrics.jsonl (one JSON object a line: {"kind": "train"|"val"|"resume", "iter", ...}) and
 OUT/checkpoint.h5 (atomically, every --checkpoint-every iterations, at the end, on Ctrl-C and on
 SIGTERM). A resumed run continues with the saved configuration and data order and ends with the same
 weights as an uninterrupted one. One trainer at a time owns a run folder (rundir.py). A run that
-diverges stops without touching its last good checkpoint and says how to resume it.
+diverges stops without touching its last good checkpoint and says how to resume it. Under mpirun the
+ranks take the step of one process with ranks x --split sub-batches (step.py), and rank 0 alone
+writes the run folder.
 
 Exit status: 0 done, 1 the run failed (diverged, a write failed), 2 a bad option or input file,
 130 interrupted (a checkpoint was saved).
 """
 import argparse
+import os
 import signal
 import sys
 import time
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, checkpoint, data, models
+from . import backend, checkpoint, data, dist, imagenet, models
 from .arena import format_bytes
 from .kernels import KernelError
 from .quant import BITS
@@ -33,13 +38,20 @@ from .rundir import MetricsLog, RunDir
 from .step import TrainStep
 
 REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
+# ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate
+# divided by 10 every 160k iterations); validation about once an epoch (5,004 iterations).
+IMAGENET_SCHEDULE = "0:0.1,160000:0.01,320000:0.001,480000:0.0001"
+IMAGENET_DEFAULTS = dict(model="resnet152", data_dir="data/imagenet", batch=256, iters=640000, image_size=224,
+                         lr_schedule=IMAGENET_SCHEDULE, weight_decay=1e-4, val_every=5000, checkpoint_every=1000)
 # Options that define a run: a resumed run must keep them. The others may change on resume.
-DEFINING = ("data", "model", "bits", "batch", "split", "seed", "momentum", "weight_decay", "no_augment")
-CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph")
+DEFINING = ("data", "model", "bits", "batch", "split", "seed", "momentum", "weight_decay", "no_augment",
+            "image_size")
+CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph", "workers")
 
 
 class Diverged(Exception):
     """The loss or the weights stopped being finite."""
+    on_every_rank = True  # ranks training together meet it at the same step, from the same numbers (dist.report)
 
 
 def parse_schedule(text):
@@ -64,9 +76,15 @@ def learning_rate(schedule, iteration):
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m minibp.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", choices=data.DATASETS, default="cifar10")
-    p.add_argument("--data-dir", default="data", help="where datasets/prepare.py wrote <data>.h5 (default: data)")
-    p.add_argument("--model", default="resnet164", help="resnet<9n+2>: resnet20, resnet164 (default), resnet1001")
+    p.add_argument("--data", choices=data.DATASETS + ("imagenet",), default="cifar10",
+                   help="imagenet: its folder of JPEGs, with the paper's ImageNet setting as the defaults")
+    p.add_argument("--data-dir", default="data", help="where datasets/prepare.py wrote <data>.h5 (default: data); "
+                   "for imagenet the folder holding train/<class>/ and val/<class>/ (default: data/imagenet)")
+    p.add_argument("--model", default="resnet164", help="resnet<9n+2>: resnet20, resnet164 (default), resnet1001; "
+                   "on imagenet resnet50, resnet101, resnet152 (default)")
+    p.add_argument("--image-size", type=int, help="imagenet: the side of the training and validation crops "
+                   "(default 224)")
+    p.add_argument("--workers", type=int, help="imagenet: JPEG-decoding processes (default: the cores less one)")
     p.add_argument("--bits", choices=list(BITS), default="4",
                    help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)")
     p.add_argument("--batch", type=int, default=128)
@@ -85,6 +103,8 @@ def build_parser():
     p.add_argument("--checkpoint-every", type=int, default=400)
     p.add_argument("--graph", action="store_true",
                    help="replay each training step as one CUDA graph (GPU; on the CPU steps run eagerly)")
+    p.add_argument("--rank-timeout", type=float, default=60.0,
+                   help="under mpirun: seconds a rank waits for the others before it stops the job (default 60)")
     return p
 
 
@@ -96,30 +116,59 @@ def given_options(argv):
     return vars(parser.parse_args(argv))
 
 
-def evaluate(net, split, mean):
-    """(loss, accuracy) of net (running BN statistics) over a whole split, from net.predict's logits."""
-    total_loss = total_correct = 0.0
-    for images, labels in data.evaluation_batches(split, batch=net.batch, mean=mean):
+def evaluate(net, split, mean, *, group=None, workers=None):
+    """(loss, accuracy) of net (running BN statistics) over a whole split, from net.predict's logits. split:
+    an HDF5 split, normalised by mean, or an imagenet.Folder (center crops of the net's input size, decoded
+    by `workers` processes). group (dist.py): rank r evaluates batches r, r + ranks, ...; their sums are
+    summed over the ranks (each batch's from one rank: exact) and added up in batch order on every rank,
+    so every rank gets one process's figures, bit for bit."""
+    if isinstance(split, imagenet.Folder):
+        batches = imagenet.evaluation_batches(split, batch=net.batch, size=net.input_shape[0], workers=workers)
+    else:
+        batches = data.evaluation_batches(split, batch=net.batch, mean=mean)
+    sums = []  # (-log-likelihood, correct) of each batch
+    for i, (images, labels) in enumerate(batches):
+        if group is not None and i % group.size != group.rank:
+            sums.append((0.0, 0.0))
+            continue
         logits = net.predict(images).astype(np.float64)
         shifted = logits - logits.max(axis=1, keepdims=True)
         log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        total_loss -= float(log_p[np.arange(len(labels)), labels].sum())
-        total_correct += int((logits.argmax(axis=1) == labels).sum())
+        sums.append((-float(log_p[np.arange(len(labels)), labels].sum()), int((logits.argmax(axis=1) == labels).sum())))
+    sums = np.array(sums, np.float64).reshape(-1, 2)  # (batches, 2)
+    if group is not None:
+        group.sum(sums)
+    total_loss = total_correct = 0.0
+    for loss, correct in sums.tolist():
+        total_loss += loss
+        total_correct += correct
     if not np.isfinite(total_loss):
         raise FloatingPointError(f"the loss over the {split.name} split is {total_loss}")
     return total_loss / len(split.labels), total_correct / len(split.labels)
 
 
-def check_config(config):
+def check_config(config, *, ranks=1):
+    """ranks: the processes under mpirun; config["split"] counts the sub-batches of a step over all of them."""
     if config["batch"] < 1 or config["split"] < 1 or config["batch"] % config["split"]:
-        raise ValueError(f"--batch ({config['batch']}) must be a positive multiple of --split ({config['split']})")
+        split = f"{ranks} ranks x --split {config['split'] // ranks}" if ranks > 1 else "--split"
+        raise ValueError(f"--batch ({config['batch']}) must be a positive multiple of {split} ({config['split']})")
+    if config["split"] % ranks:
+        raise ValueError(f"the run computes a batch in {config['split']} sub-batches, which {ranks} ranks cannot "
+                         "share evenly: run it on a number of ranks that divides them")
     if config["iters"] < 1:
         raise ValueError("--iters must be positive")
     for key in ("log_every", "val_every", "checkpoint_every"):
         if config[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be positive")
-    models.depth_of(config["model"])
+    models.depth_of(config["model"], imagenet=config["data"] == "imagenet")
     parse_schedule(config["lr_schedule"])
+    if config.get("image_size") is not None and config["data"] != "imagenet":
+        raise ValueError("--image-size applies to --data imagenet only")
+    if config["data"] == "imagenet" and (config["image_size"] < 32 or config["image_size"] % 32):
+        raise ValueError(f"--image-size must be a multiple of 32 (the net halves it five times), got "
+                         f"{config['image_size']}")
+    if config.get("workers") is not None and config["workers"] < 1:
+        raise ValueError("--workers must be positive")
 
 
 def compile_within_memory(net, *, batch, bits, hint="lower --batch, or compute it in parts with --split", **options):
@@ -138,35 +187,54 @@ def compile_within_memory(net, *, batch, bits, hint="lower --batch, or compute i
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    group = None  # the ranks under mpirun (dist.py); None: one process
     try:
+        group = dist.start(timeout=args.rank_timeout)
+        if group is not None:
+            group.agree(dict(vars(args), data_dir=str(Path(args.data_dir).resolve())))
+            if group.rank:
+                sys.stdout = open(os.devnull, "w")  # rank 0 alone prints the progress
         with np.errstate(all="ignore"):  # a diverging step is found by the finiteness checks, not by warnings
-            return _run(args, given_options(argv))
+            return _run(args, given_options(argv), group)
     except Diverged as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return _failed(group, e, str(e), 1)
     except (ValueError, FileNotFoundError, KernelError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a full disk or a vanished folder while writing
-        print(f"error: {e.strerror or e}{f': {e.filename}' if e.filename else ''}", file=sys.stderr)
-        return 1
+        return _failed(group, e, str(e), 2)
+    except OSError as e:  # a full disk or a vanished folder while writing; a rank that stopped answering
+        return _failed(group, e, f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}", 1)
     except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays as it was
-        print("\ninterrupted: the last checkpoint written stays as it was", file=sys.stderr)
+        if group is None or group.rank == 0:
+            print("\ninterrupted: the last checkpoint written stays as it was", file=sys.stderr)
         return 130
 
 
-def new_config(args):
-    config = {k: v for k, v in vars(args).items() if k not in ("resume", "overwrite", "out")}
+def _failed(group, error, message, code):
+    """Print the one-line error and return the exit status (several ranks: dist.Group.report says which
+    rank prints, and may end the job)."""
+    if group is None:
+        print(f"error: {message}", file=sys.stderr)
+        return code
+    return group.report(message, error, code)
+
+
+def new_config(args, *, ranks=1):
+    config = {k: v for k, v in vars(args).items() if k not in ("resume", "overwrite", "out", "rank_timeout")}
     config["data_dir"] = str(Path(args.data_dir).resolve())  # a run resumes from any folder
+    # the sub-batches of a step over all ranks: ranks x split defines the run, so that 2 ranks x --split 1
+    # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
+    config["split"] = args.split * ranks
     return config
 
 
-def _resumed_config(saved, given, ckpt_path):
+def _resumed_config(saved, given, ckpt_path, *, ranks=1):
     """The saved configuration with the changeable options given now applied; a ValueError listing
-    any defining option given with another value than the run's."""
+    any defining option given with another value than the run's. ranks: as new_config."""
     config = dict(saved.config)
-    differ = [f"--{k.replace('_', '-')} {given[k]} (the run has {config.get(k)})" for k in DEFINING
-              if k in given and given[k] != config.get(k)]
+    if "split" in given:
+        given = dict(given, split=given["split"] * ranks)
+    differ = [f"--{k.replace('_', '-')} {given[k]} (the run has {config.get(k)})" if k != "split" or ranks == 1 else
+              f"{ranks} ranks x --split {given[k] // ranks} (the run has {config.get(k)} sub-batches a step)"
+              for k in DEFINING if k in given and given[k] != config.get(k)]
     if differ:
         raise ValueError(f"{ckpt_path} was trained with other options; a resumed run keeps them: "
                          + "; ".join(differ))
@@ -178,52 +246,93 @@ def _resumed_config(saved, given, ckpt_path):
     return config, changed
 
 
-def _run(args, given):
+def apply_data_defaults(args, given):
+    """With --data imagenet, the paper's ImageNet setting (IMAGENET_DEFAULTS) for every option the command
+    line does not give."""
+    if args.data == "imagenet":
+        for key, value in IMAGENET_DEFAULTS.items():
+            if key not in given:
+                setattr(args, key, value)
+    return args
+
+
+def _run(args, given, group=None):
+    apply_data_defaults(args, given)
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a run and --overwrite starts it again: give one")
     out = Path(args.out or f"runs/{args.data}-{args.model}-{args.bits}-seed{args.seed}")
-    if not args.resume:  # the cheap checks before anything touches the disk
-        check_config(new_config(args))
-    run = RunDir.claim(out, fresh=not args.resume, overwrite=args.overwrite)
+    ranks = group.size if group else 1
+
+    def claim():
+        if not args.resume:  # the cheap checks before anything touches the disk
+            check_config(new_config(args, ranks=ranks), ranks=ranks)
+        return RunDir.claim(out, fresh=not args.resume, overwrite=args.overwrite)
+
+    # several ranks: the run folder is rank 0's; the others know its paths and never touch it
+    run = claim() if group is None else group.on_rank_0(claim, share_result=False) or RunDir(out, None)
     try:
-        return _train(args, given, run, out)
+        return _train(args, given, run, out, group)
     finally:
-        run.release()
+        if group is None or group.rank == 0:
+            run.release()
 
 
-def _train(args, given, run, out):
-    saved, changed = None, {}
-    if args.resume:
-        if not run.checkpoint_path.is_file():
-            raise FileNotFoundError(f"--resume: no checkpoint at {run.checkpoint_path} (a run stopped before its "
-                                    "first checkpoint starts again with --overwrite)")
-        saved = checkpoint.load(run.checkpoint_path)
-        config, changed = _resumed_config(saved, given, run.checkpoint_path)
-        check_config(config)
-    else:
-        config = new_config(args)
-    schedule = parse_schedule(config["lr_schedule"])
-
+def load_data(config):
+    """(train split, test split, mean, training batches, input shape) of the run's data: a prepared HDF5
+    file, or an ImageNet folder streamed by worker processes (its splits are imagenet.Folder listings, and
+    the reader normalises: mean None)."""
+    if config["data"] == "imagenet":
+        train_split, test_split = imagenet.load_folders(config["data_dir"])
+        batches = imagenet.Batches(train_split, batch=config["batch"], size=config["image_size"],
+                                   augment=not config["no_augment"], seed=config["seed"], workers=config.get("workers"))
+        return train_split, test_split, None, batches, batches.image_shape
     train_split, test_split = data.load_dataset(data.dataset_path(config["data_dir"], config["data"]))
     mean = train_split.pixel_mean()
     batches = data.Batches(train_split, batch=config["batch"], mean=mean, augment=not config["no_augment"],
                            seed=config["seed"])
+    return train_split, test_split, mean, batches, train_split.images.shape[1:]
+
+
+def _train(args, given, run, out, group=None):
+    saved, changed, ranks = None, {}, group.size if group else 1
+
+    def resume():
+        if not run.checkpoint_path.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint at {run.checkpoint_path} (a run stopped before its "
+                                    "first checkpoint starts again with --overwrite)")
+        saved = checkpoint.load(run.checkpoint_path)
+        config, changed = _resumed_config(saved, given, run.checkpoint_path, ranks=ranks)
+        check_config(config, ranks=ranks)
+        return saved, config, changed
+
+    if args.resume:  # several ranks: rank 0 reads the checkpoint and sends it to the others
+        saved, config, changed = resume() if group is None else group.on_rank_0(resume)
+    else:
+        config = new_config(args, ranks=ranks)
+    schedule = parse_schedule(config["lr_schedule"])
+
+    train_split, test_split, mean, batches, input_shape = load_data(config)
     if saved is not None:
         batches.restore(saved.data_state)
-    net = models.by_name(config["model"], input_shape=train_split.images.shape[1:], classes=train_split.classes)
+    net = models.by_name(config["model"], imagenet=config["data"] == "imagenet", input_shape=input_shape,
+                         classes=train_split.classes)
     sub_batch = config["batch"] // config["split"]
     compile_within_memory(net, batch=sub_batch, bits=config["bits"], seed=config["seed"])
     opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
-    step = TrainStep(net, opt, split=config["split"], graph=config.get("graph", False))
+    step = TrainStep(net, opt, split=config["split"] // ranks, graph=config.get("graph", False), group=group)
     iteration = 0
     if saved is not None:
         checkpoint.restore(net, saved)
         iteration = saved.iteration
-    metrics = MetricsLog(run.metrics_path, keep_through=iteration if saved else None)
+    rank_0 = group is None or group.rank == 0  # the one that writes metrics and checkpoints
+    metrics = MetricsLog(run.metrics_path, keep_through=iteration if saved else None) if rank_0 else \
+        MetricsLog(os.devnull)
     if changed:
         metrics.write(kind="resume", iter=iteration, changed=changed)
     planned = net.arena.plan.total_bytes
     in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
+    if ranks > 1:
+        in_sub_batches = f" ({ranks} ranks x {config['split'] // ranks} x {sub_batch})"
     print(f"{config['model']} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
           f"({len(train_split.labels):,} training images), bits {config['bits']}, batch {config['batch']}"
           f"{in_sub_batches}, device {backend.device}{', one CUDA graph a step' if step.graph else ''}")
@@ -233,10 +342,15 @@ def _train(args, given, run, out):
               + "".join(f"; {k} {old} -> {new}" for k, (old, new) in changed.items()))
 
     last_saved = [saved.iteration if saved else None]
+    command = f"mpirun -n {ranks} python -m minibp.train" if ranks > 1 else "python -m minibp.train"
 
     def save():
         try:
-            checkpoint.save(run.checkpoint_path, net, iteration=iteration, config=config, data_state=batches.state())
+            if rank_0:
+                checkpoint.save(run.checkpoint_path, net, iteration=iteration, config=config,
+                                data_state=batches.state())
+            else:  # the same state as rank 0's: stop with it
+                checkpoint.check_finite(net.state())
         except checkpoint.NotFinite as e:
             raise Diverged(diverged_message(f"at iteration {iteration} ({e})")) from None
         last_saved[0] = iteration
@@ -245,9 +359,9 @@ def _train(args, given, run, out):
         lower = ",".join(f"{it}:{lr / 10:g}" for it, lr in schedule)
         if last_saved[0] is None:
             return (f"training diverged {what}; no checkpoint was saved. Start again with a lower learning rate: "
-                    f"python -m minibp.train ... --overwrite --lr-schedule {lower}")
+                    f"{command} ... --overwrite --lr-schedule {lower}")
         return (f"training diverged {what}; the last good checkpoint is {run.checkpoint_path} (iteration "
-                f"{last_saved[0]}). Resume it with a lower learning rate: python -m minibp.train --out {out} "
+                f"{last_saved[0]}). Resume it with a lower learning rate: {command} --out {out} "
                 f"--resume --lr-schedule {lower}")
 
     stop = []
@@ -259,12 +373,18 @@ def _train(args, given, run, out):
         print(f"\n{signal.Signals(number).name}: finishing this iteration, then saving a checkpoint "
               "(Ctrl-C again to quit now)", flush=True)
 
+    def stopping():  # several ranks stop together, at the first iteration any of them was signalled by
+        return bool(stop) if group is None else group.any(stop)
+
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         window_start, window_images = time.perf_counter(), 0
-        while iteration < config["iters"] and not stop:
+        while iteration < config["iters"] and not stopping():
             lr = learning_rate(schedule, iteration)
             images, labels = batches.next()
+            if group is not None:  # every rank draws the whole batch, as one process would, and keeps its rows
+                rows = group.share_of(config["batch"])
+                images, labels = images[rows], labels[rows]
             try:
                 step.run(images, labels, lr=lr)
             except FloatingPointError as e:
@@ -284,20 +404,22 @@ def _train(args, given, run, out):
             if iteration % config["checkpoint_every"] == 0 or iteration == config["iters"]:
                 save()  # before the validation, so a failing validation loses no training
             if iteration % config["val_every"] == 0 or iteration == config["iters"]:
-                val_loss, val_accuracy = evaluate(net, test_split, mean)
+                val_loss, val_accuracy = evaluate(net, test_split, mean, group=group, workers=config.get("workers"))
                 print(f"iter {iteration:6d}  validation loss {val_loss:.4f}  accuracy {val_accuracy:.4f}", flush=True)
                 metrics.write(kind="val", iter=iteration, loss=val_loss, accuracy=val_accuracy)
                 window_start = time.perf_counter()
-        if stop:
+        if stopping():
             if last_saved[0] != iteration:
                 save()
             print(f"stopped at iteration {iteration}: checkpoint saved to {run.checkpoint_path}\n"
-                  f"continue with: python -m minibp.train --out {out} --resume", flush=True)
+                  f"continue with: {command} --out {out} --resume", flush=True)
             return 130
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
         metrics.close()
+        if isinstance(batches, imagenet.Batches):
+            batches.close()  # its decoding processes
     print(f"done: {iteration} iterations; checkpoint {run.checkpoint_path}, metrics {run.metrics_path}")
     return 0
 

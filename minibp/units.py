@@ -125,7 +125,7 @@ class ConvUnit:
             stats = self.own["stats"]
             if s.train:
                 layers.batchnorm_statistics(x, stats, partial=s.shared("partial"))
-                self._update_running(stats, n, momentum=s.bn_momentum)
+                self._update_running(stats, n, momentum=s.bn_momentum, deferred=s.deferred_running.get(self.index))
             else:
                 stats[0], stats[1] = self.running[0], self.running[1]
             layers.batchnorm_coefficients(self.p["gamma"], self.p["beta"], stats, eps=s.eps, bits=s.k)
@@ -142,13 +142,17 @@ class ConvUnit:
             self.projection.forward(a, self.p["projection"], None, s.shared("residual", self.projection.out_shape),
                                     col=s.shared("col"))
 
-    def _update_running(self, stats, n, *, momentum):
+    def _update_running(self, stats, n, *, momentum, deferred=None):
+        """running = momentum * running + increment, the increment (1 - momentum) * (batch mean, unbiased
+        variance); deferred (2, C): the increment goes there and running stays (Net.defer_running)."""
         rows = n * self.in_shape[0] * self.in_shape[1]
-        running = self.running
-        running[0] *= momentum
-        running[0] += (1 - momentum) * stats[0]
-        running[1] *= momentum
-        running[1] += (1 - momentum) * rows / max(rows - 1, 1) * stats[1]  # unbiased variance
+        increment = ((1 - momentum) * stats[0], (1 - momentum) * rows / max(rows - 1, 1) * stats[1])
+        for row in (0, 1):
+            if deferred is not None:
+                deferred[row] = increment[row]
+            else:
+                self.running[row] *= momentum
+                self.running[row] += increment[row]
 
     def _store(self, n, *, k):
         """(x_copy (n, H, W, C), None) in exact mode, (None, codes) at k bits: the store for a batch of n."""
@@ -255,6 +259,7 @@ class Step:
     def __init__(self, net, n, *, train):
         self.net, self.n, self.train = net, n, train
         self.k, self.naive, self.eps, self.bn_momentum = net.k, net.naive, net.eps, net.bn_momentum
+        self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (Net.defer_running)
 
     def shared(self, name, shape=None):
         """A net buffer: whole and flat, or its first n*prod(shape) elements as (n,) + shape."""

@@ -97,7 +97,7 @@ def test_two_trainers_cannot_share_a_run_folder(tmp_path, data_dir, capsys):
 
 
 def test_the_final_checkpoint_is_saved_before_the_final_validation(tmp_path, data_dir, monkeypatch, capsys):
-    def broken(*_args):
+    def broken(*_args, **_kwargs):
         raise ValueError("the validation failed")
     monkeypatch.setattr(train, "evaluate", broken)
     assert train.main(base_args(tmp_path, iters=4, val_every=100, checkpoint_every=100)) == 2

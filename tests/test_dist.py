@@ -1,0 +1,198 @@
+"""Training on several processes under mpirun (minibp/dist.py): 2 ranks give one process's --split 2 run
+bit for bit, checkpoints move between the two, and a rank that dies, stops answering or was started
+with other options ends the job with a clear error instead of a hang."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mpi4py", reason="the tests of several ranks need mpi4py and mpich: pip install -e '.[dist]'")
+
+from minibp import checkpoint  # noqa: E402
+from test_train import ROOT, base_args, make_dataset, read_metrics  # noqa: E402
+
+# One thread a rank, as 2 ranks on 2 cores should run; the one-process runs they are compared with too.
+ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def mpirun():
+    """The mpirun of the MPI that mpi4py uses: pip's mpich puts it beside the interpreter's scripts."""
+    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
+        if (folder / "mpirun").is_file():
+            return str(folder / "mpirun")
+    found = shutil.which("mpirun")
+    assert found, "mpich is installed with mpi4py (the test extra) and brings mpirun: none found"
+    return found
+
+
+def train(argv, *, ranks=1, env=ENV, timeout=120):
+    """Run the trainer (under mpirun with ranks > 1); the CompletedProcess, stdout and stderr as text."""
+    command = [sys.executable, "-m", "minibp.train"] + argv
+    if ranks > 1:
+        command = [mpirun(), "-n", str(ranks)] + command
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def errors(result):
+    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
+
+
+def same_state(a, b):
+    a, b = (checkpoint.load(Path(run) / "checkpoint.h5") for run in (a, b))
+    return a.iteration == b.iteration and a.state.keys() == b.state.keys() and all(
+        np.array_equal(a.state[name], b.state[name]) for name in a.state)
+
+
+def without_timing(records):
+    return [{k: v for k, v in r.items() if k != "images_per_s"} for r in records]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    """A data set and the reference: one process, batch 16 in 2 sub-batches of 8, 6 iterations (which
+    also builds the kernels, so no rank waits for a compiler)."""
+    tmp = tmp_path_factory.mktemp("dist")
+    make_dataset(tmp / "data")
+    result = train(options(tmp, "one", split=2))
+    assert result.returncode == 0, result.stderr
+    return tmp
+
+
+def options(tmp, out, **overrides):
+    overrides = dict(dict(batch=16, iters=6, log_every=1, val_every=3, checkpoint_every=3), **overrides)
+    return base_args(tmp, out=out, **overrides)
+
+
+def test_one_process_needs_no_mpi(work):
+    """Outside a launcher (the environment names no ranks) training never imports mpi4py."""
+    env = {k: v for k, v in ENV.items() if k not in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")}
+    code = ("import sys; from minibp import train; assert train.main(sys.argv[1:]) == 0; "
+            "assert 'mpi4py' not in sys.modules, 'mpi4py was imported'")
+    result = subprocess.run([sys.executable, "-c", code] + options(work, "alone", iters=2), cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_two_ranks_train_bit_for_bit_as_one_process_with_two_sub_batches(work):
+    result = train(options(work, "two"), ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("done: 6 iterations") == 1  # rank 0 alone prints
+    assert same_state(work / "one", work / "two")  # weights, momentum and every running statistic
+    assert without_timing(read_metrics(work / "two")) == without_timing(read_metrics(work / "one"))
+    assert sorted(p.name for p in (work / "two").iterdir()) == ["checkpoint.h5", "lock", "metrics.jsonl"]
+
+
+def test_a_checkpoint_resumes_on_the_other_number_of_ranks(work):
+    assert train(options(work, "from-two", iters=3), ranks=2).returncode == 0
+    assert train(["--out", str(work / "from-two"), "--resume", "--iters", "6", "--split", "2"]).returncode == 0
+    assert train(options(work, "from-one", iters=3, split=2)).returncode == 0
+    assert train(["--out", str(work / "from-one"), "--resume", "--iters", "6"], ranks=2).returncode == 0
+    for run in ("from-two", "from-one"):
+        assert same_state(work / "one", work / run), run
+        assert [r["loss"] for r in read_metrics(work / run) if r["kind"] == "train"] == \
+            [r["loss"] for r in read_metrics(work / "one") if r["kind"] == "train"]
+    # 2 ranks x 2 sub-batches is another run than 2 sub-batches in all
+    refused = train(["--out", str(work / "from-one"), "--resume", "--iters", "7", "--split", "2"], ranks=2)
+    assert refused.returncode == 2
+    assert errors(refused) == [f"error: {work / 'from-one' / 'checkpoint.h5'} was trained with other options; a "
+                               "resumed run keeps them: 2 ranks x --split 2 (the run has 2 sub-batches a step)"]
+
+
+def test_ranks_started_with_other_options_are_refused_before_anything_is_written(work):
+    command = [sys.executable, "-m", "minibp.train"]
+    rank_0, rank_1 = options(work, "differ", batch=16), options(work, "differ", batch=32)
+    result = subprocess.run([mpirun(), "-n", "1"] + command + rank_0 + [":", "-n", "1"] + command + rank_1,
+                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert errors(result) == ["error: rank 1 was started with other options than rank 0: --batch 32 (rank 0 has 16)"]
+    assert not (work / "differ").exists()
+
+
+def test_divergence_on_two_ranks_is_one_error_and_keeps_the_last_good_checkpoint(work):
+    result = train(options(work, "diverged", iters=30, lr_schedule="0:0.05,5:1e30", checkpoint_every=2,
+                           val_every=100), ranks=2)
+    assert result.returncode == 1
+    [line] = errors(result)
+    saved = checkpoint.load(work / "diverged" / "checkpoint.h5")  # finite, or load would refuse it
+    assert "training diverged at iteration" in line and f"(iteration {saved.iteration})" in line
+    assert f"mpirun -n 2 python -m minibp.train --out {work / 'diverged'} --resume" in line
+
+
+def start_long_run(work, out, *, tag, timeout):
+    argv = options(work, out, iters=100000, checkpoint_every=2, val_every=100000) + ["--rank-timeout", str(timeout)]
+    process = subprocess.Popen([mpirun(), "-n", "2", sys.executable, "-m", "minibp.train"] + argv, cwd=ROOT,
+                               env=dict(ENV, MINIBP_TEST_TAG=tag), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    metrics, deadline = work / out / "metrics.jsonl", time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 5):
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()[0]
+    return process
+
+
+def rank_pid(tag, rank):
+    """The pid of the rank of the run started with MINIBP_TEST_TAG=tag (MPICH tells it its rank as PMI_RANK)."""
+    wanted = {f"MINIBP_TEST_TAG={tag}".encode(), f"PMI_RANK={rank}".encode()}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and wanted <= set((entry / "environ").read_bytes().split(b"\0")):
+                return int(entry.name)
+        except OSError:  # gone, or not ours
+            continue
+    raise AssertionError(f"no rank {rank} with tag {tag}")
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped", "interrupted"])
+def test_a_rank_that_dies_or_stops_ends_the_job_and_the_checkpoint_resumes(work, how):
+    """Killed: mpirun sees it and ends the job at once. Stopped (a hang): rank 0 gives up after
+    --rank-timeout, says so in one line and aborts the job. Interrupted (Ctrl-C on mpirun): the ranks
+    stop at the same iteration and save. Each time the checkpoint is whole and resumes."""
+    tag, out, timeout = uuid.uuid4().hex, f"fault-{how}", 3
+    process = start_long_run(work, out, tag=tag, timeout=timeout)
+    victim = rank_pid(tag, 1)
+    try:
+        started = time.time()
+        if how == "interrupted":
+            process.send_signal(signal.SIGINT)
+        else:
+            os.kill(victim, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        output = process.communicate(timeout=30)[0]
+        took = time.time() - started
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    saved = checkpoint.load(work / out / "checkpoint.h5")  # whole (load checks every array)
+    if how == "killed":
+        assert process.returncode != 0 and took < 10 and "BAD TERMINATION" in output
+    elif how == "stopped":
+        assert process.returncode != 0 and took < timeout + 10  # (rank 0 may have been waiting already)
+        assert f"error: rank 0 of 2 waited {timeout} s for the others at a " in output
+    else:
+        assert process.returncode == 130 and f"stopped at iteration {saved.iteration}: checkpoint saved" in output
+    assert saved.iteration >= 4 and (saved.iteration % 2 == 0 or how == "interrupted")
+    resumed = train(["--out", str(work / out), "--resume", "--iters", str(saved.iteration + 1)], ranks=2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not checkpoint.stale_temporaries(work / out / "checkpoint.h5")
+    assert json.loads((work / out / "metrics.jsonl").read_text().splitlines()[-1])["iter"] == saved.iteration + 1
+
+
+def test_scaling_bench_runs():
+    done = subprocess.run([sys.executable, "bench/scaling.py", "--model", "resnet11", "--batch", "8", "--steps", "1",
+                           "--repeats", "1", "--rounds", "1"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "images/s median" in done.stdout and "resnet1001  10,285,722" in done.stdout

@@ -1,0 +1,458 @@
+"""ImageNet: the bottleneck ResNets (shapes, parameters, gradients, the plan), the streaming JPEG reader on
+a small tree generated here, and the trainer on that tree at reduced resolution."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from minibp import checkpoint, evaluate, imagenet, models, plan, train
+from conftest import device, host
+from gradcheck import relative_error
+
+ROOT = Path(__file__).resolve().parent.parent
+COLORS = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200], [200, 200, 40]])  # a colour a class
+
+
+def make_tree(root, *, train=12, val=4, seed=0):
+    """ImageNet's layout with 4 classes: JPEGs of 40-90 px a side, each its class's colour plus noise."""
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", train), ("val", val)):
+        for label, color in enumerate(COLORS):
+            folder = Path(root) / split / f"n{label:08d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                height, width = rng.integers(40, 91, 2)
+                pixels = np.clip(color + rng.normal(0, 30, (height, width, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"n{label:08d}_{i}.JPEG", quality=90)
+    return Path(root)
+
+
+@pytest.fixture
+def tree(tmp_path):
+    return make_tree(tmp_path / "imagenet")
+
+
+# ----------------------------------------------------------------------------- the models
+
+TORCHVISION = {50: 25_557_032, 101: 44_549_160, 152: 60_192_808}  # its v1 ResNets' parameters: a sanity check
+WIDTHS = (64, 128, 256, 512)
+
+
+def expected_architecture(blocks, size=224):
+    """(parameters, batch-normalised unit inputs (H, W, C)) of the pre-activation bottleneck ResNet,
+    counted from its description: the 7x7/2 stem, max pool, bottlenecks, projections, classifier."""
+    parameters, inputs = 7 * 7 * 3 * 64, []
+    channels, side = 64, size // 2                     # the stem's output
+    for stage, (count, width) in enumerate(zip(blocks, WIDTHS)):
+        half = side // 2  # stage 1: the first unit's max pool; later stages: the first block's 3x3 conv
+        for block in range(count):
+            unit1 = side if block == 0 else half           # a stage's first block reads the previous size
+            unit2 = side if block == 0 and stage > 0 else half
+            inputs += [(unit1, unit1, channels), (unit2, unit2, width), (half, half, width)]
+            parameters += 2 * channels + channels * width        # BN-ReLU-conv1x1
+            parameters += 2 * width + 9 * width * width          # BN-ReLU-conv3x3
+            parameters += 2 * width + width * 4 * width          # BN-ReLU-conv1x1 to 4x the width
+            if block == 0:
+                parameters += channels * 4 * width        # the projection, a 1x1 conv
+            channels = 4 * width
+        side = half
+    inputs.append((side, side, channels))
+    return parameters + 2 * channels + channels * 1000 + 1000, inputs
+
+
+@pytest.mark.parametrize("depth", [50, 101, 152])
+def test_imagenet_resnets_have_the_standard_shapes_and_parameters(depth):
+    net = models.by_name(f"resnet{depth}", imagenet=True)
+    blocks = models.IMAGENET_BLOCKS[depth]
+    parameters, inputs = expected_architecture(blocks)
+    assert len(net.units) == depth == 3 * sum(blocks) + 2
+    assert net.num_parameters == parameters
+    assert abs(parameters / TORCHVISION[depth] - 1) < 1e-3  # BN on unit inputs instead of conv outputs
+    stem, first = net.units[0], net.units[1]
+    assert (stem.conv.kh, stem.conv.stride, stem.out_shape, stem.batchnorm) == (7, 2, (112, 112, 64), False)
+    assert first.conv_in_shape == (56, 56, 64)  # BN-ReLU, then the 3x3/2 max pool
+    assert [u.in_shape for u in net.units if u.batchnorm] == inputs
+    ends = [u.out_shape for u in net.units[1:-1]]
+    assert [ends[3 * sum(blocks[:s + 1]) - 1] for s in range(4)] == [(56, 56, 256), (28, 28, 512), (14, 14, 1024),
+                                                                    (7, 7, 2048)]
+    projected = [u.index for u in net.units if u.projection is not None]
+    assert projected == [1 + 3 * sum(blocks[:s]) for s in range(4)]
+    assert [net.units[i].projection.stride for i in projected] == [1, 2, 2, 2]
+    assert net.units[-1].in_shape == (7, 7, 2048) and net.classes == 1000
+    stores = net.plan(batch=256, bits="4").bytes_by_category()["activation stores"]  # planned, not allocated
+    assert stores == sum(256 * h * w * c // 2 for h, w, c in inputs)
+
+
+def test_resnet101_keeps_its_cifar_meaning_and_misused_names_are_refused():
+    cifar, ours = models.by_name("resnet101"), models.by_name("resnet101", imagenet=True)
+    assert (cifar.input_shape, cifar.units[0].conv.kh, cifar.classes) == ((32, 32, 3), 3, 10)
+    assert (ours.input_shape, ours.units[0].conv.kh, ours.classes) == ((224, 224, 3), 7, 1000)
+    with pytest.raises(ValueError, match="needs ImageNet data, --data imagenet"):
+        models.by_name("resnet152")
+    with pytest.raises(ValueError, match="not an ImageNet ResNet: on ImageNet use resnet50, resnet101, resnet152"):
+        models.by_name("resnet164", imagenet=True)
+
+
+def test_a_tiny_imagenet_resnet_matches_finite_differences_in_float64(rng):
+    """The ImageNet builder's path (7x7/2 stem, max pool, projections, identity blocks) at 16x16."""
+    net = models.bottleneck_resnet((2, 1), (4, 8), stem=4, input_shape=(16, 16, 3), classes=3, dtype=np.float64)
+    net.compile(batch=2, bits="exact", seed=5, input_grad=True)
+    x, y = device(rng.standard_normal((2, 16, 16, 3))), rng.integers(0, 3, 2)
+    net.forward(x, y)
+    net.backward()
+    loss = lambda: net.forward(x, y)[0]  # noqa: E731
+    h = 1e-5
+    for name, analytic in list(net.grad_views.items()) + [("input", net.arena["input_grad"])]:
+        values = net.param_views[name] if name != "input" else x
+        flat, picks = values.reshape(-1), rng.choice(values.size, min(values.size, 8), replace=False)
+        numeric = []
+        for i in picks:
+            old = float(flat[i])
+            flat[i] = old + h
+            plus = loss()
+            flat[i] = old - h
+            numeric.append((plus - loss()) / (2 * h))
+            flat[i] = old
+        analytic = host(analytic).reshape(-1)[picks]  # (some are 0: a shift the next BN takes out again)
+        assert relative_error(analytic, numeric) < 1e-6 or np.abs(analytic - numeric).max() < 1e-9, name
+
+
+def test_the_plan_command_gives_the_imagenet_resnets(capsys):
+    assert plan.main(["--model", "resnet152", "--data", "imagenet", "--batch", "256", "--bits", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "resnet152 on imagenet (152 units, 60,185,128 parameters), batch 256, bits 4" in out
+    assert plan.main(["--data", "imagenet", "--batch", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "resnet152"  # the default model on imagenet
+    assert plan.main(["--model", "resnet164", "--data", "imagenet"]) == 2
+    assert "not an ImageNet ResNet" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the listing
+
+def test_the_listing_gives_sorted_classes_and_leaves_out_other_files(tree, capsys):
+    (tree / "train" / "n00000001" / "notes.txt").write_text("not an image")
+    (tree / "train" / ".cache").mkdir()
+    train_split, val = imagenet.load_folders(tree)
+    assert train_split.class_names == val.class_names == tuple(f"n{i:08d}" for i in range(4))
+    assert (len(train_split), len(val), train_split.classes) == (48, 16, 4)
+    for folder in (train_split, val):
+        folders = [f.decode().split("/")[0] for f in folder.files]
+        assert folders == [folder.class_names[label] for label in folder.labels]
+    assert "left out 1 files that are not images by name (n00000001/notes.txt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage,error,match", [
+    (lambda t: t / "nothing", FileNotFoundError, "no ImageNet folder"),
+    (lambda t: (os.rename(t / "val", t / "valid"), t)[1], FileNotFoundError, "no val/ folder"),
+    (lambda t: ((t / "val" / "n99999999").mkdir(), t)[1], ValueError, "is not one of the 4 classes of train/"),
+    (lambda t: ((t / "train" / "n99999999").mkdir(), t)[1], ValueError, "n99999999 holds no images"),
+])
+def test_a_broken_layout_is_a_clear_error(tree, damage, error, match):
+    with pytest.raises(error, match=match):
+        imagenet.load_folders(damage(tree))
+
+
+# ----------------------------------------------------------------------------- decoding
+
+def test_the_training_crop_is_the_drawn_box_resized_then_maybe_flipped(tmp_path):
+    path = tmp_path / "a.png"  # lossless and small: no DCT-scaled decoding, exact comparison
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (60, 90, 3), dtype=np.uint8)).save(path)
+    flips = 0
+    for position in range(40):
+        rng = np.random.default_rng((7, 1, 3, position))
+        box = imagenet.crop_box(90, 60, rng)
+        flip = rng.random() < 0.5
+        expected = Image.open(path).convert("RGB").resize((32, 32), Image.Resampling.BILINEAR, box=box)
+        expected = np.asarray(expected.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if flip else expected)
+        assert np.array_equal(imagenet.decode(path, 32, (7, 3, position)), expected)
+        flips += flip
+    assert 8 <= flips <= 32
+
+
+def test_random_resized_crops_keep_to_the_area_and_aspect_ranges():
+    rng = np.random.default_rng(0)
+    for width, height in ((500, 375), (90, 40), (40, 90)):
+        for _ in range(500):
+            left, top, right, bottom = imagenet.crop_box(width, height, rng)
+            assert 0 <= left < right <= width and 0 <= top < bottom <= height
+            w, h = right - left, bottom - top  # (up to the rounding of w and h)
+            assert 0.07 <= w * h / (width * height) <= 1 and abs(np.log(w / h)) <= np.log(4 / 3) + 1 / min(w, h)
+    assert imagenet.crop_box(1000, 10, rng) == (493, 0, 506, 10)  # no try fits: the central 4:3 crop
+
+
+def torchvision_center_crop(image, size):
+    """Resize(round(size*256/224)) then CenterCrop(size), in torchvision's integer arithmetic, with Pillow."""
+    short = round(size * 256 / 224)
+    width, height = image.size
+    resized = image.resize((short, int(short * height / width)) if width <= height else
+                           (int(short * width / height), short), Image.Resampling.BILINEAR)
+    left, top = round((resized.width - size) / 2), round((resized.height - size) / 2)
+    return np.asarray(resized.crop((left, top, left + size, top + size)), np.float64)
+
+
+def test_evaluation_crops_are_torchvisions_and_draft_decoding_matches_full_decoding(tmp_path):
+    rng = np.random.default_rng(2)
+    coarse = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
+    for width, height in ((640, 480), (300, 451)):
+        picture = Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)
+        picture.save(tmp_path / "a.png")
+        picture.save(tmp_path / "a.JPEG", quality=95)
+        expected = torchvision_center_crop(picture, 64)
+        assert np.abs(imagenet.decode(tmp_path / "a.png", 64, None) - expected).max() <= 1  # lossless, full size
+        full = torchvision_center_crop(Image.open(tmp_path / "a.JPEG").convert("RGB"), 64)
+        drafted = imagenet.decode(tmp_path / "a.JPEG", 64, None)  # decoded at 1/4 scale (Image.draft)
+        assert np.abs(drafted - full).mean() < 1.0
+
+
+def test_an_undecodable_file_is_named(tree):
+    bad = tree / "train" / "n00000002" / "n00000002_5.JPEG"
+    bad.write_bytes(b"not a JPEG at all")
+    train_split, val = imagenet.load_folders(tree)
+    with imagenet.Batches(train_split, batch=48, size=32, workers=2) as batches:
+        with pytest.raises(ValueError, match=f"{bad}: cannot decode it as an image"):
+            batches.next()
+    (tree / "val" / "n00000000" / "n00000000_1.JPEG").write_bytes(b"")
+    with pytest.raises(ValueError, match="n00000000_1.JPEG: cannot decode it as an image"):
+        list(imagenet.evaluation_batches(val, batch=4, size=32, workers=1))
+
+
+# ----------------------------------------------------------------------------- batches
+
+def normalised(pixels):
+    return (pixels / np.float32(255) - np.array(imagenet.MEAN, np.float32)) / np.array(imagenet.STD, np.float32)
+
+
+def test_batches_are_the_decoded_crops_normalised_and_labelled(tree):
+    train_split, _ = imagenet.load_folders(tree)
+    with imagenet.Batches(train_split, batch=8, size=32, seed=3, workers=2) as batches:
+        for _ in range(7):  # into the second epoch (6 batches an epoch)
+            images, labels = batches.next()
+            positions = range(batches.position - 8, batches.position)
+            files = train_split.files[batches.order[list(positions)]]
+            assert np.array_equal(labels, train_split.labels[batches.order[list(positions)]])
+            expected = np.stack([imagenet.decode(tree / "train" / f.decode(), 32, (3, batches.epoch, p))
+                                 for f, p in zip(files, positions)])
+            assert images.shape == (8, 32, 32, 3) and images.dtype == np.float32
+            assert np.allclose(host(images), normalised(expected), atol=1e-5)
+        assert batches.epoch == 1 and not np.array_equal(batches.order, imagenet.epoch_order(3, 0, 48))
+    means = [np.asarray(Image.open(tree / "train" / f.decode())).mean(axis=(0, 1)) for f in train_split.files]
+    assert all(np.abs(m - COLORS[label]).max() < 20 for m, label in zip(means, train_split.labels))
+
+
+def test_the_stream_resumes_from_a_checkpoint_whatever_the_workers(tree, tmp_path):
+    train_split, _ = imagenet.load_folders(tree)
+    with imagenet.Batches(train_split, batch=10, size=32, seed=1, workers=2) as straight:
+        taken = [straight.next() for _ in range(3)]
+        state = straight.state()
+        rest = [straight.next() for _ in range(5)]  # 4 batches an epoch: across the epoch's end
+    net = models.preact_resnet(11, input_shape=(8, 8, 3), classes=4).compile(batch=2, bits="4")
+    checkpoint.save(tmp_path / "c.h5", net, iteration=3, config={}, data_state=state)  # the fields it checks
+    saved = checkpoint.load(tmp_path / "c.h5").data_state
+    with imagenet.Batches(train_split, batch=10, size=32, seed=1, workers=1) as resumed:
+        resumed.next()  # batches decoded ahead of the restored position are dropped
+        resumed.restore(saved)
+        again = [resumed.next() for _ in range(5)]
+    assert len(taken) == 3 and resumed.epoch == 1
+    for (a, la), (b, lb) in zip(rest, again):
+        assert np.array_equal(host(a), host(b)) and np.array_equal(la, lb)
+
+
+def test_restore_refuses_another_listing_seed_or_reader(tree):
+    train_split, _ = imagenet.load_folders(tree)
+    state = imagenet.Batches(train_split, batch=8, seed=0, workers=1).state()
+    with pytest.raises(ValueError, match="another seed"):
+        imagenet.Batches(train_split, batch=8, seed=1, workers=1).restore(state)
+    hdf5_state = dict(state, rng=json.dumps(np.random.default_rng(0).bit_generator.state))
+    with pytest.raises(ValueError, match="not an ImageNet reader's"):
+        imagenet.Batches(train_split, batch=8, seed=0, workers=1).restore(hdf5_state)
+    os.rename(tree / "train" / "n00000000" / "n00000000_0.JPEG", tree / "train" / "n00000000" / "renamed.JPEG")
+    moved, _ = imagenet.load_folders(tree)
+    with pytest.raises(ValueError, match="images were added, removed or renamed"):
+        imagenet.Batches(moved, batch=8, seed=0, workers=1).restore(state)
+
+
+def test_evaluation_batches_cover_the_split_in_order(tree):
+    _, val = imagenet.load_folders(tree)
+    got = list(imagenet.evaluation_batches(val, batch=6, size=32, workers=2))
+    assert [len(labels) for _, labels in got] == [6, 6, 4]
+    assert np.array_equal(np.concatenate([labels for _, labels in got]), val.labels)
+    expected = np.stack([imagenet.decode(tree / "val" / f.decode(), 32, None) for f in val.files])
+    assert np.allclose(np.concatenate([host(images) for images, _ in got]), normalised(expected), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the worker processes
+
+def running(pid):
+    """True while pid is a live process (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def wait_gone(pids, seconds=10):
+    deadline = time.time() + seconds
+    while time.time() < deadline and any(running(p) for p in pids):
+        time.sleep(0.05)
+    return not any(running(p) for p in pids)
+
+
+READER_SCRIPT = """
+import sys, time
+sys.path.insert(0, {root!r})
+from minibp import imagenet
+train_split, _ = imagenet.load_folders(sys.argv[1])
+batches = imagenet.Batches(train_split, batch=4, size=32, workers=2)
+batches.next()
+print(*[p.pid for p in batches._pool.processes], flush=True)
+sys.stdin.readline()  # the test has seen them running
+if sys.argv[2] == "close":
+    batches.close()
+    print("closed", flush=True)
+elif sys.argv[2] == "exit":
+    sys.exit(0)
+elif sys.argv[2] == "error":
+    raise RuntimeError("a failure in the trainer")
+time.sleep(60)  # for the signal the test sends
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "exit", "error", "ctrl-c", "sigkill"])
+def test_workers_stop_with_the_reader_however_it_ends(tree, how):
+    process = subprocess.Popen([sys.executable, "-c", READER_SCRIPT.format(root=str(ROOT)), str(tree), how],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               start_new_session=True)
+    try:
+        workers = [int(p) for p in process.stdout.readline().split()]
+        assert len(workers) == 2 and all(running(p) for p in workers)
+        process.stdin.write("go\n")
+        process.stdin.flush()
+        if how == "close":
+            assert process.stdout.readline() == "closed\n" and wait_gone(workers)
+            assert process.poll() is None  # the reader stopped its workers; the program goes on
+        elif how == "ctrl-c":
+            os.killpg(process.pid, signal.SIGINT)  # as a terminal does: the whole foreground group
+        elif how == "sigkill":
+            process.kill()  # no handler runs: the workers see their input end
+        process.wait(timeout=20) if how != "close" else None
+        assert wait_gone(workers), f"workers left running after {how}"
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_dead_worker_is_an_error(tree):
+    train_split, _ = imagenet.load_folders(tree)
+    with imagenet.Batches(train_split, batch=4, size=32, workers=2) as batches:
+        batches.next()
+        batches._pool.processes[1].kill()
+        with pytest.raises(ChildProcessError, match=r"image-decoding worker \(pid \d+\) stopped, exit code -9"):
+            for _ in range(6):  # (what it wrote before it died is still read)
+                batches.next()
+
+
+# ----------------------------------------------------------------------------- the trainer
+
+def test_imagenet_defaults_are_the_papers_setting():
+    argv = ["--data", "imagenet", "--batch", "32"]
+    args = train.apply_data_defaults(train.build_parser().parse_args(argv), train.given_options(argv))
+    assert (args.model, args.batch, args.iters, args.lr_schedule, args.weight_decay, args.image_size, args.data_dir) \
+        == ("resnet152", 32, 640000, "0:0.1,160000:0.01,320000:0.001,480000:0.0001", 1e-4, 224, "data/imagenet")
+    cifar = train.apply_data_defaults(train.build_parser().parse_args([]), {})
+    assert (cifar.model, cifar.batch, cifar.iters, cifar.image_size) == ("resnet164", 128, 64000, None)
+
+
+def imagenet_args(tree, out, **overrides):
+    options = dict(data="imagenet", data_dir=str(tree), model="resnet50", image_size=32, batch=8, iters=2,
+                   lr_schedule="0:0.01", log_every=1, val_every=2, checkpoint_every=2, workers=2, out=str(out))
+    options.update(overrides)
+    return [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
+
+
+def read_metrics(run):
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_resnet50_trains_on_the_tree_at_32_pixels(tree, tmp_path, capsys):
+    assert train.main(imagenet_args(tree, tmp_path / "run")) == 0
+    records = read_metrics(tmp_path / "run")
+    assert [r["kind"] for r in records] == ["train", "train", "val"]
+    assert all(np.isfinite(r["loss"]) for r in records)
+    assert "resnet50 (50 units, 23,508,548 parameters) on imagenet (48 training images)" in capsys.readouterr().out
+    config = checkpoint.load(tmp_path / "run" / "checkpoint.h5").config
+    assert (config["data"], config["image_size"], config["weight_decay"]) == ("imagenet", 32, 1e-4)
+
+
+@pytest.fixture
+def tiny_family(monkeypatch):
+    """'resnet50' shrunk to one block a stage and widths of 8: the same builder, seconds to train."""
+    monkeypatch.setattr(models, "IMAGENET_BLOCKS", {50: (1, 1, 1, 1)})
+    monkeypatch.setattr(models, "IMAGENET_WIDTHS", (8, 8, 8, 8))
+
+
+def test_an_imagenet_run_learns_resumes_bit_identically_and_evaluates(tree, tmp_path, tiny_family, capsys):
+    common = dict(iters=24, lr_schedule="0:0.05", log_every=6, val_every=24, checkpoint_every=12)
+    assert train.main(imagenet_args(tree, tmp_path / "straight", **common)) == 0
+    assert train.main(imagenet_args(tree, tmp_path / "resumed", **dict(common, iters=12))) == 0
+    assert train.main(["--out", str(tmp_path / "resumed"), "--resume", "--iters", "24", "--workers", "1"]) == 0
+    a, b = (checkpoint.load(tmp_path / run / "checkpoint.h5") for run in ("straight", "resumed"))
+    assert a.iteration == b.iteration == 24 and all(np.array_equal(a.state[k], b.state[k]) for k in a.state)
+    validation = [r for r in read_metrics(tmp_path / "straight") if r["kind"] == "val"]
+    assert validation[-1]["accuracy"] >= 0.75  # each class has its colour: chance is 0.25
+    capsys.readouterr()
+    assert evaluate.main([str(tmp_path / "straight"), "--json", "--workers", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["accuracy"] == validation[-1]["accuracy"]
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (dict(model="resnet164"), "not an ImageNet ResNet"),
+    (dict(data="cifar10", model="resnet50"), "needs ImageNet data, --data imagenet"),
+    (dict(image_size=40), "multiple of 32"),
+    (dict(data="cifar10", model="resnet11"), "--image-size applies to --data imagenet only"),
+    (dict(workers=0), "--workers must be positive"),
+    (dict(batch=64), "batch 64 must be between 1 and the 48 images"),
+])
+def test_bad_imagenet_options_are_clear_errors(tree, tmp_path, capsys, overrides, match):
+    assert train.main(imagenet_args(tree, tmp_path / "run", **overrides)) == 2
+    assert match in capsys.readouterr().err
+
+
+def test_ctrl_c_saves_and_leaves_no_worker_running(tree, tmp_path):
+    run = tmp_path / "run"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from minibp import models, train; "
+            "models.IMAGENET_BLOCKS = {50: (1, 1, 1, 1)}; models.IMAGENET_WIDTHS = (8, 8, 8, 8); "
+            "sys.exit(train.main(sys.argv[1:]))")
+    argv = imagenet_args(tree, run, iters=100000, val_every=100000, checkpoint_every=100000)
+    process = subprocess.Popen([sys.executable, "-c", code] + argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, start_new_session=True)
+    deadline, workers = time.time() + 60, []
+    while time.time() < deadline and not ((run / "metrics.jsonl").exists() and
+                                          (run / "metrics.jsonl").read_text().count("\n") >= 2):
+        time.sleep(0.1)
+    for pid in os.listdir("/proc"):  # the trainer's decoding processes
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            if f"PPid:\t{process.pid}\n" in status and "import serve" in Path(f"/proc/{pid}/cmdline").read_text():
+                workers.append(int(pid))
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            pass
+    os.killpg(process.pid, signal.SIGINT)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, output
+    assert len(workers) == 2 and wait_gone(workers)
+    assert checkpoint.load(run / "checkpoint.h5").iteration >= 2
+
+
+def test_the_reader_bench_runs(tmp_path):
+    done = subprocess.run([sys.executable, "bench/reader.py", "--images", "12", "--batch", "4", "--size", "32",
+                           "--workers", "1", "--tree", str(tmp_path / "tree")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "train, 1 worker" in done.stdout and "images/s" in done.stdout
