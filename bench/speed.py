@@ -6,7 +6,9 @@
 Every mode gets its own compiled net (same weights); after one warm-up iteration each, the modes
 alternate round by round, so drift of the machine touches them alike. Prints the median, min and max
 of each, the ratio of each median to exact's, and the convolution work's GFLOP/s (forward, data and
-weight gradients: 3x the forward multiply-adds x 2) beside a float32 GEMM measured here and now.
+weight gradients: 3x the forward multiply-adds x 2) beside a float32 GEMM measured here and now: per
+iteration ("a step"), and per second spent inside the convolutions ("in convs", timed in one more
+iteration with every conv layer's forward and backward wrapped).
 """
 import argparse
 import statistics
@@ -35,11 +37,39 @@ def gemm_gflops(size=2048, repeats=5):
     return 2 * size**3 / best / 1e9
 
 
+def conv_layers(net):
+    """Every Conv2D of the net: each unit's conv (the classifier's FC too) and projection."""
+    return [layer for u in net.units for layer in (u.conv, u.projection) if layer is not None]
+
+
 def conv_flops(net, batch):
     """Multiply-adds x 2 of every conv and FC, forward + data gradient + weight gradient."""
-    per_image = sum(u.conv.flops_per_image + (u.projection.flops_per_image if u.projection else 0)
-                    for u in net.units)
-    return 3 * per_image * batch
+    return 3 * batch * sum(layer.flops_per_image for layer in conv_layers(net))
+
+
+def conv_seconds(net, iteration):
+    """Seconds spent inside the net's conv layers (forward and backward) during iteration(): each is
+    wrapped with a timer (and a device synchronisation) for that one call, then unwrapped."""
+    spent = [0.0]
+
+    def timed(method):
+        def call(*args, **kwargs):
+            backend.synchronize()
+            start = time.perf_counter()
+            method(*args, **kwargs)
+            backend.synchronize()
+            spent[0] += time.perf_counter() - start
+        return call
+
+    layers = conv_layers(net)
+    for layer in layers:
+        layer.forward, layer.backward = timed(layer.forward), timed(layer.backward)
+    try:
+        iteration()
+    finally:
+        for layer in layers:
+            del layer.forward, layer.backward  # back to the class's methods
+    return spent[0]
 
 
 def main(argv=None):
@@ -82,13 +112,16 @@ def main(argv=None):
             times[mode].append(iteration(mode))
         print(f"  round {round_ + 1}: " + "  ".join(f"{m} {times[m][-1]:.3f}s" for m in modes), flush=True)
     flops = conv_flops(nets[modes[0]], args.batch)
+    in_convs = {mode: conv_seconds(nets[mode], lambda: iteration(mode)) for mode in modes}
     peak = gemm_gflops()
     base = statistics.median(times[modes[0]])
-    print(f"\n{'mode':>6}  {'median s':>8}  {'min':>7}  {'max':>7}  {'vs ' + modes[0]:>9}  {'conv GFLOP/s':>12}")
+    print(f"\n{'mode':>6}  {'median s':>8}  {'min':>7}  {'max':>7}  {'vs ' + modes[0]:>9}  {'conv s':>7}  "
+          f"{'conv GFLOP/s: a step':>20}  {'in convs':>8}  {'% of GEMM':>9}")
     for mode in modes:
         median = statistics.median(times[mode])
+        rate = flops / in_convs[mode] / 1e9
         print(f"{mode:>6}  {median:8.3f}  {min(times[mode]):7.3f}  {max(times[mode]):7.3f}  {median / base:9.3f}  "
-              f"{flops / median / 1e9:12.1f}")
+              f"{in_convs[mode]:7.3f}  {flops / median / 1e9:20.1f}  {rate:8.1f}  {100 * rate / peak:8.0f}%")
     print(f"convolution work {flops / 1e9:.1f} GFLOP an iteration; float32 GEMM here: {peak:.1f} GFLOP/s")
     return 0
 

@@ -4,8 +4,9 @@ Layers hold no activations. Each backward takes, as arguments, exactly the forwa
 reads (its input x, or the unit's store), so what must be kept is visible in one place: the unit
 in net.py, which keeps a k-bit (or exact) store per unit and nothing else of size.
 
-    Conv2D                  any kernel size and stride, padding "same" or "valid"; a 1x1 conv is one
-                            GEMM of the (N*H*W, C) matrix, a k x k conv im2col + GEMM
+    Conv2D                  any kernel size and stride, padding "same" or "valid": direct kernels on the
+                            CPU (float32, AVX-512); else a 1x1 conv is one GEMM of the (N*H*W, C)
+                            matrix, a k x k conv im2col + GEMM
     batchnorm_relu_*        batch-statistics BN, gamma/beta and ReLU of one unit, fused with its store
     MaxPool, AvgPool, GlobalAvgPool
     ParameterFreeShortcut   the reference's residual shortcut: average-pool by the stride, zero-pad channels
@@ -19,7 +20,7 @@ import numpy as np
 from . import backend, kernels
 
 GAMMA_MIN = 1e-8         # gamma is clamped to at least this (docs/method.md, "The unit")
-ROWS_PER_CHUNK = 16      # rows a thread sums in the per-channel reductions; chunks are then summed by xp
+ROWS_PER_CHUNK = 16      # rows a reduction sums in order into one row of partial sums, which xp adds up
 
 
 def _k(filename, dtype):
@@ -41,11 +42,58 @@ def conv_output_size(size, kernel, stride, padding):
 
 # ----------------------------------------------------------------------------- convolution
 
+COL_ELEMENTS = 1 << 20         # CPU: values a chunk of the im2col matrix holds (4 MiB of float32, cache-sized)
+GRAD_CHUNK_ELEMENTS = 1 << 18  # CPU: values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
+DIRECT_PIXELS, DIRECT_LANES = 8, 16  # conv.cu: a conv_direct tile's pixels, a conv_weight_grad block's channels
+
+
+def _cpu_has_avx512():
+    """True when /proc/cpuinfo lists avx512f (its first processor's flags line)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+# conv.cu's direct kernels run the CPU's float32 convolutions where the CPU has AVX-512 (elsewhere their
+# plain loops are slower than im2col + BLAS). Tests and benchmarks set it to False to compare the paths.
+DIRECT_CONV = _cpu_has_avx512()
+
+
+def _add_weight_grad(dw, dy2, cols):
+    """dw (Cout, ...) += dy2^T @ cols, computed as the GEMM whose output has the longer side as rows (OpenBLAS
+    runs these thin products up to 2x faster so)."""
+    dw2 = dw.reshape(dy2.shape[1], cols.shape[1])
+    if cols.shape[1] > dy2.shape[1]:
+        dw2 += (cols.T @ dy2).T
+    else:
+        dw2 += dy2.T @ cols
+
+
+def _tasks(count):
+    """A launch of count one-thread blocks (a grid-stride loop takes any beyond 2^31 - 1): the CPU shim hands
+    whole blocks to its threads, so even a few tasks use every core. (Only the CPU runs the direct kernels.)"""
+    return dict(grid=(min(count, 2**31 - 1),), block=(1,))
+
+
 class Conv2D:
     """y = conv(x, w) [+ bias]: x (N, H, W, Cin), w (Cout, kh, kw, Cin), y (N, Ho, Wo, Cout).
 
     Weights are (Cout, kh, kw, Cin), cuDNN's filter layout for NHWC data ("KRSC"), so the same buffer
     serves both paths; as a GEMM operand it is the (Cout, kh*kw*Cin) matrix w2, used transposed.
+
+    How it is computed (the results agree to float32 rounding):
+      direct   CPU, float32, DIRECT_CONV (AVX-512): conv.cu's conv_direct and conv_weight_grad read x and
+               dy in place (the data gradient is conv_direct of dy, dilated by the stride, with the flipped
+               kernel). No BLAS: OpenBLAS's threads spin for a while after each GEMM and take the cores
+               from the OpenMP kernels that run between (measured 2x slower kernels after a GEMM, 2 cores).
+      GEMM     an unstrided 1x1 conv otherwise: x itself is the GEMM operand.
+      im2col   the rest: im2col + GEMM, col2im for the data gradient, a chunk of images at a time in the
+               workspace: the whole batch on the GPU (one GEMM, as cuBLAS likes it), COL_ELEMENTS on the CPU.
     """
 
     def __init__(self, in_shape, channels, *, kernel=3, stride=1, padding="same", bias=False):
@@ -72,13 +120,41 @@ class Conv2D:
         """Multiply-adds x 2 of the forward pass for one image."""
         return 2 * self.Ho * self.Wo * self.cout * self.kh * self.kw * self.cin
 
+    def _direct(self, dtype):
+        """True when conv.cu's direct kernels compute this conv and its gradients."""
+        return DIRECT_CONV and backend.device == "cpu" and dtype == np.float32
+
+    def _images_per_chunk(self, n):
+        """Images an im2col chunk holds: all n on the GPU, as many as fill COL_ELEMENTS (at least 1) on the CPU."""
+        if backend.device == "gpu":
+            return n
+        return max(1, min(n, COL_ELEMENTS // (self.Ho * self.Wo * self.kh * self.kw * self.cin)))
+
+    def _grad_chunks(self, n):
+        """(chunks, images a chunk) of the direct weight gradient: chunks of GRAD_CHUNK_ELEMENTS of x and dy."""
+        per_image = self.H * self.W * self.cin + self.Ho * self.Wo * self.cout
+        chunks = -(-n // max(1, GRAD_CHUNK_ELEMENTS // per_image))
+        images = -(-n // chunks)
+        return -(-n // images), images
+
     def workspace_shape(self, batch, *, accumulate_dx=False):
-        """(rows, cols) of the im2col buffer this conv needs. An unstrided 1x1 conv reads x in place and
-        needs none, unless its data gradient is added into another (accumulate_dx): then the product
-        goes through the workspace first."""
-        if self.is_pointwise and self.stride == 1:
-            return (batch * self.H * self.W, self.cin) if accumulate_dx else (0, 0)
-        return (batch * self.Ho * self.Wo, self.kh * self.kw * self.cin)
+        """(rows, cols) of the workspace col this conv needs: one chunk of the im2col matrix and, on the
+        CPU, the direct weight gradient's partial sums (Cout rows a chunk of images). An unstrided 1x1 conv
+        reads x in place and needs no im2col chunk, unless its data gradient is added into another
+        (accumulate_dx) on the GEMM path: then the product goes through the workspace first."""
+        im2col = not (self.is_pointwise and self.stride == 1) or accumulate_dx
+        rows = self._images_per_chunk(batch) * self.Ho * self.Wo if im2col else 0
+        if backend.device == "cpu":
+            rows = max(rows, self._grad_chunks(batch)[0] * self.cout)
+        return (rows, self.kh * self.kw * self.cin) if rows else (0, 0)
+
+    def _workspace(self, col, shape):
+        """The first prod(shape) values of col, as that shape."""
+        size = int(np.prod(shape))
+        if col is None or col.size < size:
+            raise ValueError(f"the conv workspace col holds {0 if col is None else col.size} values, this "
+                             f"{self.kh}x{self.kw} conv needs {size}: size it by workspace_shape(batch)")
+        return col.reshape(-1)[:size].reshape(shape)
 
     def _geometry(self, n):
         """The im2col/col2im kernels' shape arguments, by name."""
@@ -86,59 +162,127 @@ class Conv2D:
                     pad_top=self.pad_top, pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
 
     def _columns(self, x, col):
-        """The (N*Ho*Wo, kh*kw*Cin) matrix the GEMM reads: x itself, a subsampled copy, or im2col."""
+        """The (n*Ho*Wo, kh*kw*Cin) matrix the GEMM reads for the n images of x: x itself, a subsampled
+        copy, or im2col."""
         n = x.shape[0]
         rows, cols = n * self.Ho * self.Wo, self.kh * self.kw * self.cin
         if self.is_pointwise and self.stride == 1:
             return x.reshape(rows, cols)
-        out = col.reshape(-1)[: rows * cols].reshape(rows, cols)
+        out = self._workspace(col, (rows, cols))
         if self.is_pointwise:  # strided 1x1: subsample
             backend.xp.copyto(out.reshape(n, self.Ho, self.Wo, self.cin), x[:, ::self.stride, ::self.stride, :])
         else:
             _k("conv.cu", x.dtype).im2col(**self._geometry(n), x=x, col=out, threads=rows * self.kh * self.kw)
         return out
 
+    def _add_columns(self, dcol, dx, *, accumulate):
+        """dx = (or += with accumulate) the adjoint of _columns applied to dcol, for the images of dx."""
+        n = dx.shape[0]
+        if self.is_pointwise and self.stride == 1:
+            if accumulate:
+                dx += dcol.reshape(dx.shape)
+            else:
+                backend.xp.copyto(dx, dcol.reshape(dx.shape))
+        elif self.is_pointwise:  # strided 1x1: the subsampled positions get the gradient, the rest 0
+            if not accumulate:
+                dx[...] = 0
+            dx[:, ::self.stride, ::self.stride, :] += dcol.reshape(n, self.Ho, self.Wo, self.cin)
+        else:
+            _k("conv.cu", dx.dtype).col2im(**self._geometry(n), accumulate=accumulate, col=dcol, dx=dx,
+                                           threads=n * self.H * self.W)
+
+    def _chunks(self, n):
+        """(first, end) images of each im2col chunk."""
+        step = self._images_per_chunk(n)
+        return [(first, min(n, first + step)) for first in range(0, n, step)]
+
+    def _conv_direct(self, x, wt, y, *, accumulate, transposed=False):
+        """y = (or +=) the direct convolution of x with wt (kh, kw, in channels, out channels). transposed:
+        the data gradient, x = dy and y = dx: the stride-1 convolution of dy dilated by the stride (zeros
+        between its pixels) with the flipped kernel, whose padding is the rest of the window."""
+        if transposed:
+            shape = dict(H=self.Ho, W=self.Wo, C=self.cout, stride=1, dilation=self.stride,
+                         pad_top=self.kh - 1 - self.pad_top, pad_left=self.kw - 1 - self.pad_left, Ho=self.H,
+                         Wo=self.W, Cout=self.cin)
+        else:
+            shape = dict(H=self.H, W=self.W, C=self.cin, stride=self.stride, dilation=1, pad_top=self.pad_top,
+                         pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo, Cout=self.cout)
+        n = x.shape[0]
+        tile_channels = 2 * DIRECT_LANES if shape["Cout"] >= 2 * DIRECT_LANES else DIRECT_LANES
+        tiles = n * shape["Ho"] * -(-shape["Wo"] // DIRECT_PIXELS) * -(-shape["Cout"] // tile_channels)
+        _k("conv.cu", x.dtype).conv_direct(N=n, kh=self.kh, kw=self.kw, **shape, tile_channels=tile_channels,
+                                           accumulate=accumulate, x=x, wt=wt, y=y, **_tasks(tiles))
+
+    def _direct_weight_grad(self, x, dy, dw, col):
+        """dw += dL/dw by conv_weight_grad: partial sums over chunks of images (in col, L2-sized chunks),
+        then their sum."""
+        n = x.shape[0]
+        chunks, images = self._grad_chunks(n)
+        partial = self._workspace(col, (chunks, self.kh * self.kw * self.cin, self.cout))
+        tasks = chunks * self.kh * self.kw * -(-self.cin // DIRECT_LANES) * -(-self.cout // DIRECT_LANES)
+        _k("conv.cu", x.dtype).conv_weight_grad(**self._geometry(n), Cout=self.cout, images_per_chunk=images, x=x,
+                                                dy=dy, partial=partial, **_tasks(tasks))
+        dw += partial.sum(axis=0).T.reshape(dw.shape)
+
     def forward(self, x, w, bias, y, *, col):
-        """y (N, Ho, Wo, Cout) = conv(x (N, H, W, Cin)); col is the im2col workspace."""
+        """y (N, Ho, Wo, Cout) = conv(x (N, H, W, Cin)); col is the workspace (workspace_shape)."""
+        xp = backend.xp
         n = x.shape[0]
         if self.engine is not None and n == self.engine.batch:
             self.engine.forward(x, w, y)
             return
         y2 = y.reshape(n * self.Ho * self.Wo, self.cout)
-        backend.xp.matmul(self._columns(x, col), w.reshape(self.cout, -1).T, out=y2)
+        w2 = w.reshape(self.cout, -1)
+        if self._direct(x.dtype):
+            self._conv_direct(x, xp.ascontiguousarray(w2.T), y, accumulate=False)
+        elif self.is_pointwise and self.stride == 1:
+            xp.matmul(x.reshape(-1, self.cin), w2.T, out=y2)
+        else:
+            pixels = self.Ho * self.Wo
+            for first, end in self._chunks(n):
+                xp.matmul(self._columns(x[first:end], col), w2.T, out=y2[first * pixels:end * pixels])
         if self.has_bias:
             y2 += bias
 
     def backward(self, x, w, dy, *, dw, dbias=None, dx=None, accumulate_dx=False, col):
         """dw += dL/dw (and dbias); dx = dL/dx (+= with accumulate_dx) if dx is given. Reads x, the
-        forward input. The weight gradient is taken first: the data gradient reuses col."""
+        forward input. What the direct kernels or a plain GEMM do not cover goes through im2col chunks:
+        in each, the weight gradient first, then the data gradient in the same workspace."""
         xp = backend.xp
         n = x.shape[0]
         if self.engine is not None and n == self.engine.batch and not accumulate_dx:
             self.engine.backward(x, w, dy, dw=dw, dx=dx)
             return
-        dy2 = dy.reshape(n * self.Ho * self.Wo, self.cout)
-        dw += (dy2.T @ self._columns(x, col)).reshape(dw.shape)  # (Cout, kh*kw*Cin): weight-sized
+        pixels = self.Ho * self.Wo
+        dy2 = dy.reshape(n * pixels, self.cout)
+        w2 = w.reshape(self.cout, -1)  # (Cout, kh*kw*Cin)
         if self.has_bias:
             dbias += dy2.sum(axis=0)
-        if dx is None:
+        pointwise = self.is_pointwise and self.stride == 1
+        dw_left = True
+        if self._direct(x.dtype):
+            self._direct_weight_grad(x, dy, dw, col)
+            dw_left = False
+        elif pointwise:
+            _add_weight_grad(dw, dy2, x.reshape(n * pixels, self.cin))
+            dw_left = False
+        if dx is not None and self._direct(x.dtype):
+            flipped = xp.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3))  # (kh, kw, Cout, Cin)
+            self._conv_direct(dy, flipped, dx, accumulate=accumulate_dx, transposed=True)
+            dx = None
+        elif dx is not None and pointwise and not accumulate_dx:
+            xp.matmul(dy2, w2, out=dx.reshape(n * pixels, self.cin))
+            dx = None
+        if not dw_left and dx is None:
             return
-        w2 = w.reshape(self.cout, -1)  # (Cout, kh*kw*Cin)
-        rows = dy2.shape[0] if not (self.is_pointwise and self.stride == 1) else n * self.H * self.W
-        if self.is_pointwise and self.stride == 1 and not accumulate_dx:
-            xp.matmul(dy2, w2, out=dx.reshape(rows, self.cin))
-            return
-        dcol = col.reshape(-1)[: rows * w2.shape[1]].reshape(rows, w2.shape[1])
-        xp.matmul(dy2, w2, out=dcol)
-        if self.is_pointwise and self.stride == 1:
-            dx += dcol.reshape(dx.shape)
-        elif self.is_pointwise:  # strided 1x1: the subsampled positions get the gradient, the rest 0
-            if not accumulate_dx:
-                dx[...] = 0
-            dx[:, ::self.stride, ::self.stride, :] += dcol.reshape(n, self.Ho, self.Wo, self.cin)
-        else:
-            _k("conv.cu", x.dtype).col2im(**self._geometry(n), accumulate=accumulate_dx, col=dcol, dx=dx,
-                                          threads=n * self.H * self.W)
+        for first, end in self._chunks(n):
+            rows = slice(first * pixels, end * pixels)
+            if dw_left:
+                _add_weight_grad(dw, dy2[rows], self._columns(x[first:end], col))
+            if dx is not None:
+                dcol = self._workspace(col, (end * pixels - first * pixels, w2.shape[1]))
+                xp.matmul(dy2[rows], w2, out=dcol)
+                self._add_columns(dcol, dx[first:end], accumulate=accumulate_dx)
 
 
 def im2col_ref(x, kh, kw, stride, pad_top, pad_left, Ho, Wo):
@@ -164,28 +308,68 @@ def col2im_ref(col, x_shape, kh, kw, stride, pad_top, pad_left, Ho, Wo):
 # stats is a unit's (5, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma, and
 # the shift of channel c's k-bit code (kernels/bn.cu).
 # The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b.
+#
+# The kernels' layout (kernels/bn.cu): blocks walk rows in chunks, a block's threads walk a row's groups
+# (channels, or code bytes at k bits). _launch chooses the shape by device, here only.
+
+GPU_BLOCK = 256       # threads a GPU block: a row's groups (x) times row lanes (y)
+GPU_MAX_BLOCKS = 4096  # more rows than that covers: the lanes stride over them
+CPU_BLOCKS = 64        # one-thread blocks the CPU's OpenMP threads share: a contiguous run of rows each
+SHIFT_ROWS = 32        # rows, spread over the batch, whose mean is the statistics' shift
+
 
 def reduction_chunks(rows):
-    return -(-rows // ROWS_PER_CHUNK)
+    """The scratch `partial` of a reduction over `rows` rows holds reduction_chunks(rows) * C values per sum:
+    the backward sums chunks of ROWS_PER_CHUNK rows, the statistics (two sums at once) chunks twice as long,
+    their count rounded up to an even one so that both sums fit where one does."""
+    return 2 * -(-rows // (2 * ROWS_PER_CHUNK))
+
+
+def _launch(rows, C, *, bits=0, rows_per_chunk=None):
+    """dict(grid, block, rows_per_chunk) of a BN kernel over (rows, C) at `bits`, or a pooling kernel's over
+    (pixels, C) (bits = 0: its threads share channels); rows_per_chunk is given for a reduction (its chunks
+    of partial sums), else the device's choice."""
+    groups = C * bits // 8 if bits else C  # what a row's threads share: channels, or code bytes
+    if backend.device == "gpu":  # adjacent threads on adjacent addresses, several rows a block when rows are narrow
+        x = min(1 << (groups - 1).bit_length(), GPU_BLOCK)
+        per_chunk = rows_per_chunk or 1
+        lanes = -(-rows // per_chunk)
+        return dict(grid=(min(-(-lanes // (GPU_BLOCK // x)), GPU_MAX_BLOCKS),), block=(x, GPU_BLOCK // x),
+                    rows_per_chunk=per_chunk)
+    # one thread a block (its row loops vectorise), a contiguous run of rows each
+    per_chunk = rows_per_chunk or -(-rows // CPU_BLOCKS)
+    return dict(grid=(min(-(-rows // per_chunk), CPU_BLOCKS),), block=(1,), rows_per_chunk=per_chunk)
+
+
+def _chunk_sums(kernel, *, rows, C, rows_per_chunk, partial, out=None, **arguments):
+    """The (2, C) sums of a reduction kernel, which writes two sums per chunk of rows_per_chunk rows into
+    partial as (2, chunks, C) for xp to add up."""
+    chunks = -(-rows // rows_per_chunk)
+    if partial.size < 2 * chunks * C:
+        raise ValueError(f"partial holds {partial.size} values; {kernel.name} over {rows} rows of {C} channels "
+                         f"needs {2 * chunks * C}")
+    part = partial[: 2 * chunks * C]
+    kernel(rows=rows, C=C, partial=part, **arguments,
+           **_launch(rows, C, bits=arguments.get("bits", 0), rows_per_chunk=rows_per_chunk))
+    return backend.xp.sum(part.reshape(2, chunks, C), axis=1, out=out)
 
 
 def batchnorm_statistics(x, stats, *, partial):
-    """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1]; partial is (>= chunks*C,) scratch.
+    """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1]; partial is
+    (>= reduction_chunks(rows) * C,) scratch.
 
-    Two passes over x (sum, then squared deviations) so the variance has no cancellation.
+    One pass over x: the sums of d = x - s and d^2, with s the mean of SHIFT_ROWS rows spread over the
+    batch (other images: a shift near the mean), so that var = mean(d^2) - mean(d)^2 keeps its digits.
     """
     xp = backend.xp
     C = x.shape[-1]
     rows = x.size // C
-    chunks = reduction_chunks(rows)
-    part = partial[: chunks * C]
-    sums = _k("bn.cu", x.dtype).channel_sums
-    sums(rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK, x=x, center=None, partial=part, threads=chunks)
-    xp.sum(part.reshape(chunks, C), axis=0, out=stats[0])
-    stats[0] /= rows
-    sums(rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK, x=x, center=stats[0], partial=part, threads=chunks)
-    xp.sum(part.reshape(chunks, C), axis=0, out=stats[1])
-    stats[1] /= rows
+    xp.mean(x.reshape(rows, C)[:: -(-rows // SHIFT_ROWS)], axis=0, out=stats[0])
+    moments = _chunk_sums(_k("bn.cu", x.dtype).channel_sums, rows=rows, C=C, rows_per_chunk=2 * ROWS_PER_CHUNK,
+                          partial=partial, x=x, shift=stats[0])
+    moments /= rows  # mean(d), mean(d^2)
+    stats[0] += moments[0]
+    xp.maximum(moments[1] - moments[0] * moments[0], 0, out=stats[1])
 
 
 def batchnorm_coefficients(gamma, beta, stats, *, eps, bits):
@@ -210,39 +394,36 @@ def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=Non
     if naive and (bits == 0 or codes is None):
         raise ValueError("naive mode feeds the k-bit codes forward: it needs bits > 0 and a codes buffer")
     _k("bn.cu", x.dtype).batchnorm_relu_forward(rows=rows, C=C, bits=bits, naive=naive, x=x, stats=stats, beta=beta,
-                                                 a=a, x_copy=x_copy, codes=codes, threads=rows)
+                                                 a=a, x_copy=x_copy, codes=codes, **_launch(rows, C, bits=bits))
 
 
 def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None):
     """a (the exact activation at bits = 0, else a~) from the unit's store."""
     x_copy, codes = _store_args(bits, x_copy, codes)
-    rows = a.size // a.shape[-1]
-    _k("bn.cu", a.dtype).batchnorm_relu_restore(rows=rows, C=a.shape[-1], bits=bits, x_copy=x_copy, codes=codes,
-                                                 stats=stats, beta=beta, a=a, threads=rows)
+    C = a.shape[-1]
+    rows = a.size // C
+    _k("bn.cu", a.dtype).batchnorm_relu_restore(rows=rows, C=C, bits=bits, x_copy=x_copy, codes=codes, stats=stats,
+                                                 beta=beta, a=a, **_launch(rows, C, bits=bits))
 
 
 def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=None, dgamma, dbeta, partial,
                             sums, residual_grad=None):
     """dx = dL/dx of the unit's BN + ReLU from da = dL/da and the store; dgamma, dbeta accumulate (+=).
 
-    partial is (>= 2*chunks*C,) scratch and sums (2, C) receives this batch's dbeta, dgamma.
+    partial is (>= 2 * reduction_chunks(rows) * C,) scratch and sums (2, C) receives this batch's dbeta, dgamma.
     residual_grad, when given, is added to dx (the residual gradient arriving at a block's input).
     """
-    xp = backend.xp
     x_copy, codes = _store_args(bits, x_copy, codes)
     C = da.shape[-1]
     rows = da.size // C
-    chunks = reduction_chunks(rows)
-    part = partial[: 2 * chunks * C]
     module = _k("bn.cu", da.dtype)
-    store = dict(bits=bits, x_copy=x_copy, codes=codes, stats=stats, beta=beta)
-    module.batchnorm_relu_backward_sums(rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK, da=da, partial=part, **store,
-                                        threads=chunks)
-    xp.sum(part.reshape(2, chunks, C), axis=1, out=sums)
+    store = dict(bits=bits, da=da, x_copy=x_copy, codes=codes, stats=stats, beta=beta)
+    _chunk_sums(module.batchnorm_relu_backward_sums, rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK,
+                partial=partial, out=sums, **store)
     dbeta += sums[0]
     dgamma += sums[1]
-    module.batchnorm_relu_backward_dx(rows=rows, C=C, da=da, sums=sums, inv_count=1.0 / rows,
-                                      residual_grad=residual_grad, dx=dx, **store, threads=rows)
+    module.batchnorm_relu_backward_dx(rows=rows, C=C, sums=sums, inv_count=1.0 / rows, residual_grad=residual_grad,
+                                      dx=dx, **store, **_launch(rows, C, bits=bits))
 
 
 def batchnorm_relu_forward_ref(x, gamma, beta, *, eps):
@@ -268,7 +449,9 @@ def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
 # ----------------------------------------------------------------------------- pooling
 
 class MaxPool:
-    """k x k max pooling at a stride, "same" (TensorFlow's) or "valid" padding; padded taps are ignored."""
+    """k x k max pooling at a stride, "same" (TensorFlow's) or "valid" padding; padded taps are ignored.
+
+    The pooling kernels (kernels/pool.cu) are laid out as the BN kernels: a row per pixel, launched by _launch."""
 
     def __init__(self, in_shape, *, kernel=3, stride=2, padding="same"):
         self.H, self.W, self.C = in_shape
@@ -286,12 +469,12 @@ class MaxPool:
 
     def forward(self, x, y):
         n = x.shape[0]
-        _k("pool.cu", x.dtype).maxpool_forward(**self._geometry(n), x=x, y=y, threads=n * self.Ho * self.Wo)
+        _k("pool.cu", x.dtype).maxpool_forward(**self._geometry(n), x=x, y=y, **_launch(n * self.Ho * self.Wo, self.C))
 
     def backward(self, x, dy, dx):
         """dx = dL/dx; reads x (the forward input) to find each window's argmax."""
         _k("pool.cu", x.dtype).maxpool_backward(**self._geometry(x.shape[0]), x=x, dy=dy, dx=dx,
-                                                threads=x.size // self.C)
+                                                **_launch(x.size // self.C, self.C))
 
 
 class AvgPool:
@@ -318,7 +501,7 @@ class AvgPool:
     def forward(self, x, y, *, accumulate=False):
         n = x.shape[0]
         _k("pool.cu", x.dtype).avgpool_forward(**self._geometry(n), accumulate=accumulate, x=x, y=y,
-                                               threads=n * self.Ho * self.Wo)
+                                               **_launch(n * self.Ho * self.Wo, self.C))
 
     def backward(self, x, dy, dx):
         """dx = dL/dx (x is not read: the same signature as the other pools)."""
@@ -326,7 +509,7 @@ class AvgPool:
 
     def backward_into(self, dy, dx, *, accumulate=False):
         _k("pool.cu", dy.dtype).avgpool_backward(**self._geometry(dx.shape[0]), accumulate=accumulate, dy=dy, dx=dx,
-                                                 threads=dx.size // self.C)
+                                                 **_launch(dx.size // self.C, self.C))
 
 
 class GlobalAvgPool:

@@ -1,0 +1,159 @@
+"""Conv2D's ways of computing against the NumPy im2col reference, to float32 rounding: conv.cu's direct
+kernels (the CPU's path) and the chunked im2col path, odd shapes included; the workspace each needs;
+and bench/versus_pytorch.py."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minibp import backend, kernels, layers
+from conftest import device, host
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = [  # (H, W, Cin, Cout, kernel, stride, padding): odd sizes, channels off the 16-lane blocks
+    (5, 7, 3, 16, 3, 1, "same"), (6, 6, 16, 32, 3, 2, "same"), (7, 5, 20, 5, 3, 2, "valid"),
+    (9, 9, 17, 40, 5, 1, "same"), (8, 6, 6, 24, 5, 1, "valid"), (6, 6, 16, 16, 1, 1, "same"),
+    (7, 7, 24, 9, 1, 2, "same"), (11, 3, 32, 48, 3, 1, "same"), (4, 4, 3, 16, 2, 2, "same"),
+]
+
+
+def reference(conv, x, w, dy):
+    """(y, dw, dx, |terms| bounds of each) in float64 from the im2col reference."""
+    geometry = (conv.kh, conv.kw, conv.stride, conv.pad_top, conv.pad_left, conv.Ho, conv.Wo)
+    x, w, dy = (a.astype(np.float64) for a in (x, w, dy))
+    col, w2, dy2 = layers.im2col_ref(x, *geometry), w.reshape(conv.cout, -1), dy.reshape(-1, conv.cout)
+    y, dw, dx = col @ w2.T, dy2.T @ col, layers.col2im_ref(dy2 @ w2, x.shape, *geometry)
+    bounds = ((np.abs(col) @ np.abs(w2).T).reshape(dy.shape), (np.abs(dy2).T @ np.abs(col)).reshape(w.shape),
+              layers.col2im_ref(np.abs(dy2) @ np.abs(w2), x.shape, *geometry))
+    return (y.reshape(dy.shape), dw.reshape(w.shape), dx), bounds
+
+
+def assert_float32_close(got, want, bound, name):
+    """|got - want| within float32 rounding of a sum: 1e-5 (84 float32 ulps) of the sum of |terms|."""
+    err = np.abs(host(got).astype(np.float64) - want)
+    assert np.all(err <= 1e-5 * bound + 1e-30), f"{name}: error {err.max():.3g} beyond float32 rounding"
+
+
+def run_conv(conv, x, w, bias, dy, *, n=2, col_values=None):
+    """Conv2D forward and backward in float32 with a workspace of exactly workspace_shape's size."""
+    col = device(np.zeros(col_values or int(np.prod(conv.workspace_shape(n, accumulate_dx=True))) or 1,
+                          np.float32))
+    y = device(np.full((n,) + conv.out_shape, np.nan, np.float32))
+    conv.forward(device(x), device(w), device(bias), y, col=col)
+    dw, db = device(np.ones(conv.weight_shape, np.float32)), device(np.zeros(conv.cout, np.float32))
+    dx = device(np.full(x.shape, np.nan, np.float32))
+    conv.backward(device(x), device(w), device(dy), dw=dw, dbias=db, dx=dx, col=col)
+    dx_added = device(np.ones(x.shape, np.float32))
+    conv.backward(device(x), device(w), device(dy), dw=device(np.zeros(conv.weight_shape, np.float32)),
+                  dbias=device(np.zeros(conv.cout, np.float32)), dx=dx_added, accumulate_dx=True, col=col)
+    return y, dw, db, dx, dx_added
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("path", ["direct", "im2col chunks"])
+def test_conv_equals_the_im2col_reference_to_float32_rounding(rng, monkeypatch, case, path):
+    """Forward, weight gradient (added to what dw holds), bias gradient, data gradient (written, and
+    added with accumulate_dx). 'im2col chunks': 3 images of at most 2 a chunk."""
+    H, W, cin, cout, k, s, padding = case
+    monkeypatch.setattr(layers, "DIRECT_CONV", path == "direct")
+    if path != "direct":
+        monkeypatch.setattr(layers, "COL_ELEMENTS", 2 * H * W * k * k * cin)
+    conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding, bias=True)
+    n = 3
+    x = rng.standard_normal((n, H, W, cin)).astype(np.float32)
+    w = rng.standard_normal(conv.weight_shape).astype(np.float32)
+    bias = rng.standard_normal(cout).astype(np.float32)
+    dy = rng.standard_normal((n,) + conv.out_shape).astype(np.float32)
+    (y_ref, dw_ref, dx_ref), (y_bound, dw_bound, dx_bound) = reference(conv, x, w, dy)
+    y, dw, db, dx, dx_added = run_conv(conv, x, w, bias, dy, n=n)
+    assert_float32_close(y, y_ref + bias, y_bound + np.abs(bias), "y")
+    assert_float32_close(dw, dw_ref + 1, dw_bound + 1, "dw")
+    assert_float32_close(db, dy.astype(np.float64).sum(axis=(0, 1, 2)), np.abs(dy).sum(axis=(0, 1, 2)), "dbias")
+    assert_float32_close(dx, dx_ref, dx_bound, "dx")
+    assert_float32_close(dx_added, dx_ref + 1, dx_bound + 1, "dx with accumulate_dx")
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("images_per_chunk", [1, 2])
+def test_direct_kernels_equal_the_reference_for_both_real_types(rng, case, dtype, images_per_chunk):
+    """conv_direct (both tile widths, written and accumulated) and conv_weight_grad, called directly:
+    float64 runs the kernels' plain loops, float32 the AVX-512 ones where the CPU has them."""
+    H, W, cin, cout, k, s, padding = case
+    conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding)
+    n = 3
+    x = rng.standard_normal((n, H, W, cin))
+    w = rng.standard_normal(conv.weight_shape)
+    dy = rng.standard_normal((n,) + conv.out_shape)
+    (y_ref, dw_ref, _), (y_bound, dw_bound, _) = reference(conv, x, w, dy)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-13
+    module = kernels.load("conv.cu", dtype)
+    shape = dict(N=n, H=H, W=W, C=cin, kh=k, kw=k, stride=s, pad_top=conv.pad_top, pad_left=conv.pad_left,
+                 Ho=conv.Ho, Wo=conv.Wo, Cout=cout)
+    wt = device(np.ascontiguousarray(w.reshape(cout, -1).T).astype(dtype))
+    for tile_channels in (16, 32):
+        for accumulate in (False, True):
+            y = device(np.full(dy.shape, 2.0 if accumulate else np.nan, dtype))
+            module.conv_direct(**shape, dilation=1, tile_channels=tile_channels, accumulate=accumulate,
+                               x=device(x.astype(dtype)), wt=wt, y=y, grid=(5,), block=(3,))
+            err = np.abs(host(y) - (y_ref + 2 * accumulate))
+            assert np.all(err <= tolerance * (y_bound + 2)), (tile_channels, accumulate, err.max())
+    chunks = -(-n // images_per_chunk)
+    partial = device(np.full((chunks, k * k * cin, cout), np.nan, dtype))
+    module.conv_weight_grad(**shape, images_per_chunk=images_per_chunk, x=device(x.astype(dtype)),
+                            dy=device(dy.astype(dtype)), partial=partial, grid=(4,), block=(2,))
+    dw = host(partial).sum(axis=0).T.reshape(w.shape)
+    assert np.all(np.abs(dw - dw_ref) <= tolerance * dw_bound), np.abs(dw - dw_ref).max()
+
+
+def test_the_cpu_workspace_is_a_chunk_and_the_gpu_one_the_whole_batch(monkeypatch):
+    """ResNet-164's convs at batch 128: on the CPU at most COL_ELEMENTS values each (the im2col matrix
+    of its largest 3x3 conv is 18.9 M); on the GPU the whole batch's im2col matrix, one GEMM, as before."""
+    from minibp import models
+    convs = [u.conv for u in models.preact_resnet(164).units]
+    monkeypatch.setattr(backend, "device", "cpu")  # workspace_shape only asks which device (no arrays here)
+    assert max(int(np.prod(c.workspace_shape(128, accumulate_dx=True))) for c in convs) <= layers.COL_ELEMENTS
+    monkeypatch.setattr(backend, "device", "gpu")
+    for c in convs:
+        assert c.workspace_shape(128) == ((0, 0) if c.is_pointwise else (128 * c.Ho * c.Wo, c.kh * c.kw * c.cin))
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_workspace_smaller_than_planned_is_a_clear_error(rng, monkeypatch, direct):
+    monkeypatch.setattr(layers, "DIRECT_CONV", direct)
+    conv = layers.Conv2D((6, 6, 4), 16, kernel=3, stride=2)
+    x = rng.standard_normal((2, 6, 6, 4)).astype(np.float32)
+    w = rng.standard_normal(conv.weight_shape).astype(np.float32)
+    dy = rng.standard_normal((2,) + conv.out_shape).astype(np.float32)
+    planned = int(np.prod(conv.workspace_shape(2, accumulate_dx=True)))
+    run_conv(conv, x, w, np.zeros(16, np.float32), dy, col_values=planned)  # exactly what was planned
+    with pytest.raises(ValueError, match=r"the conv workspace col holds 1 values, this 3x3 conv needs \d+"):
+        run_conv(conv, x, w, np.zeros(16, np.float32), dy, col_values=1)
+
+
+def _bench(*argv, env=None):
+    return subprocess.run([sys.executable, "bench/versus_pytorch.py", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+def test_versus_pytorch_without_torch_says_how_to_install_it(tmp_path):
+    """A torch that does not import (here a stand-in package raising ImportError): exit 2 and the hint."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    done = _bench("--quick", env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("PyTorch is not installed: pip install torch==2.13.0 "
+                                                    "(or pip install -e '.[bench]')")
+
+
+def test_versus_pytorch_quick_prints_the_table():
+    pytest.importorskip("torch")
+    done = _bench("--quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for row in ("PyTorch", "minibp exact", "minibp 4-bit"):
+        assert any(line.strip().startswith(row) for line in done.stdout.splitlines()), done.stdout
+    assert "vs PyTorch" in done.stdout and "float32 GEMM" in done.stdout
