@@ -8,11 +8,17 @@
 //     stats[4] = shift_c of the k-bit code of channel c
 // The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh).
 //
-// Every kernel walks whole rows (pixels), whose C channels are contiguous: the inner loops read
-// memory in order, find a channel without division, vectorise on the CPU, and a row's codes are
-// whole bytes (C is a multiple of 8/k). Elementwise kernels take one row a thread; reductions one
-// chunk of rows a thread, summing into that chunk's row of partial sums, which xp then adds up.
-// The code width is a template parameter inside, so each loop is straight-line code.
+// Layout: blocks walk rows, the threads of a block walk a row's channels. Rows are dealt out in chunks
+// of rows_per_chunk consecutive rows: a block has blockDim.y row lanes (threadIdx.y), the grid
+// gridDim.x * blockDim.y, and lane l takes chunks l, l + lanes, ... The blockDim.x threads of a lane
+// share each of its rows: thread t takes the row's groups t, t + blockDim.x, ..., a group being one
+// channel in exact mode and one code byte (8/k channels) at k bits, so no two threads write one byte.
+// On the GPU (layers.py picks the shape by device) adjacent threads read adjacent addresses, and a
+// thread decodes its code bytes in registers. On the CPU a block is one thread and takes one contiguous
+// run of rows; its loops over a row are the plain loops over channels, and it decodes a row's codes into
+// a local row of numbers first (for_codes), so that those loops vectorise.
+// Reductions write one row of partial sums per chunk, summing the chunk's rows in order, and xp adds
+// the chunks up: their results do not depend on the launch shape.
 #include "common.cuh"
 #include "quant.cuh"
 
@@ -22,46 +28,125 @@
 #define B(c) stats[3 * C + (c)]
 #define SHIFT(c) stats[4 * C + (c)]
 
-// xhat (and the ReLU mask) of one element as the forward pass computed it from x ...
+// for (each chunk of this thread's row lane)
+#define CHUNK_LOOP(chunk, chunks)                                                                     \
+    for (long long chunk = (long long)blockIdx.x * blockDim.y + threadIdx.y; chunk < (chunks); \
+         chunk += (long long)gridDim.x * blockDim.y)
+
+// for (each row r of chunk)
+#define CHUNK_ROWS(r, chunk, rows, rows_per_chunk)                                                        \
+    for (long long r = (chunk) * (rows_per_chunk),                                                        \
+                   r##_end = r + (rows_per_chunk) < (rows) ? r + (rows_per_chunk) : (rows); r < r##_end; ++r)
+
+// for (each row r of this thread's row lane)
+#define ROW_LOOP(r, rows, rows_per_chunk)                                        \
+    CHUNK_LOOP(r##_chunk, ((rows) + (rows_per_chunk) - 1) / (rows_per_chunk)) \
+    CHUNK_ROWS(r, r##_chunk, rows, rows_per_chunk)
+
+// The loops over a row's groups and channels that are this thread's. STEP is a template parameter of
+// the functions below: 1 when a block has one thread (the CPU's launch), so that g++ sees a unit step
+// and vectorises, else 0, meaning blockDim.x.
+// for (each of this thread's groups j of a row of n groups)
+#define GROUP_LOOP(j, n) for (int j = STEP ? 0 : threadIdx.x; j < (n); j += STEP ? STEP : blockDim.x)
+// for (each channel c of this thread's groups, PER channels a group)
+#define CHANNEL_LOOP(c, C)                                         \
+    for (int c = STEP ? 0 : threadIdx.x * PER; c < (C);            \
+         c += STEP || (c + 1) % PER ? 1 : (blockDim.x - 1) * PER + 1)
+
+// Channels a group: a code byte's at k bits, one in exact mode (BITS = 0).
+template <int BITS>
+__device__ __forceinline__ constexpr int group_size() { return BITS ? 8 / BITS : 1; }
+
+// f<BITS, STEP>(...) for the runtime bits and block shape: straight-line loops in every case.
+#define DISPATCH_BITS(bits, f, STEP, ...)         \
+    do {                                          \
+        if ((bits) == 0) f<0, STEP>(__VA_ARGS__); \
+        if ((bits) == 2) f<2, STEP>(__VA_ARGS__); \
+        if ((bits) == 4) f<4, STEP>(__VA_ARGS__); \
+        if ((bits) == 8) f<8, STEP>(__VA_ARGS__); \
+    } while (0)
+#define DISPATCH(bits, f, ...)                                  \
+    do {                                                        \
+        if (blockDim.x == 1) DISPATCH_BITS(bits, f, 1, __VA_ARGS__); \
+        else DISPATCH_BITS(bits, f, 0, __VA_ARGS__);            \
+    } while (0)
+
+// xhat as the forward pass computes it from x.
+__device__ __forceinline__ real_t xhat_of(real_t x, int c, int C, const real_t* stats) {
+    return (x - MEAN(c)) / SIGMA(c);
+}
+
+// xhat and the ReLU mask (as 0 or 1) of element c as the backward pass reads them: from x (exact mode) ...
 __device__ __forceinline__ real_t xhat_from_x(real_t x, int c, int C, const real_t* stats, const real_t* beta,
-                                              bool* on) {
-    const real_t xhat = (x - MEAN(c)) / SIGMA(c);
-    *on = GAMMA(c) * xhat + beta[c] > 0;
+                                              real_t* on) {
+    const real_t xhat = xhat_of(x, c, C, stats);
+    *on = GAMMA(c) * xhat + beta[c] > 0 ? (real_t)1 : (real_t)0;  // a select: g++ does not vectorise bool -> float
     return xhat;
 }
 
-// ... and as the k-bit store restores it from the code q.
+// ... and from the code q (k bits).
 template <int BITS>
-__device__ __forceinline__ real_t xhat_from_code(float q, int c, int C, const real_t* stats, bool* on) {
-    *on = quant_mask(q, (float)SHIFT(c));
+__device__ __forceinline__ real_t xhat_from_code(float q, int c, int C, const real_t* stats, real_t* on) {
+    *on = quant_mask(q, (float)SHIFT(c)) ? (real_t)1 : (real_t)0;
     return quant_xhat(q, (float)SHIFT(c), B(c), BITS);
 }
 
-// The rows [r0, r1) of chunk `chunk`.
-__device__ __forceinline__ void chunk_rows(long long chunk, long long rows, int rows_per_chunk, long long* r0,
-                                           long long* r1) {
-    *r0 = chunk * rows_per_chunk;
-    *r1 = *r0 + rows_per_chunk < rows ? *r0 + rows_per_chunk : rows;
-}
-
-// partial[chunk, c] = sum over the chunk's rows of x (center null) or of (x - center)^2.
-extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, const real_t* __restrict__ x,
-                                        const real_t* __restrict__ center, real_t* __restrict__ partial) {
-    const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    GRID_STRIDE_LOOP(chunk, chunks) {
-        long long r0, r1;
-        chunk_rows(chunk, rows, rows_per_chunk, &r0, &r1);
-        real_t* sum = partial + chunk * C;
-        for (int c = 0; c < C; ++c) sum[c] = 0;
-        for (long long r = r0; r < r1; ++r) {
-            const real_t* x_row = x + r * C;
-            if (center) {
-                for (int c = 0; c < C; ++c) { const real_t d = x_row[c] - center[c]; sum[c] += d * d; }
-            } else {
-                for (int c = 0; c < C; ++c) sum[c] += x_row[c];
-            }
+// body(q, c) for each of this thread's channels c of a row of codes, q the code as a number.
+constexpr int SCRATCH = 128;  // channels a CPU thread decodes at a time
+template <int BITS, int STEP, class Body>
+__device__ __forceinline__ void for_codes(int C, const unsigned char* __restrict__ row_codes, Body body) {
+    constexpr int PER = group_size<BITS>();
+    if constexpr (STEP == 1) {
+        // One thread a row (the CPU): the codes of up to SCRATCH channels into a local row of numbers first,
+        // so that the loop over them is a plain float loop, which g++ vectorises even for a short row.
+        for (int c0 = 0; c0 < C; c0 += SCRATCH) {
+            const int n = C - c0 < SCRATCH ? C - c0 : SCRATCH;
+            real_t q[SCRATCH];
+            quant_unpack_row<BITS>(row_codes + c0 / PER, q, n);
+            for (int i = 0; i < n; ++i) body((float)q[i], c0 + i);
+        }
+    } else {  // threads sharing a row (the GPU): each decodes its own bytes, in registers
+        GROUP_LOOP(j, C / PER) {
+            const int byte = row_codes[j];
+            for (int t = 0; t < PER; ++t) body((float)quant_slot<BITS>(byte, t), j * PER + t);
         }
     }
+}
+
+// ----------------------------------------------------------------------------- statistics
+
+template <int STEP>
+__device__ __forceinline__ void channel_sums_row(int C, const real_t* __restrict__ x_row,
+                                                 const real_t* __restrict__ shift, real_t* __restrict__ sum,
+                                                 real_t* __restrict__ sum_sq) {
+    constexpr int PER = 1;
+    CHANNEL_LOOP(c, C) {
+        const real_t d = x_row[c] - shift[c];
+        sum[c] += d;
+        sum_sq[c] += d * d;
+    }
+}
+
+template <int STEP>
+__device__ void channel_sums_rows(long long rows, int C, int rows_per_chunk, const real_t* __restrict__ x,
+                                  const real_t* __restrict__ shift, real_t* __restrict__ partial) {
+    constexpr int PER = 1;
+    const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+    CHUNK_LOOP(chunk, chunks) {
+        real_t* sum = partial + chunk * C;
+        real_t* sum_sq = partial + (chunks + chunk) * C;
+        CHANNEL_LOOP(c, C) sum[c] = sum_sq[c] = 0;
+        CHUNK_ROWS(r, chunk, rows, rows_per_chunk) channel_sums_row<STEP>(C, x + r * C, shift, sum, sum_sq);
+    }
+}
+
+// partial[0, chunk, c] = sum over the chunk's rows of x - shift, partial[1, chunk, c] of (x - shift)^2:
+// partial is (2, chunks, C). With the shift near the mean (layers.py: the mean of rows spread over the
+// batch) one pass gives the variance without the cancellation of a large mean.
+extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, const real_t* __restrict__ x,
+                                        const real_t* __restrict__ shift, real_t* __restrict__ partial) {
+    if (blockDim.x == 1) channel_sums_rows<1>(rows, C, rows_per_chunk, x, shift, partial);
+    else channel_sums_rows<0>(rows, C, rows_per_chunk, x, shift, partial);
 }
 
 // Given the batch mean and variance in stats[0], stats[1]: sigma, the clamped gamma, b and the
@@ -79,80 +164,120 @@ extern "C" __global__ void batchnorm_coefficients(int C, int bits, real_t eps, c
 
 // ----------------------------------------------------------------------------- forward
 
-// The row's codes: as numbers into a_row (scratch here: the caller writes a afterwards), then packed.
-template <int BITS>
-__device__ void encode_row(const real_t* x_row, real_t* a_row, unsigned char* row_codes, int C,
-                           const real_t* stats) {
-    for (int c = 0; c < C; ++c)
-        a_row[c] = quant_code((float)((x_row[c] - MEAN(c)) / SIGMA(c) + B(c)), (float)SHIFT(c), BITS);
-    quant_pack_row<BITS>(a_row, row_codes, C);
+template <int BITS, int STEP>
+__device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __restrict__ x_row,
+                                            const real_t* __restrict__ stats, const real_t* __restrict__ beta,
+                                            real_t* __restrict__ a_row, real_t* __restrict__ x_copy_row,
+                                            unsigned char* __restrict__ row_codes) {
+    constexpr int PER = group_size<BITS>();
+    if constexpr (BITS == 0) {
+        if (x_copy_row) CHANNEL_LOOP(c, C) x_copy_row[c] = x_row[c];
+    } else {  // the codes as numbers into a_row (scratch: a is written below), then packed
+        CHANNEL_LOOP(c, C) a_row[c] = quant_code((float)(xhat_of(x_row[c], c, C, stats) + B(c)), (float)SHIFT(c), BITS);
+        GROUP_LOOP(j, C / PER) {
+            int byte = 0;
+            for (int t = 0; t < PER; ++t) byte |= (int)a_row[j * PER + t] << quant_offset<BITS>(t);
+            row_codes[j] = (unsigned char)byte;
+        }
+    }
+    if (BITS && naive) {  // a~ goes forward instead of a (a NaN still does, so divergence shows)
+        CHANNEL_LOOP(c, C) {
+            const real_t exact = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
+            a_row[c] = exact == exact ? quant_restore((float)a_row[c], (float)SHIFT(c), GAMMA(c), BITS) : exact;
+        }
+        return;
+    }
+    CHANNEL_LOOP(c, C) a_row[c] = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
 }
 
-// a~ of a row of codes (the naive mode's forward, and the restore).
-template <int BITS>
-__device__ void restore_row(const unsigned char* row_codes, real_t* a_row, int C, const real_t* stats) {
-    quant_unpack_row<BITS>(row_codes, a_row, C);
-    for (int c = 0; c < C; ++c) a_row[c] = quant_restore((float)a_row[c], (float)SHIFT(c), GAMMA(c), BITS);
+template <int BITS, int STEP>
+__device__ void forward_rows(long long rows, int C, int rows_per_chunk, bool naive, const real_t* x,
+                             const real_t* stats, const real_t* beta, real_t* a, real_t* x_copy, unsigned char* codes) {
+    ROW_LOOP(r, rows, rows_per_chunk)
+        forward_row<BITS, STEP>(C, naive, x + r * C, stats, beta, a + r * C, x_copy ? x_copy + r * C : nullptr,
+                                BITS ? codes + r * C * BITS / 8 : nullptr);
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
-// of v = xhat + b (codes non-null). naive = 1 writes a~ (restored from the codes) instead of a: the
-// ablation that feeds approximations forward. x, a, x_copy are (rows, C); codes (rows * C * k / 8,).
-extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int bits, int naive,
+// of v = xhat + b (bits > 0). naive writes a~ (restored from the codes) instead of a: the ablation that
+// feeds approximations forward. x, a, x_copy are (rows, C); codes (rows * C * k / 8,).
+extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int rows_per_chunk, int bits, int naive,
                                                   const real_t* __restrict__ x, const real_t* __restrict__ stats,
                                                   const real_t* __restrict__ beta, real_t* __restrict__ a,
                                                   real_t* __restrict__ x_copy, unsigned char* __restrict__ codes) {
-    GRID_STRIDE_LOOP(r, rows) {
-        const real_t* x_row = x + r * C;
-        real_t* a_row = a + r * C;
-        if (x_copy)
-            for (int c = 0; c < C; ++c) x_copy[r * C + c] = x_row[c];
-        unsigned char* row_codes = codes ? codes + r * C * bits / 8 : nullptr;
-        if (bits == 2 && codes) encode_row<2>(x_row, a_row, row_codes, C, stats);
-        if (bits == 4 && codes) encode_row<4>(x_row, a_row, row_codes, C, stats);
-        if (bits == 8 && codes) encode_row<8>(x_row, a_row, row_codes, C, stats);
-        for (int c = 0; c < C; ++c) a_row[c] = relu(GAMMA(c) * ((x_row[c] - MEAN(c)) / SIGMA(c)) + beta[c]);
-        if (!naive || !codes) continue;
-        // naive: a~ goes forward instead of a (a NaN still does, so divergence shows)
-        bool finite_row = true;
-        for (int c = 0; c < C; ++c) finite_row = finite_row && a_row[c] == a_row[c];
-        if (!finite_row) continue;
-        if (bits == 2) restore_row<2>(row_codes, a_row, C, stats);
-        if (bits == 4) restore_row<4>(row_codes, a_row, C, stats);
-        if (bits == 8) restore_row<8>(row_codes, a_row, C, stats);
-    }
+    DISPATCH(bits, forward_rows, rows, C, rows_per_chunk, naive != 0, x, stats, beta, a, x_copy, codes);
 }
 
 // ----------------------------------------------------------------------------- backward
 
+template <int BITS, int STEP>
+__device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_row,
+                                            const unsigned char* __restrict__ row_codes,
+                                            const real_t* __restrict__ stats, const real_t* __restrict__ beta,
+                                            real_t* __restrict__ a_row) {
+    constexpr int PER = group_size<BITS>();
+    if constexpr (BITS == 0)
+        CHANNEL_LOOP(c, C) a_row[c] = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
+    else
+        for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
+            a_row[c] = quant_restore(q, (float)SHIFT(c), GAMMA(c), BITS);
+        });
+}
+
+template <int BITS, int STEP>
+__device__ void restore_rows(long long rows, int C, int rows_per_chunk, const real_t* x_copy,
+                             const unsigned char* codes, const real_t* stats, const real_t* beta, real_t* a) {
+    ROW_LOOP(r, rows, rows_per_chunk)
+        restore_row<BITS, STEP>(C, BITS ? nullptr : x_copy + r * C, BITS ? codes + r * C * BITS / 8 : nullptr,
+                                stats, beta, a + r * C);
+}
+
 // Recompute a (exact mode) or restore a~ = relu(gamma_c * vhat) (k-bit) from the store. a is (rows, C).
-extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int bits, const real_t* __restrict__ x_copy,
+extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int rows_per_chunk, int bits,
+                                                  const real_t* __restrict__ x_copy,
                                                   const unsigned char* __restrict__ codes,
                                                   const real_t* __restrict__ stats, const real_t* __restrict__ beta,
                                                   real_t* __restrict__ a) {
-    GRID_STRIDE_LOOP(r, rows) {
-        real_t* a_row = a + r * C;
-        if (bits == 0) {
-            const real_t* x_row = x_copy + r * C;
-            for (int c = 0; c < C; ++c) a_row[c] = relu(GAMMA(c) * ((x_row[c] - MEAN(c)) / SIGMA(c)) + beta[c]);
-        }
-        const unsigned char* row_codes = codes + r * C * bits / 8;
-        if (bits == 2) restore_row<2>(row_codes, a_row, C, stats);
-        if (bits == 4) restore_row<4>(row_codes, a_row, C, stats);
-        if (bits == 8) restore_row<8>(row_codes, a_row, C, stats);
-    }
+    DISPATCH(bits, restore_rows, rows, C, rows_per_chunk, x_copy, codes, stats, beta, a);
 }
 
-// dbeta_c += dy, dgamma_c += dy * xhat~ over one row, dy = da * mask.
-template <int BITS>
-__device__ void sums_row(const real_t* da_row, const unsigned char* row_codes, real_t* dbeta, real_t* dgamma, int C,
-                         const real_t* stats) {
-    for (int c = 0; c < C; ++c) {
-        bool on;
-        const real_t xhat = xhat_from_code<BITS>(quant_code_at<BITS>(row_codes, c), c, C, stats, &on);
-        const real_t dy = da_row[c] * (real_t)on;
-        dbeta[c] += dy;
-        dgamma[c] += dy * xhat;
+// dbeta_c += dy, dgamma_c += dy * xhat~ over one row, dy = da * mask (the mask as a factor, as the reference).
+template <int BITS, int STEP>
+__device__ __forceinline__ void backward_sums_row(int C, const real_t* __restrict__ da_row,
+                                                  const real_t* __restrict__ x_row,
+                                                  const unsigned char* __restrict__ row_codes,
+                                                  const real_t* __restrict__ stats, const real_t* __restrict__ beta,
+                                                  real_t* __restrict__ dbeta, real_t* __restrict__ dgamma) {
+    constexpr int PER = group_size<BITS>();
+    if constexpr (BITS == 0)
+        CHANNEL_LOOP(c, C) {
+            real_t on;
+            const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on), dy = da_row[c] * on;
+            dbeta[c] += dy;
+            dgamma[c] += dy * xhat;
+        }
+    else
+        for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
+            real_t on;
+            const real_t xhat = xhat_from_code<BITS>(q, c, C, stats, &on), dy = da_row[c] * on;
+            dbeta[c] += dy;
+            dgamma[c] += dy * xhat;
+        });
+}
+
+template <int BITS, int STEP>
+__device__ void backward_sums_rows(long long rows, int C, int rows_per_chunk, const real_t* da, const real_t* x_copy,
+                                   const unsigned char* codes, const real_t* stats, const real_t* beta,
+                                   real_t* partial) {
+    constexpr int PER = group_size<BITS>();
+    const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+    CHUNK_LOOP(chunk, chunks) {
+        real_t* dbeta = partial + chunk * C;
+        real_t* dgamma = partial + (chunks + chunk) * C;
+        CHANNEL_LOOP(c, C) dbeta[c] = dgamma[c] = 0;  // this thread's channels, as below
+        CHUNK_ROWS(r, chunk, rows, rows_per_chunk)
+            backward_sums_row<BITS, STEP>(C, da + r * C, BITS ? nullptr : x_copy + r * C,
+                                          BITS ? codes + r * C * BITS / 8 : nullptr, stats, beta, dbeta, dgamma);
     }
 }
 
@@ -165,55 +290,48 @@ extern "C" __global__ void batchnorm_relu_backward_sums(long long rows, int C, i
                                                         const real_t* __restrict__ stats,
                                                         const real_t* __restrict__ beta,
                                                         real_t* __restrict__ partial) {
-    const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    GRID_STRIDE_LOOP(chunk, chunks) {
-        long long r0, r1;
-        chunk_rows(chunk, rows, rows_per_chunk, &r0, &r1);
-        real_t* dbeta = partial + chunk * C;
-        real_t* dgamma = partial + (chunks + chunk) * C;
-        for (int c = 0; c < C; ++c) dbeta[c] = dgamma[c] = 0;
-        for (long long r = r0; r < r1; ++r) {
-            const real_t* da_row = da + r * C;
-            if (bits == 0) {
-                const real_t* x_row = x_copy + r * C;
-                for (int c = 0; c < C; ++c) {
-                    bool on;
-                    const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on);
-                    const real_t dy = da_row[c] * (real_t)on;
-                    dbeta[c] += dy;
-                    dgamma[c] += dy * xhat;
-                }
-            }
-            const unsigned char* row_codes = codes + r * C * bits / 8;
-            if (bits == 2) sums_row<2>(da_row, row_codes, dbeta, dgamma, C, stats);
-            if (bits == 4) sums_row<4>(da_row, row_codes, dbeta, dgamma, C, stats);
-            if (bits == 8) sums_row<8>(da_row, row_codes, dbeta, dgamma, C, stats);
+    DISPATCH(bits, backward_sums_rows, rows, C, rows_per_chunk, da, x_copy, codes, stats, beta, partial);
+}
+
+// dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) of one row [+ residual_grad].
+template <int BITS, int STEP>
+__device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict__ da_row,
+                                                const real_t* __restrict__ x_row,
+                                                const unsigned char* __restrict__ row_codes,
+                                                const real_t* __restrict__ stats, const real_t* __restrict__ beta,
+                                                const real_t* __restrict__ sums, real_t inv_count,
+                                                const real_t* __restrict__ residual_row, real_t* __restrict__ dx_row) {
+    constexpr int PER = group_size<BITS>();
+    if constexpr (BITS == 0)
+        CHANNEL_LOOP(c, C) {
+            real_t on;
+            const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on), dy = da_row[c] * on;
+            dx_row[c] = GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
         }
-    }
+    else
+        for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
+            real_t on;
+            const real_t xhat = xhat_from_code<BITS>(q, c, C, stats, &on), dy = da_row[c] * on;
+            dx_row[c] = GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
+        });
+    if (residual_row)  // in a loop of its own, which keeps the one above simple enough for g++ to vectorise
+        CHANNEL_LOOP(c, C) dx_row[c] += residual_row[c];
 }
 
-// dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M), sums = (2, C) = this batch's
-// dbeta and dgamma.
-__device__ __forceinline__ real_t bn_dx(real_t da, bool on, real_t xhat, int c, int C, const real_t* stats,
-                                        const real_t* sums, real_t inv_count) {
-    const real_t dy = da * (real_t)on;  // the mask as a factor: no branch to mispredict
-    return GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
+template <int BITS, int STEP>
+__device__ void backward_dx_rows(long long rows, int C, int rows_per_chunk, const real_t* da, const real_t* x_copy,
+                                 const unsigned char* codes, const real_t* stats, const real_t* beta,
+                                 const real_t* sums, real_t inv_count, const real_t* residual_grad, real_t* dx) {
+    ROW_LOOP(r, rows, rows_per_chunk)
+        backward_dx_row<BITS, STEP>(C, da + r * C, BITS ? nullptr : x_copy + r * C,
+                                    BITS ? codes + r * C * BITS / 8 : nullptr, stats, beta, sums, inv_count,
+                                    residual_grad ? residual_grad + r * C : nullptr, dx + r * C);
 }
 
-template <int BITS>
-__device__ void dx_row(const real_t* da_row, const unsigned char* row_codes, real_t* dx_row, int C,
-                       const real_t* stats, const real_t* sums, real_t inv_count) {
-    quant_unpack_row<BITS>(row_codes, dx_row, C);  // dx_row holds the codes until each is replaced by its dx
-    for (int c = 0; c < C; ++c) {
-        bool on;
-        const real_t xhat = xhat_from_code<BITS>((float)dx_row[c], c, C, stats, &on);
-        dx_row[c] = bn_dx(da_row[c], on, xhat, c, C, stats, sums, inv_count);
-    }
-}
-
-// dx of the unit's BN + ReLU [+ residual_grad, the residual gradient arriving at a block's input].
-// (rows, C) arrays; dx is not da.
-extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int bits, const real_t* __restrict__ da,
+// dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) [+ residual_grad, the residual gradient
+// arriving at a block's input], sums = (2, C) = this batch's dbeta and dgamma. (rows, C) arrays; dx is not da.
+extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int rows_per_chunk, int bits,
+                                                      const real_t* __restrict__ da,
                                                       const real_t* __restrict__ x_copy,
                                                       const unsigned char* __restrict__ codes,
                                                       const real_t* __restrict__ stats,
@@ -221,22 +339,6 @@ extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int
                                                       const real_t* __restrict__ sums, real_t inv_count,
                                                       const real_t* __restrict__ residual_grad,
                                                       real_t* __restrict__ dx) {
-    GRID_STRIDE_LOOP(r, rows) {
-        const real_t* da_row = da + r * C;
-        real_t* dx_row_out = dx + r * C;
-        if (bits == 0) {
-            const real_t* x_row = x_copy + r * C;
-            for (int c = 0; c < C; ++c) {
-                bool on;
-                const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on);
-                dx_row_out[c] = bn_dx(da_row[c], on, xhat, c, C, stats, sums, inv_count);
-            }
-        }
-        const unsigned char* row_codes = codes + r * C * bits / 8;
-        if (bits == 2) dx_row<2>(da_row, row_codes, dx_row_out, C, stats, sums, inv_count);
-        if (bits == 4) dx_row<4>(da_row, row_codes, dx_row_out, C, stats, sums, inv_count);
-        if (bits == 8) dx_row<8>(da_row, row_codes, dx_row_out, C, stats, sums, inv_count);
-        if (residual_grad)
-            for (int c = 0; c < C; ++c) dx_row_out[c] += residual_grad[r * C + c];
-    }
+    DISPATCH(bits, backward_dx_rows, rows, C, rows_per_chunk, da, x_copy, codes, stats, beta, sums, inv_count,
+             residual_grad, dx);
 }

@@ -1,0 +1,197 @@
+"""The batch-norm kernels' launch layout (kernels/bn.cu, chosen by layers._launch): blocks walk chunks of rows,
+the threads of a block walk a row's channels (exact mode) or code bytes (k bits).
+
+Any launch shape gives the same bytes: each element is computed by the same arithmetic whichever thread
+computes it, and each partial sum is one chunk's rows added in order by one thread, so only the chunk
+length (rows_per_chunk of a reduction) can change a float result, by rounding. The GPU's launch shapes run
+here through the CPU shim (a block's threads one after another), so they are checked on every machine."""
+import numpy as np
+import pytest
+
+from minibp import backend, kernels, layers, quant
+from conftest import device, host
+
+BITS = [0, 8, 4, 2]
+SHAPES = [(rows, C) for rows in (1, 5, 1000) for C in (8, 24, 256)]
+# (grid, block): one thread a block (the CPU's), threads sharing a row's groups, 2-D blocks with row lanes
+LAUNCHES = [((g,), b) for g in (1, 3, 5000) for b in ((1,), (7,), (32,), (256,), (8, 4), (3, 5))]
+ROWS_PER_CHUNK = (1, 3, 1000)  # of the elementwise kernels: any split of the rows
+
+
+def _case(rows, C, bits):
+    """A unit's arrays: x, its stats (the default launch's), beta, da and a residual gradient."""
+    rng = np.random.default_rng(7 * C + rows)
+    x = (rng.standard_normal((rows, C)) * 2 + 0.5).astype(np.float32)
+    gamma = (np.abs(rng.standard_normal(C)) + 0.3).astype(np.float32)
+    beta = (rng.standard_normal(C) * 0.8).astype(np.float32)
+    stats = device(np.zeros((5, C), np.float32))
+    partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
+    layers.batchnorm_statistics(device(x), stats, partial=partial)
+    layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits)
+    da, residual = rng.standard_normal((2, rows, C)).astype(np.float32)
+    return dict(x=device(x), stats=stats, beta=device(beta), da=device(da), residual=device(residual))
+
+
+def _empty(rows, C, bits):
+    """Output buffers, filled with NaN / 0xAB so that anything a launch leaves unwritten shows."""
+    return dict(a=device(np.full((rows, C), np.nan, np.float32)),
+                x_copy=device(np.full((rows, C), np.nan, np.float32)) if bits == 0 else None,
+                codes=device(np.full(rows * C * bits // 8, 0xAB, np.uint8)) if bits else None,
+                dx=device(np.full((rows, C), np.nan, np.float32)),
+                partial=device(np.full(2 * rows * C, np.nan, np.float32)))  # room for chunks of one row
+
+
+def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None):
+    """Every BN kernel once with one launch shape: {name: host array}. launch is dict(grid, block, and for
+    the elementwise kernels rows_per_chunk); reductions sum chunks of reduction_rows (default: layers')."""
+    module = kernels.load("bn.cu", np.float32)
+    out = _empty(rows, C, bits)
+    shape = dict(grid=launch["grid"], block=launch["block"])
+    elementwise = dict(rows=rows, C=C, rows_per_chunk=launch["rows_per_chunk"], bits=bits)
+    store = dict(x_copy=out["x_copy"], codes=out["codes"], stats=arrays["stats"], beta=arrays["beta"])
+    module.batchnorm_relu_forward(**elementwise, naive=naive, x=arrays["x"], a=out["a"], **store, **shape)
+    result = {"a": host(out["a"]).copy(), "store": host(out["codes"] if bits else out["x_copy"]).copy()}
+    module.batchnorm_relu_restore(**elementwise, **store, a=out["a"], **shape)
+    result["restored"] = host(out["a"]).copy()
+    per_chunk = reduction_rows or layers.ROWS_PER_CHUNK
+    chunks = -(-rows // per_chunk)
+    part = out["partial"][: 2 * chunks * C]
+    module.batchnorm_relu_backward_sums(rows=rows, C=C, rows_per_chunk=per_chunk, bits=bits, da=arrays["da"],
+                                        partial=part, **store, **shape)
+    result["backward_partial"] = host(part).copy()
+    sums = backend.xp.sum(part.reshape(2, chunks, C), axis=1)
+    result["sums"] = host(sums)
+    module.batchnorm_relu_backward_dx(**elementwise, da=arrays["da"], sums=sums, inv_count=1.0 / rows,
+                                      residual_grad=arrays["residual"], dx=out["dx"], **store, **shape)
+    result["dx"] = host(out["dx"]).copy()
+    per_chunk = reduction_rows or 2 * layers.ROWS_PER_CHUNK
+    chunks = -(-rows // per_chunk)
+    part = out["partial"][: 2 * chunks * C]
+    module.channel_sums(rows=rows, C=C, rows_per_chunk=per_chunk, x=arrays["x"], shift=arrays["stats"][0],
+                        partial=part, **shape)
+    result["statistics_partial"] = host(part).copy()
+    result["moments"] = host(backend.xp.sum(part.reshape(2, chunks, C), axis=1))
+    return result
+
+
+def _gpu_launch(monkeypatch, rows, C, *, bits, rows_per_chunk=None):
+    """The launch shape layers would choose on a GPU (only the choice: the kernels still run here)."""
+    with monkeypatch.context() as m:
+        m.setattr(backend, "device", "gpu")
+        return layers._launch(rows, C, bits=bits, rows_per_chunk=rows_per_chunk)
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("rows,C", SHAPES)
+def test_every_launch_shape_gives_the_same_bytes(bits, rows, C):
+    arrays = _case(rows, C, bits)
+    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))
+    assert not any(np.isnan(v).any() for k, v in want.items() if k != "store"), "a launch left outputs unwritten"
+    for grid, block in LAUNCHES:
+        for per_chunk in ROWS_PER_CHUNK:
+            got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=per_chunk))
+            for name in want:
+                assert np.array_equal(got[name], want[name]), (name, grid, block, per_chunk)
+
+
+@pytest.mark.parametrize("bits", [4, 2])
+def test_the_naive_forward_is_the_same_for_every_launch_shape(bits):
+    rows, C = 5, 24
+    arrays = _case(rows, C, bits)
+    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits), naive=True)
+    assert np.array_equal(want["a"], want["restored"])  # a~ went forward
+    for grid, block in LAUNCHES:
+        got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=2), naive=True)
+        assert np.array_equal(got["a"], want["a"]) and np.array_equal(got["store"], want["store"]), (grid, block)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_nan_goes_forward_in_naive_mode_and_only_where_it_is(bits):
+    """The naive ablation feeds a~ forward, but a NaN stays NaN (a diverged net shows in its loss); the other
+    channels of its row still get a~, whichever thread holds them."""
+    rows, C = 5, 24
+    arrays = _case(rows, C, bits)
+    x = host(arrays["x"]).copy()
+    x[2, 5] = np.nan
+    arrays["x"] = device(x)
+    for launch in (layers._launch(rows, C, bits=bits), dict(grid=(2,), block=(4, 2), rows_per_chunk=1)):
+        got = _run(arrays, rows, C, bits, launch=launch, naive=True)
+        nan = np.isnan(got["a"])
+        assert nan[2, 5] and nan.sum() == 1
+        assert np.array_equal(got["a"][~nan], got["restored"][~nan])
+
+
+@pytest.mark.parametrize("bits", BITS)
+@pytest.mark.parametrize("rows,C", [(1, 8), (1000, 24), (5, 256)])
+def test_the_gpu_launch_shape_gives_the_same_bytes(monkeypatch, bits, rows, C):
+    """layers._launch's GPU shape: a row's groups across threadIdx.x (a power of two, adjacent threads on
+    adjacent addresses), row lanes across threadIdx.y, 256 threads a block; run here through the shim."""
+    arrays = _case(rows, C, bits)
+    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))
+    launch = _gpu_launch(monkeypatch, rows, C, bits=bits)
+    groups = C * bits // 8 if bits else C
+    x, y = launch["block"]
+    assert x * y == layers.GPU_BLOCK and x & (x - 1) == 0 and min(groups, layers.GPU_BLOCK) <= x < 2 * groups
+    assert launch["grid"][0] <= layers.GPU_MAX_BLOCKS and launch["rows_per_chunk"] == 1
+    reduction = _gpu_launch(monkeypatch, rows, C, bits=bits, rows_per_chunk=layers.ROWS_PER_CHUNK)
+    assert reduction["block"] == launch["block"] and reduction["rows_per_chunk"] == layers.ROWS_PER_CHUNK
+    got = _run(arrays, rows, C, bits, launch=launch)
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
+
+
+@pytest.mark.parametrize("bits", [0, 4])
+def test_other_chunkings_of_a_reduction_differ_only_by_rounding(bits):
+    """Chunks of 1, 7 or all 1000 rows: each chunk is a float32 sum in row order, so the totals differ from
+    float64's by rounding, at most about (terms a chunk adds) * 6e-8 of the sum of |terms| (1000 * 6e-8 here);
+    1e-5 of that sum holds it with room and still catches a term counted twice or left out."""
+    rows, C = 1000, 24
+    arrays = _case(rows, C, bits)
+    launch = layers._launch(rows, C, bits=bits)
+    x, stats = host(arrays["x"]).astype(np.float64), host(arrays["stats"]).astype(np.float64)
+    default = _run(arrays, rows, C, bits, launch=launch)
+    if bits:  # xhat~ and the mask as the backward pass reads them from the codes
+        xhat, _, mask = quant.dequantize_ref(default["store"], stats[3], stats[2], bits=bits, shape=(rows, C))
+    else:
+        xhat = (x - stats[0]) / stats[1]
+        mask = default["restored"] > 0
+    dy = host(arrays["da"]).astype(np.float64) * mask
+    d = x - stats[0]
+    terms = {"moments": (d, d * d), "sums": (dy, dy * xhat)}
+    for per_chunk in (1, 7, 1000):
+        got = _run(arrays, rows, C, bits, launch=launch, reduction_rows=per_chunk)
+        for name, pair in terms.items():
+            for i, term in enumerate(pair):
+                error = np.abs(got[name][i] - term.sum(axis=0))
+                assert np.all(error <= 1e-5 * np.abs(term).sum(axis=0)), (name, i, per_chunk)
+
+
+@pytest.mark.parametrize("mean,outliers", [(1000.0, False), (1e4, False), (-3000.0, False), (1000.0, True)])
+def test_one_pass_statistics_keep_the_digits_of_a_large_mean(mean, outliers):
+    """The one-pass variance sums (x - s) and (x - s)^2 with a shift s near the mean, so a mean far from zero
+    costs no digits: the mean within an ulp of float32 at that size, the variance within 1e-5 of float64's.
+    Outliers: the first rows (one image's pixels) 11 standard deviations out do not move the shift far."""
+    rows, C = 4096, 24
+    x = (np.random.default_rng(3).standard_normal((rows, C)) + mean).astype(np.float32)
+    if outliers:
+        x[:64] += 11
+    stats = device(np.zeros((5, C), np.float32))
+    layers.batchnorm_statistics(device(x), stats, partial=device(np.zeros(layers.reduction_chunks(rows) * C,
+                                                                          np.float32)))
+    got, x = host(stats), x.astype(np.float64)
+    assert np.all(np.abs(got[0] - x.mean(axis=0)) <= np.spacing(np.float32(abs(mean))))
+    np.testing.assert_allclose(got[1], x.var(axis=0), rtol=1e-5, atol=0)
+
+
+def test_a_partial_scratch_too_small_is_refused():
+    """A kernel would write past its end: the call is refused first, naming the scratch."""
+    rows, C = 100, 8
+    arrays = _case(rows, C, 0)
+    short = device(np.zeros(layers.reduction_chunks(rows) * C - 1, np.float32))
+    with pytest.raises(ValueError, match="partial holds"):
+        layers.batchnorm_statistics(arrays["x"], arrays["stats"], partial=short)
+    zeros = [device(np.zeros(shape, np.float32)) for shape in ((rows, C), C, C, (2, C))]
+    with pytest.raises(ValueError, match="partial holds"):
+        layers.batchnorm_relu_backward(arrays["da"], arrays["stats"], arrays["beta"], zeros[0], bits=0,
+                                       x_copy=arrays["x"], dgamma=zeros[1], dbeta=zeros[2], partial=short,
+                                       sums=zeros[3])
