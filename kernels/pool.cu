@@ -4,9 +4,43 @@
 // x is (N, H, W, C), y is (N, Ho, Wo, Cy). A k x k window at stride s starts at
 // (oh * s - pad_top, ow * s - pad_left); taps outside x are skipped (max) or count as 0 (average,
 // which always divides by k*k).
+//
+// Layout, as bn.cu's (layers._launch picks the shape by device): blocks walk the rows a kernel writes (pixels),
+// the threads of a block walk a row's channels. Rows are dealt out in chunks of rows_per_chunk consecutive
+// rows: a block has blockDim.y row lanes, the grid gridDim.x * blockDim.y, and lane l takes chunks l,
+// l + lanes, ... A thread takes its channels a tile at a time: one channel, t, t + blockDim.x, ..., where
+// threads share a row (the GPU: adjacent threads read adjacent addresses); a run of up to TILE_MAX channels in
+// a one-thread block (the CPU's launch, one contiguous run of rows a block), so that the loops over a tile are
+// plain loops over consecutive channels, which g++ vectorises. Each value is computed by the same arithmetic in
+// the same order whichever thread computes it, so the results do not depend on the launch shape.
 #include "common.cuh"
 
 __device__ __forceinline__ int min_int(int a, int b) { return a < b ? a : b; }
+
+// for (each row r of this thread's row lane)
+#define ROW_LOOP(r, rows, rows_per_chunk)                                                                \
+    for (long long r##_chunk = (long long)blockIdx.x * blockDim.y + threadIdx.y;                         \
+         r##_chunk * (rows_per_chunk) < (rows); r##_chunk += (long long)gridDim.x * blockDim.y)          \
+        for (long long r = r##_chunk * (rows_per_chunk),                                                 \
+                       r##_end = r + (rows_per_chunk) < (rows) ? r + (rows_per_chunk) : (rows); r < r##_end; ++r)
+
+// The longest tile: 128 channels on the CPU; 1 on the GPU, which launches one-thread blocks only for C = 1
+// (and NVRTC compiles 10x slower over local arrays).
+#ifdef __CUDACC__
+#define TILE_MAX 1
+#else
+#define TILE_MAX 128
+#endif
+// for (each tile [c0, c0 + m) of this thread's channels below C)
+#define TILE_LOOP(c0, m, C)                                                 \
+    for (int tile = blockDim.x == 1 ? TILE_MAX : 1, c0 = threadIdx.x * tile, m; \
+         c0 < (C) && (m = min_int(tile, (C) - c0)) > 0; c0 += blockDim.x * tile)
+
+// The loops below read the kernels' parameters k, stride, H, W, Ho, Wo, pad_top and pad_left.
+// for (each tap (h, w) of the window at (h0, w0) that lies inside the H x W image), in scan order
+#define WINDOW_TAPS(h, w, h0, w0)                                 \
+    for (int h = (h0) > 0 ? (h0) : 0; h < (h0) + k && h < H; ++h) \
+        for (int w = (w0) > 0 ? (w0) : 0; w < (w0) + k && w < W; ++w)
 
 // The first window (index along one axis) that covers padded position p: ceil((p - k + 1) / stride), >= 0.
 __device__ __forceinline__ int first_window(int p, int k, int stride) {
@@ -14,104 +48,111 @@ __device__ __forceinline__ int first_window(int p, int k, int stride) {
     return a > 0 ? (a + stride - 1) / stride : 0;
 }
 
-// One thread per output pixel; the max over the window's valid taps, per channel.
-extern "C" __global__ void maxpool_forward(int N, int H, int W, int C, int k, int stride, int pad_top,
-                                           int pad_left, int Ho, int Wo, const real_t* x, real_t* y) {
-    GRID_STRIDE_LOOP(pixel, (long long)N * Ho * Wo) {
-        const int ow = (int)(pixel % Wo), oh = (int)((pixel / Wo) % Ho), n = (int)(pixel / ((long long)Wo * Ho));
-        real_t* dst = y + pixel * C;
-        bool first = true;
-        for (int ki = 0; ki < k; ++ki) {
-            const int h = oh * stride - pad_top + ki;
-            if (h < 0 || h >= H) continue;
-            for (int kj = 0; kj < k; ++kj) {
-                const int w = ow * stride - pad_left + kj;
-                if (w < 0 || w >= W) continue;
-                const real_t* src = x + (((long long)n * H + h) * W + w) * C;
-                for (int c = 0; c < C; ++c) dst[c] = (first || src[c] > dst[c]) ? src[c] : dst[c];
+// for (each output window (oh, ow) that covers input pixel (h, w)), in scan order
+#define COVERING_WINDOWS(oh, ow, h, w)                                                                   \
+    for (int oh = first_window((h) + pad_top, k, stride), oh##_end = min_int(((h) + pad_top) / stride, Ho - 1); \
+         oh <= oh##_end; ++oh)                                                                                  \
+        for (int ow = first_window((w) + pad_left, k, stride),                                                  \
+                 ow##_end = min_int(((w) + pad_left) / stride, Wo - 1);                                         \
+             ow <= ow##_end; ++ow)
+
+// (n, i, j) of row r of an (N, rows, cols) grid of pixels; the offset of pixel (n, i, j) in such a grid.
+#define PIXEL(r, rows, cols)                                                 \
+    const int j = (int)((r) % (cols)), i = (int)(((r) / (cols)) % (rows)), \
+              n = (int)((r) / ((long long)(cols) * (rows)))
+#define AT(n, i, j, rows, cols, channels) ((((long long)(n) * (rows) + (i)) * (cols) + (j)) * (channels))
+
+// The max over the window's valid taps, per channel; y is (N, Ho, Wo, C).
+extern "C" __global__ void maxpool_forward(int N, int H, int W, int C, int k, int stride, int pad_top, int pad_left,
+                                           int Ho, int Wo, int rows_per_chunk, const real_t* __restrict__ x,
+                                           real_t* __restrict__ y) {
+    ROW_LOOP(r, (long long)N * Ho * Wo, rows_per_chunk) {
+        PIXEL(r, Ho, Wo);
+        TILE_LOOP(c0, m, C) {
+            real_t* dst = y + r * C + c0;
+            bool first = true;
+            WINDOW_TAPS(h, w, i * stride - pad_top, j * stride - pad_left) {
+                const real_t* src = x + AT(n, h, w, H, W, C) + c0;
+                for (int t = 0; t < m; ++t) dst[t] = first || src[t] > dst[t] ? src[t] : dst[t];
                 first = false;
             }
         }
     }
 }
 
-// The output windows covering input pixel (h, w): rows [*oh_lo, *oh_hi], columns [*ow_lo, *ow_hi].
-__device__ __forceinline__ void covering_windows(int h, int w, int k, int stride, int pad_top, int pad_left, int Ho,
-                                                 int Wo, int* oh_lo, int* oh_hi, int* ow_lo, int* ow_hi) {
-    *oh_lo = first_window(h + pad_top, k, stride);
-    *oh_hi = min_int((h + pad_top) / stride, Ho - 1);
-    *ow_lo = first_window(w + pad_left, k, stride);
-    *ow_hi = min_int((w + pad_left) / stride, Wo - 1);
-}
-
 // dx[n, h, w, c] = sum of dy over the windows whose maximum (first in scan order) is at (h, w).
-// A gather, one thread per input pixel: it re-finds the argmax of every window that covers it.
-extern "C" __global__ void maxpool_backward(int N, int H, int W, int C, int k, int stride, int pad_top,
-                                            int pad_left, int Ho, int Wo, const real_t* x, const real_t* dy,
-                                            real_t* dx) {
-    GRID_STRIDE_LOOP(pixel, (long long)N * H * W) {
-        const int w = (int)(pixel % W), h = (int)((pixel / W) % H), n = (int)(pixel / ((long long)W * H));
-        int oh_lo, oh_hi, ow_lo, ow_hi;
-        covering_windows(h, w, k, stride, pad_top, pad_left, Ho, Wo, &oh_lo, &oh_hi, &ow_lo, &ow_hi);
-        for (int c = 0; c < C; ++c) {
-            real_t grad = 0;
-            for (int oh = oh_lo; oh <= oh_hi; ++oh) {
-                for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-                    const int h0 = oh * stride - pad_top, w0 = ow * stride - pad_left;
-                    int best_h = -1, best_w = -1;
-                    real_t best = 0;
-                    for (int hh = h0 > 0 ? h0 : 0; hh < h0 + k && hh < H; ++hh)
-                        for (int ww = w0 > 0 ? w0 : 0; ww < w0 + k && ww < W; ++ww) {
-                            const real_t v = x[(((long long)n * H + hh) * W + ww) * C + c];
-                            if (best_h < 0 || v > best) { best = v; best_h = hh; best_w = ww; }
-                        }
-                    if (best_h == h && best_w == w) grad += dy[(((long long)n * Ho + oh) * Wo + ow) * C + c];
+// A gather, a row per input pixel: it re-finds the argmax of every window that covers it.
+extern "C" __global__ void maxpool_backward(int N, int H, int W, int C, int k, int stride, int pad_top, int pad_left,
+                                            int Ho, int Wo, int rows_per_chunk, const real_t* __restrict__ x,
+                                            const real_t* __restrict__ dy, real_t* __restrict__ dx) {
+    ROW_LOOP(r, (long long)N * H * W, rows_per_chunk) {
+        PIXEL(r, H, W);
+        TILE_LOOP(c0, m, C) {
+            real_t grad[TILE_MAX], best[TILE_MAX], mine[TILE_MAX];  // mine: 1 where (i, j) holds the max so far
+            for (int t = 0; t < m; ++t) grad[t] = 0;
+            COVERING_WINDOWS(oh, ow, i, j) {
+                bool first = true;
+                WINDOW_TAPS(h, w, oh * stride - pad_top, ow * stride - pad_left) {
+                    const real_t* src = x + AT(n, h, w, H, W, C) + c0;
+                    const real_t here = h == i && w == j ? 1 : 0;
+                    for (int t = 0; t < m; ++t) {
+                        const bool take = first || src[t] > best[t];
+                        best[t] = take ? src[t] : best[t];
+                        mine[t] = take ? here : mine[t];
+                    }
+                    first = false;
                 }
+                // grad starts at +0, so it is never -0 and adding 0 leaves it as it is
+                const real_t* d = dy + AT(n, oh, ow, Ho, Wo, C) + c0;
+                for (int t = 0; t < m; ++t) grad[t] += mine[t] != 0 ? d[t] : 0;
             }
-            dx[pixel * C + c] = grad;
+            for (int t = 0; t < m; ++t) dx[r * C + c0 + t] = grad[t];
         }
     }
+}
+
+// dst[t] = (or +=, by accumulate) sum[t] / k^2 for t < m.
+__device__ __forceinline__ void store_mean(real_t* __restrict__ dst, const real_t* __restrict__ sum, int m, int k,
+                                           int accumulate) {
+    const real_t inv_area = (real_t)1 / (real_t)(k * k);
+    for (int t = 0; t < m; ++t) dst[t] = accumulate ? dst[t] + sum[t] * inv_area : sum[t] * inv_area;
 }
 
 // y[..., c] (= or +=, by accumulate) the k x k average of x for c < C; y[..., c >= C] = 0 (or unchanged
 // when accumulating). Cy >= C. With k = stride and accumulate = 1 this is the parameter-free shortcut.
-// One thread per output pixel.
-extern "C" __global__ void avgpool_forward(int N, int H, int W, int C, int k, int stride, int pad_top,
-                                           int pad_left, int Ho, int Wo, int Cy, int accumulate,
-                                           const real_t* x, real_t* y) {
-    const real_t inv_area = (real_t)1 / (real_t)(k * k);
-    GRID_STRIDE_LOOP(pixel, (long long)N * Ho * Wo) {
-        const int ow = (int)(pixel % Wo), oh = (int)((pixel / Wo) % Ho), n = (int)(pixel / ((long long)Wo * Ho));
-        const int h0 = oh * stride - pad_top, w0 = ow * stride - pad_left;
-        real_t* dst = y + pixel * Cy;
-        for (int c = 0; c < C; ++c) {
-            real_t sum = 0;
-            for (int h = h0 > 0 ? h0 : 0; h < h0 + k && h < H; ++h)
-                for (int w = w0 > 0 ? w0 : 0; w < w0 + k && w < W; ++w)
-                    sum += x[(((long long)n * H + h) * W + w) * C + c];
-            dst[c] = accumulate ? dst[c] + sum * inv_area : sum * inv_area;
+extern "C" __global__ void avgpool_forward(int N, int H, int W, int C, int k, int stride, int pad_top, int pad_left,
+                                           int Ho, int Wo, int rows_per_chunk, int Cy, int accumulate,
+                                           const real_t* __restrict__ x, real_t* __restrict__ y) {
+    ROW_LOOP(r, (long long)N * Ho * Wo, rows_per_chunk) {
+        PIXEL(r, Ho, Wo);
+        TILE_LOOP(c0, m, C) {
+            real_t sum[TILE_MAX];
+            for (int t = 0; t < m; ++t) sum[t] = 0;
+            WINDOW_TAPS(h, w, i * stride - pad_top, j * stride - pad_left) {
+                const real_t* src = x + AT(n, h, w, H, W, C) + c0;
+                for (int t = 0; t < m; ++t) sum[t] += src[t];
+            }
+            store_mean(y + r * Cy + c0, sum, m, k, accumulate);
         }
         if (!accumulate)
-            for (int c = C; c < Cy; ++c) dst[c] = 0;
+            TILE_LOOP(c0, m, Cy - C) for (int t = 0; t < m; ++t) y[r * Cy + C + c0 + t] = 0;
     }
 }
 
 // The adjoint: dx[n, h, w, c] (= or +=) sum over the windows covering (h, w) of dy[..., c] / k^2, c < C.
-// One thread per input pixel.
-extern "C" __global__ void avgpool_backward(int N, int H, int W, int C, int k, int stride, int pad_top,
-                                            int pad_left, int Ho, int Wo, int Cy, int accumulate,
-                                            const real_t* dy, real_t* dx) {
-    const real_t inv_area = (real_t)1 / (real_t)(k * k);
-    GRID_STRIDE_LOOP(pixel, (long long)N * H * W) {
-        const int w = (int)(pixel % W), h = (int)((pixel / W) % H), n = (int)(pixel / ((long long)W * H));
-        int oh_lo, oh_hi, ow_lo, ow_hi;
-        covering_windows(h, w, k, stride, pad_top, pad_left, Ho, Wo, &oh_lo, &oh_hi, &ow_lo, &ow_hi);
-        real_t* dst = dx + pixel * C;
-        for (int c = 0; c < C; ++c) {
-            real_t sum = 0;
-            for (int oh = oh_lo; oh <= oh_hi; ++oh)
-                for (int ow = ow_lo; ow <= ow_hi; ++ow) sum += dy[(((long long)n * Ho + oh) * Wo + ow) * Cy + c];
-            dst[c] = accumulate ? dst[c] + sum * inv_area : sum * inv_area;
+extern "C" __global__ void avgpool_backward(int N, int H, int W, int C, int k, int stride, int pad_top, int pad_left,
+                                            int Ho, int Wo, int rows_per_chunk, int Cy, int accumulate,
+                                            const real_t* __restrict__ dy, real_t* __restrict__ dx) {
+    ROW_LOOP(r, (long long)N * H * W, rows_per_chunk) {
+        PIXEL(r, H, W);
+        TILE_LOOP(c0, m, C) {
+            real_t sum[TILE_MAX];
+            for (int t = 0; t < m; ++t) sum[t] = 0;
+            COVERING_WINDOWS(oh, ow, i, j) {
+                const real_t* src = dy + AT(n, oh, ow, Ho, Wo, Cy) + c0;
+                for (int t = 0; t < m; ++t) sum[t] += src[t];
+            }
+            store_mean(dx + r * C + c0, sum, m, k, accumulate);
         }
     }
 }

