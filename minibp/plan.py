@@ -5,17 +5,21 @@
     python -m minibp.plan --model resnet1001 --budget 11GiB                      # largest batch per mode
     python -m minibp.plan --model resnet164 --json
     python -m minibp.plan --model resnet152 --data imagenet --batch 256 --bits 4   # the ImageNet ResNets
+    python -m minibp.plan --model resnet1001 --budget 11GiB --device gpu         # the GPU's plan, from a CPU
 
 The numbers come from Net.plan, the very table the trainer's arena allocates from: a batch "fits"
-a budget when the arena's one allocation (every buffer, aligned) is at most the budget.
+a budget when the arena's one allocation (every buffer, aligned) is at most the budget. The devices'
+plans differ only in the convolution workspace (the GPU's im2col covers the whole batch, the CPU works
+a chunk of images at a time); --device plans for either, whatever this machine has.
 """
+import contextlib
 import argparse
 import json
 import math
 import re
 import sys
 
-from . import models
+from . import backend, models
 from .arena import format_bytes
 from .params import key
 from .quant import BITS
@@ -100,6 +104,17 @@ def report(net, *, model, batch, bits, budget=None):
     return plan, result
 
 
+@contextlib.contextmanager
+def planning_for(device):
+    """Plans made inside follow that device's code paths (layers read backend.device to size workspaces);
+    nothing is allocated, so no such device is needed."""
+    actual, backend.device = backend.device, device
+    try:
+        yield
+    finally:
+        backend.device = actual
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m minibp.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -111,6 +126,8 @@ def main(argv=None):
     parser.add_argument("--bits", choices=list(BITS), default="4")
     parser.add_argument("--units", action="store_true", help="also list every unit's store")
     parser.add_argument("--budget", help="e.g. 11GiB: print the largest batch that fits, for each store")
+    parser.add_argument("--device", choices=["cpu", "gpu"], help="plan for this device's code paths "
+                        f"(default: this process's, {backend.device})")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -120,7 +137,8 @@ def main(argv=None):
         budget = check_budget(parse_bytes(args.budget)) if args.budget is not None else None
         if args.batch < 1:
             raise ValueError("--batch must be positive")
-        plan, result = report(net, model=args.model, batch=args.batch, bits=args.bits, budget=budget)
+        with planning_for(args.device or backend.device):
+            plan, result = report(net, model=args.model, batch=args.batch, bits=args.bits, budget=budget)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

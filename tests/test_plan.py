@@ -110,3 +110,15 @@ def test_parse_bytes():
     assert plan.parse_bytes("1.5 GB") == 1_500_000_000
     assert plan.parse_bytes("512") == 512
     assert plan.parse_bytes("1PiB") == plan.MAX_BUDGET
+
+
+def test_device_option_plans_the_other_device_without_it(capsys):
+    """The GPU's im2col covers the whole batch, the CPU's a chunk: the workspace differs, the stores not."""
+    from minibp import backend
+    actual, sizes = backend.device, {}
+    for device in ("cpu", "gpu"):
+        assert plan.main(["--model", "resnet20", "--batch", "64", "--device", device, "--json"]) == 0
+        sizes[device] = json.loads(capsys.readouterr().out)["categories"]
+    assert sizes["gpu"]["workspace"] > sizes["cpu"]["workspace"]
+    assert sizes["gpu"]["activation stores"] == sizes["cpu"]["activation stores"]
+    assert backend.device == actual  # put back as it was
