@@ -305,7 +305,10 @@ def wait_gone(pids, seconds=30):  # (generous: CI machines can be loaded)
 
 
 READER_SCRIPT = """
-import sys, time
+import signal, sys, time
+# Ctrl-C raises KeyboardInterrupt, as in a terminal, even where this test runs with SIGINT ignored (a
+# background job of a shell without job control inherits it ignored, and Python keeps it so)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {root!r})
 from minibp import imagenet
 train_split, _ = imagenet.load_folders(sys.argv[1])
