@@ -28,21 +28,6 @@
 #define B(c) stats[3 * C + (c)]
 #define SHIFT(c) stats[4 * C + (c)]
 
-// for (each chunk of this thread's row lane)
-#define CHUNK_LOOP(chunk, chunks)                                                                     \
-    for (long long chunk = (long long)blockIdx.x * blockDim.y + threadIdx.y; chunk < (chunks); \
-         chunk += (long long)gridDim.x * blockDim.y)
-
-// for (each row r of chunk)
-#define CHUNK_ROWS(r, chunk, rows, rows_per_chunk)                                                        \
-    for (long long r = (chunk) * (rows_per_chunk),                                                        \
-                   r##_end = r + (rows_per_chunk) < (rows) ? r + (rows_per_chunk) : (rows); r < r##_end; ++r)
-
-// for (each row r of this thread's row lane)
-#define ROW_LOOP(r, rows, rows_per_chunk)                                        \
-    CHUNK_LOOP(r##_chunk, ((rows) + (rows_per_chunk) - 1) / (rows_per_chunk)) \
-    CHUNK_ROWS(r, r##_chunk, rows, rows_per_chunk)
-
 // The loops over a row's groups and channels that are this thread's. STEP is a template parameter of
 // the functions below: 1 when a block has one thread (the CPU's launch), so that g++ sees a unit step
 // and vectorises, else 0, meaning blockDim.x.

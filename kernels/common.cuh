@@ -1,5 +1,5 @@
-// Included first by every kernel file: the CPU shim when not compiling for CUDA, and the
-// grid-stride loop every kernel uses (any grid covers any n, which the tests check).
+// Included first by every kernel file: the CPU shim when not compiling for CUDA, and the loops the
+// kernels walk their work with (any grid covers any n, which the tests check).
 #pragma once
 #ifndef __CUDACC__
 #include "cpu_shim.h"
@@ -9,3 +9,20 @@
 #define GRID_STRIDE_LOOP(i, n)                                                     \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
          i += (long long)blockDim.x * gridDim.x)
+
+// Blocks walk rows (a pixel's channels, contiguous) in chunks: blockDim.y row lanes a block, chunks
+// handed out grid-stride over the lanes; a block's x threads then share each row (bn.cu, pool.cu).
+// for (each chunk of this thread's row lane)
+#define CHUNK_LOOP(chunk, chunks)                                                                     \
+    for (long long chunk = (long long)blockIdx.x * blockDim.y + threadIdx.y; chunk < (chunks); \
+         chunk += (long long)gridDim.x * blockDim.y)
+
+// for (each row r of chunk)
+#define CHUNK_ROWS(r, chunk, rows, rows_per_chunk)                                                        \
+    for (long long r = (chunk) * (rows_per_chunk),                                                        \
+                   r##_end = r + (rows_per_chunk) < (rows) ? r + (rows_per_chunk) : (rows); r < r##_end; ++r)
+
+// for (each row r of this thread's row lane)
+#define ROW_LOOP(r, rows, rows_per_chunk)                                        \
+    CHUNK_LOOP(r##_chunk, ((rows) + (rows_per_chunk) - 1) / (rows_per_chunk)) \
+    CHUNK_ROWS(r, r##_chunk, rows, rows_per_chunk)

@@ -17,13 +17,6 @@
 
 __device__ __forceinline__ int min_int(int a, int b) { return a < b ? a : b; }
 
-// for (each row r of this thread's row lane)
-#define ROW_LOOP(r, rows, rows_per_chunk)                                                                \
-    for (long long r##_chunk = (long long)blockIdx.x * blockDim.y + threadIdx.y;                         \
-         r##_chunk * (rows_per_chunk) < (rows); r##_chunk += (long long)gridDim.x * blockDim.y)          \
-        for (long long r = r##_chunk * (rows_per_chunk),                                                 \
-                       r##_end = r + (rows_per_chunk) < (rows) ? r + (rows_per_chunk) : (rows); r < r##_end; ++r)
-
 // The longest tile: 128 channels on the CPU; 1 on the GPU, which launches one-thread blocks only for C = 1
 // (and NVRTC compiles 10x slower over local arrays).
 #ifdef __CUDACC__
