@@ -248,7 +248,8 @@ class ReluConvUnit:
         self.conv.backward(a, self.p["w"], dy, dw=self.g["w"], dbias=self.g["bias"], dx=da, col=s.shared("col"))
         if dx is None:
             return
-        xp.multiply(da, x > 0, out=dx)
+        xp.sign(a, out=dx)  # the ReLU's mask, 1 where x > 0 (a = relu(x) >= 0), with no array beside the arena's
+        dx *= da
         if residual_grad is not None:
             dx += residual_grad
 
