@@ -27,6 +27,7 @@ def main():
     parser.add_argument("--values", type=float, default=1e7)
     parser.add_argument("--channels", type=int, default=64)
     parser.add_argument("--bits", type=int, default=4, choices=quant.SUPPORTED_BITS)
+    parser.add_argument("--window", choices=list(quant.WINDOWS), default=quant.DEFAULT_WINDOW)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     xp = backend.xp
@@ -40,20 +41,22 @@ def main():
     codes = xp.empty(v.size * args.bits // 8, np.uint8)            # (M*C*k/8,)
     xhat, a = xp.empty(shape, np.float32), xp.empty(shape, np.float32)  # (M, C) each
     mask = xp.empty(shape, np.uint8)                                # (M, C)
+    window = quant.window(b, bits=args.bits, kind=args.window, v=v)  # (3, C)
+    window_host = backend.to_host(window)
 
     def kernels_round_trip():
-        quant.quantize_into(v, b, codes, bits=args.bits)
-        quant.dequantize_into(codes, b, gamma, bits=args.bits, shape=shape, xhat=xhat, a=a, mask=mask)
+        quant.quantize_into(v, window, codes, bits=args.bits)
+        quant.dequantize_into(codes, window, b, gamma, bits=args.bits, shape=shape, xhat=xhat, a=a, mask=mask)
 
     def reference_round_trip():
-        packed = quant.quantize_ref(v_host, b_host, bits=args.bits)
-        quant.dequantize_ref(packed, b_host, gamma_host, bits=args.bits, shape=shape)
+        packed = quant.quantize_ref(v_host, window_host, bits=args.bits)
+        quant.dequantize_ref(packed, window_host, b_host, gamma_host, bits=args.bits, shape=shape)
 
     kernels_round_trip()  # compile and warm up
-    assert np.array_equal(backend.to_host(codes), quant.quantize_ref(v_host, b_host, bits=args.bits))
+    assert np.array_equal(backend.to_host(codes), quant.quantize_ref(v_host, window_host, bits=args.bits))
     t_kernel = best_of(args.repeats, kernels_round_trip)
     t_ref = best_of(max(1, args.repeats // 2), reference_round_trip)
-    print(f"{rows * args.channels:,} values, {args.bits} bits, device {backend.device}")
+    print(f"{rows * args.channels:,} values, {args.bits} bits, {args.window} window, device {backend.device}")
     print(f"  kernels   quantize+dequantize: {t_kernel * 1e3:8.1f} ms")
     print(f"  NumPy ref quantize+dequantize: {t_ref * 1e3:8.1f} ms   ({t_ref / t_kernel:.1f}x slower)")
 

@@ -1,11 +1,11 @@
 // Batch normalisation + ReLU of one unit, fused with writing (and reading) its activation store.
 // NumPy references: minibp/layers.py (batchnorm_relu_*_ref) and minibp/quant.py.
 //
-// Activations are (rows, C), channels last. stats is the unit's (5, C) table, written by the
+// Activations are (rows, C), channels last. stats is the unit's (7, C) table, written by the
 // forward pass and read by the backward pass:
 //     stats[0] = mean_c      stats[1] = sigma_c = sqrt(var_c + eps)
 //     stats[2] = gamma_c, gamma clamped to >= 1e-8      stats[3] = b_c = beta_c / gamma_c
-//     stats[4] = shift_c of the k-bit code of channel c
+//     stats[4:7] = shift_c, width_c, scale_c: the window of channel c's k-bit code (quant.cuh)
 // The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh).
 //
 // Layout: blocks walk rows, the threads of a block walk a row's channels. Rows are dealt out in chunks
@@ -27,6 +27,8 @@
 #define GAMMA(c) stats[2 * C + (c)]
 #define B(c) stats[3 * C + (c)]
 #define SHIFT(c) stats[4 * C + (c)]
+#define WIDTH(c) stats[5 * C + (c)]
+#define SCALE(c) stats[6 * C + (c)]
 
 // The loops over a row's groups and channels that are this thread's. STEP is a template parameter of
 // the functions below: 1 when a block has one thread (the CPU's launch), so that g++ sees a unit step
@@ -73,7 +75,7 @@ __device__ __forceinline__ real_t xhat_from_x(real_t x, int c, int C, const real
 template <int BITS>
 __device__ __forceinline__ real_t xhat_from_code(float q, int c, int C, const real_t* stats, real_t* on) {
     *on = quant_mask(q, (float)SHIFT(c)) ? (real_t)1 : (real_t)0;
-    return quant_xhat(q, (float)SHIFT(c), B(c), BITS);
+    return quant_xhat(q, (float)SHIFT(c), (float)WIDTH(c), B(c));
 }
 
 // body(q, c) for each of this thread's channels c of a row of codes, q the code as a number.
@@ -112,38 +114,67 @@ __device__ __forceinline__ void channel_sums_row(int C, const real_t* __restrict
     }
 }
 
+// In a loop of its own: with the sums above it would keep g++ from vectorising either.
 template <int STEP>
-__device__ void channel_sums_rows(long long rows, int C, int rows_per_chunk, const real_t* __restrict__ x,
-                                  const real_t* __restrict__ shift, real_t* __restrict__ partial) {
+__device__ __forceinline__ void channel_extremes_row(int C, const real_t* __restrict__ x_row,
+                                                     real_t* __restrict__ least, real_t* __restrict__ most) {
+    constexpr int PER = 1;
+    CHANNEL_LOOP(c, C) {
+        least[c] = x_row[c] < least[c] ? x_row[c] : least[c];
+        most[c] = x_row[c] > most[c] ? x_row[c] : most[c];
+    }
+}
+
+template <int STEP>
+__device__ void channel_sums_rows(long long rows, int C, int rows_per_chunk, bool extremes,
+                                  const real_t* __restrict__ x, const real_t* __restrict__ shift,
+                                  real_t* __restrict__ partial) {
     constexpr int PER = 1;
     const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
     CHUNK_LOOP(chunk, chunks) {
         real_t* sum = partial + chunk * C;
         real_t* sum_sq = partial + (chunks + chunk) * C;
+        real_t* least = partial + (2 * chunks + chunk) * C;
+        real_t* most = partial + (3 * chunks + chunk) * C;
         CHANNEL_LOOP(c, C) sum[c] = sum_sq[c] = 0;
-        CHUNK_ROWS(r, chunk, rows, rows_per_chunk) channel_sums_row<STEP>(C, x + r * C, shift, sum, sum_sq);
+        if (extremes) CHANNEL_LOOP(c, C) least[c] = most[c] = x[chunk * rows_per_chunk * C + c];
+        CHUNK_ROWS(r, chunk, rows, rows_per_chunk) {
+            channel_sums_row<STEP>(C, x + r * C, shift, sum, sum_sq);
+            if (extremes) channel_extremes_row<STEP>(C, x + r * C, least, most);
+        }
     }
 }
 
-// partial[0, chunk, c] = sum over the chunk's rows of x - shift, partial[1, chunk, c] of (x - shift)^2:
-// partial is (2, chunks, C). With the shift near the mean (layers.py: the mean of rows spread over the
-// batch) one pass gives the variance without the cancellation of a large mean.
-extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, const real_t* __restrict__ x,
-                                        const real_t* __restrict__ shift, real_t* __restrict__ partial) {
-    if (blockDim.x == 1) channel_sums_rows<1>(rows, C, rows_per_chunk, x, shift, partial);
-    else channel_sums_rows<0>(rows, C, rows_per_chunk, x, shift, partial);
+// partial[0, chunk, c] = sum over the chunk's rows of x - shift, partial[1, chunk, c] of (x - shift)^2,
+// and with extremes partial[2, chunk, c], partial[3, chunk, c] the chunk's least and largest x (for the
+// range window): partial is (2 or 4, chunks, C). With the shift near the mean (layers.py: the mean of
+// rows spread over the batch) one pass gives the variance without the cancellation of a large mean.
+extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, int extremes,
+                                        const real_t* __restrict__ x, const real_t* __restrict__ shift,
+                                        real_t* __restrict__ partial) {
+    if (blockDim.x == 1) channel_sums_rows<1>(rows, C, rows_per_chunk, extremes != 0, x, shift, partial);
+    else channel_sums_rows<0>(rows, C, rows_per_chunk, extremes != 0, x, shift, partial);
 }
 
-// Given the batch mean and variance in stats[0], stats[1]: sigma, the clamped gamma, b and the
-// code's shift. One thread per channel.
-extern "C" __global__ void batchnorm_coefficients(int C, int bits, real_t eps, const real_t* __restrict__ gamma,
-                                                  const real_t* __restrict__ beta, real_t* __restrict__ stats) {
+// Given the batch mean and variance in stats[0], stats[1] (and for the range window the batch's least
+// and largest x in stats[5], stats[6]): sigma, the clamped gamma, b and the code's window. One thread
+// per channel. The range window's [lo, hi] is v of those x computed as the forward pass computes v,
+// so that every v of the batch lies within it.
+extern "C" __global__ void batchnorm_coefficients(int C, int bits, int range, real_t eps,
+                                                  const real_t* __restrict__ gamma, const real_t* __restrict__ beta,
+                                                  real_t* __restrict__ stats) {
     GRID_STRIDE_LOOP(c, C) {
         SIGMA(c) = sqrt(SIGMA(c) + eps);
         const real_t g = gamma[c] < (real_t)1e-8 ? (real_t)1e-8 : gamma[c];  // (NaN passes through)
         GAMMA(c) = g;
         B(c) = beta[c] / g;
-        SHIFT(c) = bits ? (real_t)quant_shift((float)B(c), bits) : (real_t)0;
+        float shift = 0, width = 0, scale = 0;
+        if (bits && range)
+            quant_window_range((float)(xhat_of(stats[5 * C + c], c, C, stats) + B(c)),
+                               (float)(xhat_of(stats[6 * C + c], c, C, stats) + B(c)), bits, &shift, &width, &scale);
+        else if (bits)
+            quant_window_fixed((float)B(c), bits, &shift, &width, &scale);
+        SHIFT(c) = shift, WIDTH(c) = width, SCALE(c) = scale;
     }
 }
 
@@ -158,7 +189,10 @@ __device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __r
     if constexpr (BITS == 0) {
         if (x_copy_row) CHANNEL_LOOP(c, C) x_copy_row[c] = x_row[c];
     } else {  // the codes as numbers into a_row (scratch: a is written below), then packed
-        CHANNEL_LOOP(c, C) a_row[c] = quant_code((float)(xhat_of(x_row[c], c, C, stats) + B(c)), (float)SHIFT(c), BITS);
+        CHANNEL_LOOP(c, C) {
+            const float v = (float)(xhat_of(x_row[c], c, C, stats) + B(c));
+            a_row[c] = quant_code(v, (float)SHIFT(c), (float)SCALE(c), BITS);
+        }
         GROUP_LOOP(j, C / PER) {
             int byte = 0;
             for (int t = 0; t < PER; ++t) byte |= (int)a_row[j * PER + t] << quant_offset<BITS>(t);
@@ -168,7 +202,8 @@ __device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __r
     if (BITS && naive) {  // a~ goes forward instead of a (a NaN still does, so divergence shows)
         CHANNEL_LOOP(c, C) {
             const real_t exact = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
-            a_row[c] = exact == exact ? quant_restore((float)a_row[c], (float)SHIFT(c), GAMMA(c), BITS) : exact;
+            const real_t restored = quant_restore((float)a_row[c], (float)SHIFT(c), (float)WIDTH(c), GAMMA(c));
+            a_row[c] = exact == exact ? restored : exact;
         }
         return;
     }
@@ -205,7 +240,7 @@ __device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_
         CHANNEL_LOOP(c, C) a_row[c] = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
     else
         for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
-            a_row[c] = quant_restore(q, (float)SHIFT(c), GAMMA(c), BITS);
+            a_row[c] = quant_restore(q, (float)SHIFT(c), (float)WIDTH(c), GAMMA(c));
         });
 }
 

@@ -1,5 +1,6 @@
-// The k-bit store of (M, C) values v with per-channel b, through quant.cuh's functions, the ones the
-// training kernels (bn.cu) use: minibp/quant.py's kernel wrappers, for its tests and bench/quant.py.
+// The k-bit store of (M, C) values v, through quant.cuh's functions, the ones the training kernels
+// (bn.cu) use: minibp/quant.py's kernel wrappers, for its tests and bench/quant.py.
+// window is (3, C): each channel's shift, width and scale, as bn.cu's stats[4:7].
 // n_bytes = M*C*k/8, the size of the codes. A thread takes one row at a time, in blocks of up to
 // BLOCK_C channels whose codes go through a local scratch block as numbers, as bn.cu's go through a
 // row of its output: the loops over a block vectorise on the CPU.
@@ -8,31 +9,43 @@
 
 constexpr int BLOCK_C = 64;  // a multiple of 8/k, as C is: blocks are whole bytes
 
+// window (3, C) of each channel: the fixed window of b (range = 0) or the range window of [lo, hi] (range = 1).
+extern "C" __global__ void channel_window(int C, int bits, int range, const real_t* b, const real_t* lo,
+                                          const real_t* hi, real_t* window) {
+    GRID_STRIDE_LOOP(c, C) {
+        float shift, width, scale;
+        if (range) quant_window_range((float)lo[c], (float)hi[c], bits, &shift, &width, &scale);
+        else quant_window_fixed((float)b[c], bits, &shift, &width, &scale);
+        window[c] = shift, window[C + c] = width, window[2 * C + c] = scale;
+    }
+}
+
 template <int BITS>
-__device__ void quantize_rows(long long rows, int C, const real_t* v, const real_t* b, unsigned char* codes) {
+__device__ void quantize_rows(long long rows, int C, const real_t* v, const real_t* window, unsigned char* codes) {
     GRID_STRIDE_LOOP(r, rows) {
         for (int c0 = 0; c0 < C; c0 += BLOCK_C) {
             const int n = C - c0 < BLOCK_C ? C - c0 : BLOCK_C;
             const real_t* v_block = v + r * C + c0;
             real_t q[BLOCK_C];
-            for (int c = 0; c < n; ++c) q[c] = quant_code((float)v_block[c], quant_shift((float)b[c0 + c], BITS), BITS);
+            for (int c = 0; c < n; ++c)
+                q[c] = quant_code((float)v_block[c], (float)window[c0 + c], (float)window[2 * C + c0 + c], BITS);
             quant_pack_row<BITS>(q, codes + (r * C + c0) / (8 / BITS), n);
         }
     }
 }
 
-// codes (n_bytes,) <- the codes of v (M, C); b is (C,).
-extern "C" __global__ void quantize(long long n_bytes, int C, int bits, const real_t* v, const real_t* b,
+// codes (n_bytes,) <- the codes of v (M, C).
+extern "C" __global__ void quantize(long long n_bytes, int C, int bits, const real_t* v, const real_t* window,
                                     unsigned char* codes) {
     const long long rows = n_bytes * (8 / bits) / C;
-    if (bits == 2) quantize_rows<2>(rows, C, v, b, codes);
-    if (bits == 4) quantize_rows<4>(rows, C, v, b, codes);
-    if (bits == 8) quantize_rows<8>(rows, C, v, b, codes);
+    if (bits == 2) quantize_rows<2>(rows, C, v, window, codes);
+    if (bits == 4) quantize_rows<4>(rows, C, v, window, codes);
+    if (bits == 8) quantize_rows<8>(rows, C, v, window, codes);
 }
 
 template <int BITS>
-__device__ void dequantize_rows(long long rows, int C, const unsigned char* codes, const real_t* b,
-                                const real_t* gamma, real_t* xhat, real_t* a, unsigned char* mask) {
+__device__ void dequantize_rows(long long rows, int C, const unsigned char* codes, const real_t* window,
+                                const real_t* b, const real_t* gamma, real_t* xhat, real_t* a, unsigned char* mask) {
     GRID_STRIDE_LOOP(r, rows) {
         for (int c0 = 0; c0 < C; c0 += BLOCK_C) {
             const int n = C - c0 < BLOCK_C ? C - c0 : BLOCK_C;
@@ -40,9 +53,9 @@ __device__ void dequantize_rows(long long rows, int C, const unsigned char* code
             real_t q[BLOCK_C];
             quant_unpack_row<BITS>(codes + e0 / (8 / BITS), q, n);
             for (int c = 0; c < n; ++c) {
-                const float shift = quant_shift((float)b[c0 + c], BITS);
-                if (xhat) xhat[e0 + c] = quant_xhat((float)q[c], shift, b[c0 + c], BITS);
-                if (a) a[e0 + c] = quant_restore((float)q[c], shift, gamma[c0 + c], BITS);
+                const float shift = (float)window[c0 + c], width = (float)window[C + c0 + c];
+                if (xhat) xhat[e0 + c] = quant_xhat((float)q[c], shift, width, b[c0 + c]);
+                if (a) a[e0 + c] = quant_restore((float)q[c], shift, width, gamma[c0 + c]);
                 if (mask) mask[e0 + c] = (unsigned char)quant_mask((float)q[c], shift);
             }
         }
@@ -51,10 +64,10 @@ __device__ void dequantize_rows(long long rows, int C, const unsigned char* code
 
 // xhat~, a~ and mask (each (M, C), any of them null when not wanted) of the codes (n_bytes,) of (M, C) values.
 extern "C" __global__ void dequantize(long long n_bytes, int C, int bits, const unsigned char* codes,
-                                      const real_t* b, const real_t* gamma, real_t* xhat, real_t* a,
-                                      unsigned char* mask) {
+                                      const real_t* window, const real_t* b, const real_t* gamma, real_t* xhat,
+                                      real_t* a, unsigned char* mask) {
     const long long rows = n_bytes * (8 / bits) / C;
-    if (bits == 2) dequantize_rows<2>(rows, C, codes, b, gamma, xhat, a, mask);
-    if (bits == 4) dequantize_rows<4>(rows, C, codes, b, gamma, xhat, a, mask);
-    if (bits == 8) dequantize_rows<8>(rows, C, codes, b, gamma, xhat, a, mask);
+    if (bits == 2) dequantize_rows<2>(rows, C, codes, window, b, gamma, xhat, a, mask);
+    if (bits == 4) dequantize_rows<4>(rows, C, codes, window, b, gamma, xhat, a, mask);
+    if (bits == 8) dequantize_rows<8>(rows, C, codes, window, b, gamma, xhat, a, mask);
 }

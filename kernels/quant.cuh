@@ -1,17 +1,20 @@
 // The k-bit activation store, defined once for every kernel that writes or reads one: bn.cu (training)
 // and quant.cu (the same functions behind minibp/quant.py). NumPy reference: minibp/quant.py.
 //
-// Each element's v = xhat + b (b = beta/gamma of its channel) is kept as a code q of K = 2^k bins of
-// width 6/K (k = BITS = 2, 4, 8):
-//     shift = clamp(K/2 - floor(b*K/6), 1, K-1)              per channel
-//     q     = clamp(floor((v - 1e-6)*K/6) + shift, 0, K-1)   the code (NaN -> 0)
-//     vhat  = (q - shift + 0.5)*6/K                          the bin's midpoint
-//     mask  = q >= shift                                     (= v >= 1e-6, the ReLU's sign)
-//     xhat~ = vhat - b,   a~ = relu(gamma*vhat)              what the backward pass reads
-// The paper's reference code clamps shift only at 1. The cap at K-1 keeps zero a bin edge inside the
-// code range, so the mask is exact for every b: without it a channel with b < -(K/2-1)*6/K has zero
-// above the top code, and every positive v loses its mask bit.
-// It is all float32 arithmetic on small integers and 6/K, which are exact, so CPU and GPU agree bit for bit.
+// Each element's v = xhat + b (b = beta/gamma of its channel) is kept as a code q of K = 2^k bins
+// (k = BITS = 2, 4, 8) through its channel's window (shift, width, scale = 1/width):
+//     q     = clamp(floor((v - 1e-6)*scale) + shift, 0, K-1)   the code (NaN -> 0)
+//     vhat  = (q - shift + 0.5)*width                          the bin's midpoint
+//     mask  = q >= shift                                       (= v >= 1e-6, the ReLU's sign)
+//     xhat~ = vhat - b,   a~ = relu(gamma*vhat)                what the backward pass reads
+// shift is a whole number, so zero is a bin edge and the mask is exact whatever the window. Two windows:
+//   fixed (the paper's): width 6/K, shift = clamp(K/2 - floor(b*K/6), 1, K-1): v within about b +- 3,
+//     values beyond clipped to the end bins. The paper's code clamps shift only at 1; the cap at K-1
+//     keeps zero inside the code range, so a channel with very negative b keeps its positive values' mask.
+//   range: the batch's own [lo, hi] of v in the channel (from its min and max of x), nothing clipped;
+//     zero may fall outside the codes when the whole channel has one sign (shift <= 0: every mask 1;
+//     shift >= K: every mask 0).
+// All float32 arithmetic that CPU, GPU and NumPy round alike (no FMA contraction, no fast math).
 //
 // A row of C channels (C a multiple of 8/k) packs into C*k/8 bytes, 8/k codes a byte, the row's first
 // element in the most significant bits. Rows are decoded through the codes as numbers in a scratch row
@@ -28,32 +31,58 @@ __device__ __forceinline__ float clampf(float x, float lo, float hi) {
     return x < hi ? x : hi;
 }
 
+// ----------------------------------------------------------------------------- a channel's window
+
+__device__ __forceinline__ void quant_window_fixed(float b, int bits, float* shift, float* width, float* scale) {
+    const float K = (float)(1 << bits);
+    *shift = clampf(K * 0.5f - floorf(b * (K / 6.0f)), 1.0f, K - 1.0f);
+    *width = 6.0f / K;
+    *scale = K / 6.0f;
+}
+
+// [lo, hi]: the channel's smallest and largest v. With u = v - 1e-6 (what the code floors), a channel
+// of one sign spreads K-1 widths over [u_lo, u_hi] (K bins whatever the grid's offset from zero); one
+// straddling zero puts j of the K bins below zero, j chosen for the narrowest width.
+__device__ __forceinline__ void quant_window_range(float lo, float hi, int bits, float* shift, float* width,
+                                                   float* scale) {
+    const float K = (float)(1 << bits);
+    const float u_lo = lo - 1e-6f, u_hi = hi - 1e-6f;
+    const bool one_sign = u_lo >= 0.0f || u_hi < 0.0f;
+    float w = (u_hi - u_lo) / (K - 1.0f), j_best = 1.0f;
+    if (!one_sign) {
+        w = -u_lo > u_hi / (K - 1.0f) ? -u_lo : u_hi / (K - 1.0f);  // j = 1
+        for (float j = 2.0f; j < K; j += 1.0f) {
+            const float below = -u_lo / j, above = u_hi / (K - j), w_j = below > above ? below : above;
+            if (w_j < w) w = w_j, j_best = j;
+        }
+    }
+    // a floor keeps |u|*scale within float32's whole numbers (a constant channel has no spread)
+    const float magnitude = -u_lo > u_hi ? -u_lo : u_hi, least = magnitude * 1.52587890625e-5f;  // 2^-16
+    w = w > least ? w : least;
+    w = w > 1e-30f ? w : 1e-30f;
+    *width = w;
+    *scale = 1.0f / w;
+    *shift = !one_sign ? j_best : u_lo >= 0.0f ? -floorf(u_lo * *scale) : K - 1.0f - floorf(u_hi * *scale);
+}
+
 // ----------------------------------------------------------------------------- one value
 
-__device__ __forceinline__ float quant_shift(float b, int bits) {
-    const float K = (float)(1 << bits);
-    return clampf(K * 0.5f - floorf(b * (K / 6.0f)), 1.0f, K - 1.0f);
-}
-
 // q as a float (an exact integer), the form the scratch rows hold.
-__device__ __forceinline__ float quant_code(float v, float shift, int bits) {
-    const float K = (float)(1 << bits);
-    return clampf(floorf((v - 1e-6f) * (K / 6.0f)) + shift, 0.0f, K - 1.0f);
+__device__ __forceinline__ float quant_code(float v, float shift, float scale, int bits) {
+    return clampf(floorf((v - 1e-6f) * scale) + shift, 0.0f, (float)((1 << bits) - 1));
 }
 
-__device__ __forceinline__ float quant_vhat(float q, float shift, int bits) {
-    return (q - shift + 0.5f) * (6.0f / (float)(1 << bits));
-}
+__device__ __forceinline__ float quant_vhat(float q, float shift, float width) { return (q - shift + 0.5f) * width; }
 
 __device__ __forceinline__ bool quant_mask(float q, float shift) { return q >= shift; }
 
-__device__ __forceinline__ real_t quant_xhat(float q, float shift, real_t b, int bits) {
-    return (real_t)quant_vhat(q, shift, bits) - b;
+__device__ __forceinline__ real_t quant_xhat(float q, float shift, float width, real_t b) {
+    return (real_t)quant_vhat(q, shift, width) - b;
 }
 
 // a~; zero exactly where the mask is (gamma > 0).
-__device__ __forceinline__ real_t quant_restore(float q, float shift, real_t gamma, int bits) {
-    return relu(gamma * (real_t)quant_vhat(q, shift, bits));
+__device__ __forceinline__ real_t quant_restore(float q, float shift, float width, real_t gamma) {
+    return relu(gamma * (real_t)quant_vhat(q, shift, width));
 }
 
 // ----------------------------------------------------------------------------- packed rows

@@ -305,8 +305,8 @@ def col2im_ref(col, x_shape, kh, kw, stride, pad_top, pad_left, Ho, Wo):
 
 # ----------------------------------------------------------------------------- batch norm + ReLU
 #
-# stats is a unit's (5, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma, and
-# the shift of channel c's k-bit code (kernels/bn.cu).
+# stats is a unit's (7, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma, and
+# the window (shift, width, scale) of channel c's k-bit code (kernels/bn.cu, minibp/quant.py).
 # The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b.
 #
 # The kernels' layout (kernels/bn.cu): blocks walk rows in chunks, a block's threads walk a row's groups
@@ -316,12 +316,14 @@ GPU_BLOCK = 256       # threads a GPU block: a row's groups (x) times row lanes 
 GPU_MAX_BLOCKS = 4096  # more rows than that covers: the lanes stride over them
 CPU_BLOCKS = 64        # one-thread blocks the CPU's OpenMP threads share: a contiguous run of rows each
 SHIFT_ROWS = 32        # rows, spread over the batch, whose mean is the statistics' shift
+STATS_ROWS = 7         # a unit's statistics table: (7, C), as above
 
 
 def reduction_chunks(rows):
-    """The scratch `partial` of a reduction over `rows` rows holds reduction_chunks(rows) * C values per sum:
-    the backward sums chunks of ROWS_PER_CHUNK rows, the statistics (two sums at once) chunks twice as long,
-    their count rounded up to an even one so that both sums fit where one does."""
+    """The scratch `partial` of a reduction over `rows` rows holds 2 * reduction_chunks(rows) * C values:
+    the backward's two sums over chunks of ROWS_PER_CHUNK rows, or the statistics' four (two sums and
+    the range window's least and largest x) over chunks twice as long, their count rounded up to an even
+    one so that the four fit where two do."""
     return 2 * -(-rows // (2 * ROWS_PER_CHUNK))
 
 
@@ -341,22 +343,28 @@ def _launch(rows, C, *, bits=0, rows_per_chunk=None):
     return dict(grid=(min(-(-rows // per_chunk), CPU_BLOCKS),), block=(1,), rows_per_chunk=per_chunk)
 
 
-def _chunk_sums(kernel, *, rows, C, rows_per_chunk, partial, out=None, **arguments):
-    """The (2, C) sums of a reduction kernel, which writes two sums per chunk of rows_per_chunk rows into
-    partial as (2, chunks, C) for xp to add up."""
+def _chunk_sums(kernel, *, rows, C, rows_per_chunk, partial, out=None, values=2, **arguments):
+    """The (2, C) sums of a reduction kernel, which writes `values` values per chunk of rows_per_chunk rows
+    into partial as (values, chunks, C), two sums first, for xp to add up; and the (values, chunks, C) view."""
     chunks = -(-rows // rows_per_chunk)
-    if partial.size < 2 * chunks * C:
+    if partial.size < values * chunks * C:
         raise ValueError(f"partial holds {partial.size} values; {kernel.name} over {rows} rows of {C} channels "
-                         f"needs {2 * chunks * C}")
-    part = partial[: 2 * chunks * C]
+                         f"needs {values * chunks * C}")
+    part = partial[: values * chunks * C].reshape(values, chunks, C)
     kernel(rows=rows, C=C, partial=part, **arguments,
            **_launch(rows, C, bits=arguments.get("bits", 0), rows_per_chunk=rows_per_chunk))
-    return backend.xp.sum(part.reshape(2, chunks, C), axis=1, out=out)
+    return backend.xp.sum(part[:2], axis=1, out=out), part
 
 
-def batchnorm_statistics(x, stats, *, partial):
-    """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1]; partial is
-    (>= reduction_chunks(rows) * C,) scratch.
+def _check_stats(stats, C):
+    if stats.shape != (STATS_ROWS, C):  # the kernels write all its rows
+        raise ValueError(f"stats must be ({STATS_ROWS}, {C}), got {stats.shape}")
+
+
+def batchnorm_statistics(x, stats, *, partial, extremes=False):
+    """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1], and with extremes its least
+    and largest value per channel into stats[5], stats[6] (for the range window); partial is
+    (>= 2 * reduction_chunks(rows) * C,) scratch.
 
     One pass over x: the sums of d = x - s and d^2, with s the mean of SHIFT_ROWS rows spread over the
     batch (other images: a shift near the mean), so that var = mean(d^2) - mean(d)^2 keeps its digits.
@@ -364,20 +372,26 @@ def batchnorm_statistics(x, stats, *, partial):
     xp = backend.xp
     C = x.shape[-1]
     rows = x.size // C
+    _check_stats(stats, C)
     xp.mean(x.reshape(rows, C)[:: -(-rows // SHIFT_ROWS)], axis=0, out=stats[0])
-    moments = _chunk_sums(_k("bn.cu", x.dtype).channel_sums, rows=rows, C=C, rows_per_chunk=2 * ROWS_PER_CHUNK,
-                          partial=partial, x=x, shift=stats[0])
+    moments, part = _chunk_sums(_k("bn.cu", x.dtype).channel_sums, rows=rows, C=C, rows_per_chunk=2 * ROWS_PER_CHUNK,
+                                partial=partial, values=4 if extremes else 2, extremes=extremes, x=x, shift=stats[0])
+    if extremes:
+        xp.min(part[2], axis=0, out=stats[5])
+        xp.max(part[3], axis=0, out=stats[6])
     moments /= rows  # mean(d), mean(d^2)
     stats[0] += moments[0]
     xp.maximum(moments[1] - moments[0] * moments[0], 0, out=stats[1])
 
 
-def batchnorm_coefficients(gamma, beta, stats, *, eps, bits):
-    """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:5]: gamma clamped
-    to >= 1e-8, b = beta / gamma, and the k-bit code's shift per channel (0 when bits = 0). One kernel."""
+def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed"):
+    """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:7]: gamma clamped
+    to >= 1e-8, b = beta / gamma, and the k-bit code's window per channel (zeros when bits = 0); the
+    range window reads the least and largest x from stats[5:7] (batchnorm_statistics). One kernel."""
     C = gamma.shape[0]
-    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C=C, bits=bits, eps=eps, gamma=gamma, beta=beta, stats=stats,
-                                                     threads=C)
+    _check_stats(stats, C)
+    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C=C, bits=bits, range=window == "range", eps=eps, gamma=gamma,
+                                                     beta=beta, stats=stats, threads=C)
 
 
 def _store_args(bits, x_copy, codes):

@@ -30,7 +30,7 @@ from . import params as table
 from .arena import Arena, Plan
 from .cudnn_conv import attach_engines, build_graphs
 from .params import key
-from .quant import parse_bits
+from .quant import DEFAULT_WINDOW, check_window, parse_bits
 from .units import ConvUnit, Step
 
 
@@ -195,8 +195,10 @@ class Net:
 
     # ------------------------------------------------------------------ allocation and state
 
-    def compile(self, *, batch, bits="4", seed=0, training=True, input_grad=False, conv="gemm"):
-        """Allocate the arena for a step at this batch and store. The first compile initialises the
+    def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, seed=0, training=True, input_grad=False,
+                conv="gemm"):
+        """Allocate the arena for a step at this batch and store; `window` is the k-bit codes' window
+        ("range" or "fixed", quant.py; the naive ablation's is fixed). The first compile initialises the
         parameters (initialize(seed=...)); a later one keeps the trained state. conv="gemm" (both devices)
         or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier; cudnn_conv.py)."""
         if conv not in ("gemm", "cudnn"):
@@ -204,6 +206,7 @@ class Net:
         plan = self.plan(batch=batch, bits=bits, training=training, input_grad=input_grad)  # checks all first
         kept = self.state() if self.arena is not None else None
         self.bits, self.k, self.naive = parse_bits(bits)
+        self.window = "fixed" if self.naive else check_window(window)
         self.batch, self.training = positive_int(batch, "batch"), training
         if conv == "cudnn" and self.dtype != np.float32:
             raise ValueError("the cuDNN path is float32 only")

@@ -1,20 +1,30 @@
 """The k-bit activation store: each unit keeps k-bit codes of v = xhat + b instead of its activations.
 
-For NHWC activations viewed as (M, C), b_c = beta_c / gamma_c per channel, K = 2^k bins of width 6/K:
+For NHWC activations viewed as (M, C), b_c = beta_c / gamma_c per channel and K = 2^k bins, each channel
+c has a window (shift_c, width_c, scale_c = 1/width_c), shift_c a whole number:
 
-    shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1)
-    q       = clamp(floor((v - 1e-6) * K/6) + shift_c, 0, K-1)    the stored code (NaN -> 0)
-    vhat    = (q - shift_c + 0.5) * 6/K                            the bin's midpoint
+    q       = clamp(floor((v - 1e-6) * scale_c) + shift_c, 0, K-1)    the stored code (NaN -> 0)
+    vhat    = (q - shift_c + 0.5) * width_c                            the bin's midpoint
     mask    = q >= shift_c            (= v >= 1e-6 in float32: the ReLU's mask is exact)
-    xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)              what the backward pass reads
+    xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)                  what the backward pass reads
 
-The paper's reference code clamps shift only at 1; minibp also caps it at K-1, so zero stays a bin
-edge inside the code range for every b: without the cap a channel with b_c < -(K/2-1)*6/K has zero
-above the top code and loses every positive value's mask bit. Codes are packed 8/k to a byte, the
-first element in the most significant bits (at k = 4: element i in the high nibble, i+1 in the low
-one); C is a multiple of 8/k, so a byte never straddles two rows.
+Zero is a bin edge (shift is whole), so the mask is exact whatever the window. WINDOWS names the two:
 
-The *_ref functions state this in plain NumPy float32, for readers and the tests. quantize and
+  fixed   the paper's: width 6/K, shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1), so v is coded within
+          about b +- 3 (xhat within +-3 sigma) and clipped beyond. The paper's code clamps shift only
+          at 1; minibp also caps it at K-1, so zero stays a bin edge inside the code range for every b
+          (without the cap a channel with b_c < -(K/2-1)*6/K loses every positive value's mask bit).
+  range   the batch's own range [lo_c, hi_c] of v (from the minimum and maximum of x that the
+          statistics pass also finds), so nothing is clipped: u = v - 1e-6 spans [u_lo, u_hi]; a
+          channel straddling zero puts j of the K bins below it, width = max(-u_lo/j, u_hi/(K-j)) for
+          the j giving the narrowest; a channel of one sign gets width (u_hi - u_lo)/(K-1) and a shift
+          outside [1, K-1] (shift <= 0: every mask 1, shift >= K: every mask 0). The width is floored
+          at 2^-16 of the largest |u| (and 1e-30), which keeps |u| * scale a whole float32 number.
+
+Codes are packed 8/k to a byte, the first element in the most significant bits (at k = 4: element i
+in the high nibble, i+1 in the low one); C is a multiple of 8/k, so a byte never straddles two rows.
+
+The *_ref functions state this in plain NumPy float32, for readers and the tests. window, quantize and
 dequantize run kernels/quant.cu, built from kernels/quant.cuh: the device functions the training
 kernels (kernels/bn.cu) write and read the stores with, so the tests of these wrappers test those.
 """
@@ -26,6 +36,9 @@ SUPPORTED_BITS = (2, 4, 8)
 # The stores a net can keep, by the name the API, the CLI and checkpoints give them ("bits"): exact keeps
 # the float input; naive is the 4-bit store fed forward too (the ablation).
 BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
+# The windows a k-bit store can code through (the API's and CLI's `window`), and the kernels' flag for each.
+WINDOWS = {"fixed": 0, "range": 1}
+DEFAULT_WINDOW = "fixed"
 MASK_THRESHOLD = np.float32(1e-6)
 
 
@@ -37,6 +50,12 @@ def parse_bits(bits):
     return name, BITS[name], name == "naive"
 
 
+def check_window(window):
+    if window not in WINDOWS:
+        raise ValueError(f"window must be one of {', '.join(WINDOWS)}, got {window!r}")
+    return window
+
+
 def check_bits(bits):
     if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
@@ -45,20 +64,38 @@ def check_bits(bits):
 
 # ----------------------------------------------------------------------------- NumPy reference
 
-def shift_ref(b, *, bits):
-    """shift_c (float32) of per-channel b."""
+def window_ref(b, *, bits, kind="fixed", lo=None, hi=None):
+    """The (3, C) float32 window (shift, width, scale) of each channel: the fixed window of b, or the
+    range window of the channel's smallest and largest v, lo and hi (C,)."""
     K = np.float32(1 << bits)
-    scale = K / np.float32(6)
-    with np.errstate(over="ignore"):
-        return np.fmin(np.fmax(K * np.float32(0.5) - np.floor(np.asarray(b, np.float32) * scale), np.float32(1)), K - 1)
+    f32 = np.float32
+    if kind == "fixed":
+        b = np.asarray(b, f32)
+        with np.errstate(over="ignore"):
+            shift = np.fmin(np.fmax(K * f32(0.5) - np.floor(b * (K / f32(6))), f32(1)), K - 1)
+        return np.stack([shift, np.full_like(b, f32(6) / K), np.full_like(b, K / f32(6))])
+    u_lo, u_hi = np.asarray(lo, f32) - MASK_THRESHOLD, np.asarray(hi, f32) - MASK_THRESHOLD
+    with np.errstate(all="ignore"):  # NaN and Inf windows of a diverged net go through as the kernel's do
+        one_sign = (u_lo >= 0) | (u_hi < 0)
+        j = np.arange(1, 1 << bits, dtype=f32)[:, None]
+        w_j = np.maximum(-u_lo / j, u_hi / (K - j))  # (K-1, C): j bins below zero
+        best = np.argmin(w_j, axis=0)
+        width = np.where(one_sign, (u_hi - u_lo) / (K - 1), w_j[best, np.arange(u_lo.size)])
+        least = np.where(-u_lo > u_hi, -u_lo, u_hi) * f32(2.0 ** -16)
+        width = np.where(width > least, width, least)
+        width = np.where(width > f32(1e-30), width, f32(1e-30)).astype(f32)
+        scale = f32(1) / width
+        shift = np.where(~one_sign, j[best, 0], np.where(u_lo >= 0, -np.floor(u_lo * scale),
+                                                         K - 1 - np.floor(u_hi * scale)))
+    return np.stack([shift, width, scale]).astype(f32)
 
 
-def codes_ref(v, b, *, bits):
-    """Unpacked codes (uint8, v's shape) of v (..., C) with per-channel b (C,)."""
-    K = np.float32(1 << bits)
+def codes_ref(v, window, *, bits):
+    """Unpacked codes (uint8, v's shape) of v (..., C) through the (3, C) window."""
+    shift, _, scale = np.asarray(window, np.float32)
     with np.errstate(over="ignore", invalid="ignore"):  # +-inf and NaN are coded like the kernel does
-        q = np.floor((np.asarray(v, np.float32) - MASK_THRESHOLD) * (K / np.float32(6))) + shift_ref(b, bits=bits)
-        return np.fmin(np.fmax(q, np.float32(0)), K - 1).astype(np.uint8)  # fmax: NaN -> 0, as the kernel
+        q = np.floor((np.asarray(v, np.float32) - MASK_THRESHOLD) * scale) + shift
+        return np.fmin(np.fmax(q, np.float32(0)), np.float32((1 << bits) - 1)).astype(np.uint8)  # NaN -> 0
 
 
 def pack_ref(codes, *, bits):
@@ -78,17 +115,17 @@ def unpack_ref(packed, *, bits, shape):
     return np.stack(slots, axis=1).reshape(shape)
 
 
-def quantize_ref(v, b, *, bits):
+def quantize_ref(v, window, *, bits):
     """The packed codes (uint8, size*bits/8) of v (..., C)."""
-    return pack_ref(codes_ref(v, b, bits=bits), bits=bits)
+    return pack_ref(codes_ref(v, window, bits=bits), bits=bits)
 
 
-def dequantize_ref(packed, b, gamma, *, bits, shape):
+def dequantize_ref(packed, window, b, gamma, *, bits, shape):
     """(xhat~, a~, mask) of the packed codes, in b's dtype (mask as uint8 0/1)."""
     b = np.asarray(b)
-    shift = shift_ref(b, bits=bits)
+    shift, width, _ = np.asarray(window, np.float32)
     q = unpack_ref(np.asarray(packed), bits=bits, shape=shape).astype(np.float32)
-    vhat = ((q - shift + np.float32(0.5)) * (np.float32(6) / np.float32(1 << bits))).astype(b.dtype)
+    vhat = ((q - shift + np.float32(0.5)) * width).astype(b.dtype)
     y = np.asarray(gamma, b.dtype) * vhat
     a = np.where(y <= 0, b.dtype.type(0), y)  # relu that lets NaN through, as the kernels'
     return vhat - b, a, (q >= shift).astype(np.uint8)
@@ -118,29 +155,53 @@ def _check_layout(shape, bits):
     return size, channels
 
 
-def quantize_into(v, b, codes, *, bits):
-    """Write the packed codes of v (..., C) into codes (size*bits/8,) uint8."""
+def window(b, *, bits, kind="fixed", v=None):
+    """The (3, C) window (shift, width, scale) of each channel, b's dtype: the fixed window of b (C,), or
+    the range window of v (..., C), whose per-channel minimum and maximum it takes."""
+    bits = check_bits(bits)
+    _check_values("b", b)
+    C = b.shape[0] if b.ndim == 1 else -1
+    _check_values("b", b, C)
+    lo = hi = b  # unread by the fixed window
+    if check_window(kind) == "range":
+        if v is None:
+            raise ValueError("the range window is taken from the values: give v")
+        _check_values("v", v)
+        rows = v.reshape(-1, C)
+        lo, hi = rows.min(axis=0), rows.max(axis=0)
+    table = backend.xp.empty((3, C), b.dtype)
+    kernels.load("quant.cu", b.dtype).channel_window(C=C, bits=bits, range=kind == "range", b=b, lo=lo, hi=hi,
+                                                     window=table, threads=C)
+    return table
+
+
+def _check_window_table(table, channels, dtype):
+    if not backend.is_device_array(table) or table.shape != (3, channels) or table.dtype != dtype:
+        raise ValueError(f"window must be a (3, {channels}) {np.dtype(dtype)} array (quant.window), got "
+                         f"{getattr(table, 'dtype', type(table).__name__)} {getattr(table, 'shape', '')}")
+
+
+def quantize_into(v, table, codes, *, bits):
+    """Write the packed codes of v (..., C) through the (3, C) window `table` into codes (size*bits/8,) uint8."""
     bits = check_bits(bits)
     _check_values("v", v)
     size, channels = _check_layout(v.shape, bits)
-    _check_values("b", b, channels)
-    if b.dtype != v.dtype:
-        raise ValueError(f"b ({b.dtype}) must have v's dtype ({v.dtype})")
+    _check_window_table(table, channels, v.dtype)
     if codes.dtype != np.uint8 or codes.shape != (size * bits // 8,):
         raise ValueError(f"codes must be uint8 of shape ({size * bits // 8},), got {codes.dtype} {codes.shape}")
-    kernels.load("quant.cu", v.dtype).quantize(n_bytes=size * bits // 8, C=channels, bits=bits, v=v, b=b, codes=codes,
-                                               threads=size // channels)  # a thread a row
+    kernels.load("quant.cu", v.dtype).quantize(n_bytes=size * bits // 8, C=channels, bits=bits, v=v, window=table,
+                                               codes=codes, threads=size // channels)  # a thread a row
     return codes
 
 
-def quantize(v, b, *, bits):
-    """The packed codes (uint8, size*bits/8) of v (..., C), with per-channel b = beta/gamma (C,)."""
+def quantize(v, table, *, bits):
+    """The packed codes (uint8, size*bits/8) of v (..., C) through the (3, C) window `table`."""
     _check_values("v", v)
     codes = backend.xp.empty(int(np.prod(v.shape)) * check_bits(bits) // 8, dtype=np.uint8)
-    return quantize_into(v, b, codes, bits=bits)
+    return quantize_into(v, table, codes, bits=bits)
 
 
-def dequantize_into(codes, b, gamma, *, bits, shape, xhat=None, a=None, mask=None):
+def dequantize_into(codes, table, b, gamma, *, bits, shape, xhat=None, a=None, mask=None):
     """Write any of xhat~, a~ (b's dtype) and mask (uint8) of shape `shape` from the packed codes."""
     bits = check_bits(bits)
     size, channels = _check_layout(tuple(shape), bits)
@@ -148,19 +209,21 @@ def dequantize_into(codes, b, gamma, *, bits, shape, xhat=None, a=None, mask=Non
     _check_values("gamma", gamma, channels)
     if gamma.dtype != b.dtype:
         raise ValueError(f"gamma ({gamma.dtype}) must have b's dtype ({b.dtype})")
+    _check_window_table(table, channels, b.dtype)
     if not backend.is_device_array(codes) or codes.dtype != np.uint8 or codes.size != size * bits // 8:
         raise ValueError(f"codes must be a uint8 array of {size * bits // 8} bytes for shape {tuple(shape)} at "
                          f"{bits} bits")
     for name, out, dtype in (("xhat", xhat, b.dtype), ("a", a, b.dtype), ("mask", mask, np.uint8)):
         if out is not None and (out.shape != tuple(shape) or out.dtype != dtype):
             raise ValueError(f"{name} must be {np.dtype(dtype)} of shape {tuple(shape)}, got {out.dtype} {out.shape}")
-    kernels.load("quant.cu", b.dtype).dequantize(n_bytes=size * bits // 8, C=channels, bits=bits, codes=codes, b=b,
-                                                 gamma=gamma, xhat=xhat, a=a, mask=mask, threads=size // channels)
+    kernels.load("quant.cu", b.dtype).dequantize(n_bytes=size * bits // 8, C=channels, bits=bits, codes=codes,
+                                                 window=table, b=b, gamma=gamma, xhat=xhat, a=a, mask=mask,
+                                                 threads=size // channels)
     return xhat, a, mask
 
 
-def dequantize(codes, b, gamma, *, bits, shape):
+def dequantize(codes, table, b, gamma, *, bits, shape):
     """(xhat~, a~, mask) of shape `shape` from packed codes."""
     xp = backend.xp
     outputs = dict(xhat=xp.empty(shape, b.dtype), a=xp.empty(shape, b.dtype), mask=xp.empty(shape, np.uint8))
-    return dequantize_into(codes, b, gamma, bits=bits, shape=shape, **outputs)
+    return dequantize_into(codes, table, b, gamma, bits=bits, shape=shape, **outputs)

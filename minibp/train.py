@@ -31,7 +31,7 @@ import numpy as np
 from . import backend, checkpoint, data, dist, imagenet, models
 from .arena import format_bytes
 from .kernels import KernelError
-from .quant import BITS
+from .quant import BITS, DEFAULT_WINDOW, WINDOWS
 from .optim import SGD
 from .plan import largest_batch
 from .rundir import MetricsLog, RunDir
@@ -44,7 +44,7 @@ IMAGENET_SCHEDULE = "0:0.1,160000:0.01,320000:0.001,480000:0.0001"
 IMAGENET_DEFAULTS = dict(model="resnet152", data_dir="data/imagenet", batch=256, iters=640000, image_size=224,
                          lr_schedule=IMAGENET_SCHEDULE, weight_decay=1e-4, val_every=5000, checkpoint_every=1000)
 # Options that define a run: a resumed run must keep them. The others may change on resume.
-DEFINING = ("data", "model", "bits", "batch", "split", "seed", "momentum", "weight_decay", "no_augment",
+DEFINING = ("data", "model", "bits", "window", "batch", "split", "seed", "momentum", "weight_decay", "no_augment",
             "image_size")
 CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph", "workers")
 
@@ -87,6 +87,9 @@ def build_parser():
     p.add_argument("--workers", type=int, help="imagenet: JPEG-decoding processes (default: the cores less one)")
     p.add_argument("--bits", choices=list(BITS), default="4",
                    help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)")
+    p.add_argument("--window", choices=list(WINDOWS), default=DEFAULT_WINDOW,
+                   help=f"the k-bit codes' window per channel: range (the batch's range of values) or fixed "
+                        f"(the paper's, +-3 sigma); default {DEFAULT_WINDOW}")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--split", type=int, default=1, help="sub-batches a batch is computed in (gradients accumulate)")
     p.add_argument("--iters", type=int, default=64000, help="iterations in all (default 64000)")
@@ -95,7 +98,8 @@ def build_parser():
     p.add_argument("--weight-decay", type=float, default=2e-4)
     p.add_argument("--no-augment", action="store_true", help="no pad-and-crop or flips")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="run folder (default: runs/<data>-<model>-<bits>-seed<seed>)")
+    p.add_argument("--out", help="run folder (default: runs/<data>-<model>-<bits>[-<window>]-seed<seed>, "
+                   "the window named when it is not the default)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="start a new run in an --out that holds one")
     p.add_argument("--log-every", type=int, default=20)
@@ -230,6 +234,7 @@ def _resumed_config(saved, given, ckpt_path, *, ranks=1):
     """The saved configuration with the changeable options given now applied; a ValueError listing
     any defining option given with another value than the run's. ranks: as new_config."""
     config = dict(saved.config)
+    config.setdefault("window", "fixed")  # runs from before the option coded through the paper's window
     if "split" in given:
         given = dict(given, split=given["split"] * ranks)
     differ = [f"--{k.replace('_', '-')} {given[k]} (the run has {config.get(k)})" if k != "split" or ranks == 1 else
@@ -260,7 +265,8 @@ def _run(args, given, group=None):
     apply_data_defaults(args, given)
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a run and --overwrite starts it again: give one")
-    out = Path(args.out or f"runs/{args.data}-{args.model}-{args.bits}-seed{args.seed}")
+    window = f"-{args.window}" if args.window != DEFAULT_WINDOW and args.bits not in ("exact", "naive") else ""
+    out = Path(args.out or f"runs/{args.data}-{args.model}-{args.bits}{window}-seed{args.seed}")
     ranks = group.size if group else 1
 
     def claim():
@@ -317,7 +323,7 @@ def _train(args, given, run, out, group=None):
     net = models.by_name(config["model"], imagenet=config["data"] == "imagenet", input_shape=input_shape,
                          classes=train_split.classes)
     sub_batch = config["batch"] // config["split"]
-    compile_within_memory(net, batch=sub_batch, bits=config["bits"], seed=config["seed"])
+    compile_within_memory(net, batch=sub_batch, bits=config["bits"], window=config["window"], seed=config["seed"])
     opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
     step = TrainStep(net, opt, split=config["split"] // ranks, graph=config.get("graph", False), group=group)
     iteration = 0
@@ -330,11 +336,12 @@ def _train(args, given, run, out, group=None):
     if changed:
         metrics.write(kind="resume", iter=iteration, changed=changed)
     planned = net.arena.plan.total_bytes
+    window = f" ({net.window} window)" if net.k and not net.naive else ""
     in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
     if ranks > 1:
         in_sub_batches = f" ({ranks} ranks x {config['split'] // ranks} x {sub_batch})"
     print(f"{config['model']} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
-          f"({len(train_split.labels):,} training images), bits {config['bits']}, batch {config['batch']}"
+          f"({len(train_split.labels):,} training images), bits {config['bits']}{window}, batch {config['batch']}"
           f"{in_sub_batches}, device {backend.device}{', one CUDA graph a step' if step.graph else ''}")
     print(net.arena.plan.summary())
     if saved:

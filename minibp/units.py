@@ -45,7 +45,7 @@ class ConvUnit:
     """[x += residual] -> BN -> gamma/beta -> ReLU -> [pool] -> conv: the paper's unit.
 
     Keeps for its backward pass only the store (the k-bit codes of v = xhat + b, or x itself in exact
-    mode) and the (5, C) statistics: mean, sigma, gamma clamped, b = beta/gamma, the code's shift.
+    mode) and the (7, C) statistics: mean, sigma, gamma clamped, b = beta/gamma, the code's window.
     batchnorm=False (the unit on the data) keeps nothing: it reads the net's input buffer again.
     """
 
@@ -89,7 +89,8 @@ class ConvUnit:
         values, C = elements(n, self.in_shape), self.in_shape[2]
         stores = [Own("store", (values,), None, "activation stores") if k == 0 else            # (N*H*W*C,) x
                   Own("store", (values * k // 8,), np.uint8, "activation stores")]            # (N*H*W*C*k/8,)
-        return (stores if store else []) + [Own("stats", (5, C), None, "batch-norm statistics")]  # (5, C)
+        stats = Own("stats", (layers.STATS_ROWS, C), None, "batch-norm statistics")  # (7, C)
+        return (stores if store else []) + [stats]
 
     def shared_sizes(self, n, *, training):
         """Elements of each shared buffer this unit uses."""
@@ -123,12 +124,13 @@ class ConvUnit:
         if self.batchnorm:
             a = s.shared("a", self.in_shape)
             stats = self.own["stats"]
+            window = s.window if s.train else "fixed"  # evaluation codes only for the naive net, whose is fixed
             if s.train:
-                layers.batchnorm_statistics(x, stats, partial=s.shared("partial"))
+                layers.batchnorm_statistics(x, stats, partial=s.shared("partial"), extremes=window == "range")
                 self._update_running(stats, n, momentum=s.bn_momentum, deferred=s.deferred_running.get(self.index))
             else:
                 stats[0], stats[1] = self.running[0], self.running[1]
-            layers.batchnorm_coefficients(self.p["gamma"], self.p["beta"], stats, eps=s.eps, bits=s.k)
+            layers.batchnorm_coefficients(self.p["gamma"], self.p["beta"], stats, eps=s.eps, bits=s.k, window=window)
             # the store is written in training, and read forward by the naive net in evaluation too
             x_copy, codes = self._store(n, k=s.k) if s.train or s.naive else (None, None)
             layers.batchnorm_relu_forward(x, stats, self.p["beta"], a, bits=s.k if codes is not None else 0,
@@ -255,11 +257,12 @@ class ReluConvUnit:
 
 
 class Step:
-    """One call's view of the net for its units: batch n, the store's k, and the shared buffers."""
+    """One call's view of the net for its units: batch n, the store's k and window, and the shared buffers."""
 
     def __init__(self, net, n, *, train):
         self.net, self.n, self.train = net, n, train
         self.k, self.naive, self.eps, self.bn_momentum = net.k, net.naive, net.eps, net.bn_momentum
+        self.window = net.window if net.k else "fixed"
         self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (Net.defer_running)
 
     def shared(self, name, shape=None):

@@ -24,7 +24,7 @@ def _case(rows, C, bits):
     x = (rng.standard_normal((rows, C)) * 2 + 0.5).astype(np.float32)
     gamma = (np.abs(rng.standard_normal(C)) + 0.3).astype(np.float32)
     beta = (rng.standard_normal(C) * 0.8).astype(np.float32)
-    stats = device(np.zeros((5, C), np.float32))
+    stats = device(np.zeros((7, C), np.float32))
     partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
     layers.batchnorm_statistics(device(x), stats, partial=partial)
     layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits)
@@ -38,7 +38,7 @@ def _empty(rows, C, bits):
                 x_copy=device(np.full((rows, C), np.nan, np.float32)) if bits == 0 else None,
                 codes=device(np.full(rows * C * bits // 8, 0xAB, np.uint8)) if bits else None,
                 dx=device(np.full((rows, C), np.nan, np.float32)),
-                partial=device(np.full(2 * rows * C, np.nan, np.float32)))  # room for chunks of one row
+                partial=device(np.full(4 * rows * C, np.nan, np.float32)))  # room for 4 values of chunks of one row
 
 
 def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None):
@@ -66,11 +66,13 @@ def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None):
     result["dx"] = host(out["dx"]).copy()
     per_chunk = reduction_rows or 2 * layers.ROWS_PER_CHUNK
     chunks = -(-rows // per_chunk)
-    part = out["partial"][: 2 * chunks * C]
-    module.channel_sums(rows=rows, C=C, rows_per_chunk=per_chunk, x=arrays["x"], shift=arrays["stats"][0],
-                        partial=part, **shape)
+    part = out["partial"][: 4 * chunks * C]
+    module.channel_sums(rows=rows, C=C, rows_per_chunk=per_chunk, extremes=True, x=arrays["x"],
+                        shift=arrays["stats"][0], partial=part, **shape)
     result["statistics_partial"] = host(part).copy()
-    result["moments"] = host(backend.xp.sum(part.reshape(2, chunks, C), axis=1))
+    part = part.reshape(4, chunks, C)
+    result["moments"] = host(backend.xp.sum(part[:2], axis=1))
+    result["extremes"] = np.stack([host(part[2].min(axis=0)), host(part[3].max(axis=0))])
     return result
 
 
@@ -151,7 +153,8 @@ def test_other_chunkings_of_a_reduction_differ_only_by_rounding(bits):
     x, stats = host(arrays["x"]).astype(np.float64), host(arrays["stats"]).astype(np.float64)
     default = _run(arrays, rows, C, bits, launch=launch)
     if bits:  # xhat~ and the mask as the backward pass reads them from the codes
-        xhat, _, mask = quant.dequantize_ref(default["store"], stats[3], stats[2], bits=bits, shape=(rows, C))
+        xhat, _, mask = quant.dequantize_ref(default["store"], stats[4:7], stats[3], stats[2], bits=bits,
+                                             shape=(rows, C))
     else:
         xhat = (x - stats[0]) / stats[1]
         mask = default["restored"] > 0
@@ -160,6 +163,7 @@ def test_other_chunkings_of_a_reduction_differ_only_by_rounding(bits):
     terms = {"moments": (d, d * d), "sums": (dy, dy * xhat)}
     for per_chunk in (1, 7, 1000):
         got = _run(arrays, rows, C, bits, launch=launch, reduction_rows=per_chunk)
+        assert np.array_equal(got["extremes"], np.stack([x.min(axis=0), x.max(axis=0)]))  # exact in any chunking
         for name, pair in terms.items():
             for i, term in enumerate(pair):
                 error = np.abs(got[name][i] - term.sum(axis=0))
@@ -175,7 +179,7 @@ def test_one_pass_statistics_keep_the_digits_of_a_large_mean(mean, outliers):
     x = (np.random.default_rng(3).standard_normal((rows, C)) + mean).astype(np.float32)
     if outliers:
         x[:64] += 11
-    stats = device(np.zeros((5, C), np.float32))
+    stats = device(np.zeros((7, C), np.float32))
     layers.batchnorm_statistics(device(x), stats, partial=device(np.zeros(layers.reduction_chunks(rows) * C,
                                                                           np.float32)))
     got, x = host(stats), x.astype(np.float64)

@@ -47,7 +47,7 @@ def quant_module():
 
 def _quantize_args(n_bytes=8):
     v = device(np.linspace(-3, 3, 2 * n_bytes, dtype=np.float32))
-    return dict(n_bytes=n_bytes, C=2, bits=4, v=v, b=device(np.zeros(2, np.float32)),
+    return dict(n_bytes=n_bytes, C=2, bits=4, v=v, window=device(np.zeros((3, 2), np.float32)),
                 codes=device(np.zeros(n_bytes, np.uint8)))
 
 
@@ -106,14 +106,12 @@ def test_read_only_output_is_refused(quant_module):
 def test_any_launch_shape_gives_the_same_result(quant_module, grid, block):
     rng = np.random.default_rng(1)
     v = rng.standard_normal((333, 6)).astype(np.float32) * 2
-    b = rng.standard_normal(6).astype(np.float32)
+    from minibp.quant import quantize_ref, window_ref
+    window = window_ref(None, bits=4, kind="range", lo=v.min(axis=0), hi=v.max(axis=0))
     codes = device(np.zeros(v.size // 2, np.uint8))
-    quant_module.quantize(n_bytes=v.size // 2, C=6, bits=4, v=device(v), b=device(b), codes=codes, grid=grid,
-                          block=block)
-    from minibp.quant import quantize_ref
-    assert np.array_equal(host(codes), quantize_ref(v, b, bits=4))
-
-
+    quant_module.quantize(n_bytes=v.size // 2, C=6, bits=4, v=device(v), window=device(window), codes=codes,
+                          grid=grid, block=block)
+    assert np.array_equal(host(codes), quantize_ref(v, window, bits=4))
 
 
 @pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")

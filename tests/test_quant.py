@@ -6,6 +6,7 @@ from minibp import quant
 from conftest import device, host
 
 BITS = [2, 4, 8]
+KINDS = list(quant.WINDOWS)
 
 
 def _edge_values(bits):
@@ -24,17 +25,37 @@ def _random_case(rng, n_pixels, channels, *, scale=2.0):
     return v, b
 
 
+def _window(v, b, bits, kind):
+    """The (3, C) window the kernel computes (device) and the reference's (host), checked equal."""
+    rows = v.reshape(-1, b.size)
+    table = quant.window(device(b), bits=bits, kind=kind, v=device(v))
+    ref = quant.window_ref(b, bits=bits, kind=kind, lo=rows.min(axis=0), hi=rows.max(axis=0))
+    assert np.array_equal(host(table), ref, equal_nan=True)
+    return table, ref
+
+
+def _codes(v, b, bits, kind="fixed"):
+    """(the kernel's codes, the reference's) of v through the window of that kind."""
+    table, ref = _window(v, b, bits, kind)
+    return host(quant.quantize(device(v), table, bits=bits)), quant.quantize_ref(v, ref, bits=bits)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_codes_byte_identical_to_reference_on_random_data(rng, bits):
+def test_codes_byte_identical_to_reference_on_random_data(rng, bits, kind):
     v, b = _random_case(rng, 4096, 16)
-    codes = quant.quantize(device(v), device(b), bits=bits)
+    v[:, 3] += 9  # channels of one sign: the range window puts zero outside the codes
+    v[:, 4] -= 9
+    v[:, 5] = 2.5  # a constant channel: the range window's floor on the width
+    codes, want = _codes(v, b, bits, kind)
     assert codes.dtype == np.uint8 and codes.shape == (v.size * bits // 8,)
-    assert np.array_equal(host(codes), quant.quantize_ref(v, b, bits=bits))
+    assert np.array_equal(codes, want)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("b_value", [0.0, 1.0, -1.0, 2.9, -2.9, 5.0, -5.0, 1e-30, 1e8, -1e8, 1e30, -1e30])
-def test_codes_byte_identical_on_hard_cases(bits, b_value):
+def test_codes_byte_identical_on_hard_cases(bits, b_value, kind):
     per_byte = 8 // bits
     values = _edge_values(bits)
     values = np.concatenate([values, values + np.float32(b_value)])
@@ -42,7 +63,9 @@ def test_codes_byte_identical_on_hard_cases(bits, b_value):
     channels = per_byte  # one row per value group; every channel gets the same b
     v = np.ascontiguousarray(np.resize(values, (len(values) // channels, channels)))
     b = np.full(channels, b_value, np.float32)
-    assert np.array_equal(host(quant.quantize(device(v), device(b), bits=bits)), quant.quantize_ref(v, b, bits=bits))
+    if kind == "range":
+        v = v[np.all(np.abs(v) < 1e37, axis=1)]  # the range window of +-3e38 overflows: the net has diverged
+    assert np.array_equal(*_codes(v, b, bits, kind))
 
 
 def test_b_from_tiny_and_huge_gamma(rng):
@@ -54,8 +77,8 @@ def test_b_from_tiny_and_huge_gamma(rng):
     v = (v + b).astype(np.float32)
     for bits in BITS:
         if 6 % (8 // bits) == 0:
-            assert np.array_equal(host(quant.quantize(device(v), device(b), bits=bits)),
-                                  quant.quantize_ref(v, b, bits=bits))
+            for kind in KINDS:
+                assert np.array_equal(*_codes(v, b, bits, kind))
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -63,46 +86,69 @@ def test_every_accepted_channel_count(rng, bits):
     per_byte = 8 // bits
     for channels in range(per_byte, 41, per_byte):
         v, b = _random_case(rng, 8, channels)
-        assert np.array_equal(host(quant.quantize(device(v), device(b), bits=bits)),
-                              quant.quantize_ref(v, b, bits=bits)), channels
+        for kind in KINDS:
+            assert np.array_equal(*_codes(v, b, bits, kind)), (channels, kind)
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_dequantize_identical_to_reference(rng, bits):
+def test_dequantize_identical_to_reference(rng, bits, kind):
     v, b = _random_case(rng, 1024, 8)
+    v[:, 2] += 9
     gamma = np.abs(rng.standard_normal(8)).astype(np.float32) + np.float32(0.1)
-    codes = quant.quantize_ref(v, b, bits=bits)
-    outputs = quant.dequantize(device(codes), device(b), device(gamma), bits=bits, shape=v.shape)
+    table, ref = _window(v, b, bits, kind)
+    codes = quant.quantize_ref(v, ref, bits=bits)
+    outputs = quant.dequantize(device(codes), table, device(b), device(gamma), bits=bits, shape=v.shape)
     for name, got, want in zip(("xhat", "a", "mask"), outputs,
-                               quant.dequantize_ref(codes, b, gamma, bits=bits, shape=v.shape)):
+                               quant.dequantize_ref(codes, ref, b, gamma, bits=bits, shape=v.shape)):
         assert np.array_equal(host(got), want), name
 
 
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_mask_is_exact_and_error_is_half_a_bin_inside_the_window(rng, bits):
-    K = 1 << bits
+def test_mask_is_exact_and_error_is_half_a_bin_inside_the_window(rng, bits, kind):
     v, b = _random_case(rng, 4096, 8)
     v[::7] = 0.0
     v[1::11] = np.float32(1e-6)
+    v[:, 6] += 9  # one sign: every mask 1 under the range window
+    v[:, 7] = -np.abs(v[:, 7]) - np.float32(1e-3)  # every mask 0
     gamma = np.ones(8, np.float32)
-    xhat, a, mask = (host(x) for x in quant.dequantize(quant.quantize(device(v), device(b), bits=bits),
+    table, ref = _window(v, b, bits, kind)
+    xhat, a, mask = (host(x) for x in quant.dequantize(quant.quantize(device(v), table, bits=bits), table,
                                                       device(b), device(gamma), bits=bits, shape=v.shape))
     # mask = (v >= 1e-6) in float32: the ReLU's sign, with the reference's 1e-6 guard
     assert np.array_equal(mask.astype(bool), v >= np.float32(1e-6))
     assert np.all((a > 0) == mask.astype(bool))  # a~ is zero exactly where the mask is
     vhat = xhat + b
-    shift = quant.shift_ref(b, bits=bits)
-    lo, hi = (0 - shift) * 6 / K, (K - shift) * 6 / K  # the window of each channel
+    shift, width, _ = ref
+    lo, hi = (0 - shift) * width, ((1 << bits) - shift) * width  # the window of each channel
     inside = (v >= lo) & (v < hi - 1e-5)
-    assert inside.mean() > 0.5
-    assert np.all(np.abs(vhat - v)[inside] <= 3 / K + 1e-5)
+    assert inside.mean() > (0.999 if kind == "range" else 0.5)  # the range window clips nothing
+    assert np.all((np.abs(vhat - v) <= width / 2 + 1e-5)[inside])
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_range_window_is_narrower_than_the_spread_allows_and_covers_it(bits):
+    """The range window's width is at most the spread over K-1 bins (one sign) or over K-2 (zero inside
+    it: one bin may be split at zero), and every value of the channel codes within it."""
+    K = 1 << bits
+    lo = np.array([-3, -0.5, 1, -9, 0, -7, 2.5], np.float32)
+    hi = np.array([3, 11, 4, -2, 6, 1e-6, 2.5], np.float32)
+    shift, width, _ = quant.window_ref(None, bits=bits, kind="range", lo=lo, hi=hi)
+    spread = hi - lo
+    assert np.all(width[:-1] <= spread[:-1] / (K - 2) * (1 + 1e-6))
+    assert np.all(width[[2, 3]] <= spread[[2, 3]] / (K - 1) * (1 + 1e-6))
+    assert width[-1] > 0  # a constant channel
+    u_lo, u_hi = lo - np.float32(1e-6), hi - np.float32(1e-6)
+    assert np.all(np.floor(u_lo / width) + shift >= -1e-3) and np.all(np.floor(u_hi / width) + shift <= K)
 
 
 def test_mask_stays_exact_for_very_negative_b():
     """minibp caps shift at K-1 so that zero stays a bin edge even when b pushes it out of the window."""
     b = np.full(2, -10.0, np.float32)
     v = np.array([[-12, -10], [-1e-7, 1e-6], [0.5, 3.0], [1e-3, 20.0]], np.float32)
-    _, _, mask = quant.dequantize(quant.quantize(device(v), device(b), bits=4), device(b),
+    table, _ = _window(v, b, 4, "fixed")
+    _, _, mask = quant.dequantize(quant.quantize(device(v), table, bits=4), table, device(b),
                                   device(np.ones(2, np.float32)), bits=4, shape=v.shape)
     assert np.array_equal(host(mask).astype(bool), v >= np.float32(1e-6))
 
@@ -112,58 +158,58 @@ def test_nan_and_inf_codes_match_the_reference():
     b = np.zeros(2, np.float32)
     for bits in BITS:
         if 2 % (8 // bits) == 0:
-            assert np.array_equal(host(quant.quantize(device(v), device(b), bits=bits)),
-                                  quant.quantize_ref(v, b, bits=bits))
+            assert np.array_equal(*_codes(v, b, bits))
 
 
 def test_nibble_order_high_first():
     b = np.zeros(2, np.float32)
     v = np.array([[-100.0, 100.0]], np.float32)  # codes 0 and 15
-    assert host(quant.quantize(device(v), device(b), bits=4)).tolist() == [0x0F]
+    assert _codes(v, b, 4)[0].tolist() == [0x0F]
     v = np.array([[100.0, -100.0]], np.float32)
-    assert host(quant.quantize(device(v), device(b), bits=4)).tolist() == [0xF0]
+    assert _codes(v, b, 4)[0].tolist() == [0xF0]
 
 
 def test_into_variants_write_preallocated_buffers(rng):
     v, b = _random_case(rng, 64, 4)
+    table, ref = _window(v, b, 4, "range")
     codes = device(np.zeros(v.size // 2, np.uint8))
-    assert quant.quantize_into(device(v), device(b), codes, bits=4) is codes
+    assert quant.quantize_into(device(v), table, codes, bits=4) is codes
     a = device(np.full(v.shape, -1, np.float32))
-    xhat, a_out, mask = quant.dequantize_into(codes, device(b), device(np.ones(4, np.float32)), bits=4,
+    xhat, a_out, mask = quant.dequantize_into(codes, table, device(b), device(np.ones(4, np.float32)), bits=4,
                                               shape=v.shape, a=a)
     assert xhat is None and mask is None and a_out is a
-    assert np.array_equal(host(a), quant.dequantize_ref(host(codes), b, np.ones(4, np.float32), bits=4,
+    assert np.array_equal(host(a), quant.dequantize_ref(host(codes), ref, b, np.ones(4, np.float32), bits=4,
                                                         shape=v.shape)[1])
 
 
 def test_float64_instantiation_matches_float32_codes(rng):
     v, b = _random_case(rng, 64, 4)
-    c32 = host(quant.quantize(device(v), device(b), bits=4))
-    c64 = host(quant.quantize(device(v.astype(np.float64)), device(b.astype(np.float64)), bits=4))
-    assert np.array_equal(c32, c64)
+    for kind in KINDS:
+        c32 = host(quant.quantize(device(v), _window(v, b, 4, kind)[0], bits=4))
+        v64, b64 = v.astype(np.float64), b.astype(np.float64)
+        c64 = host(quant.quantize(device(v64), quant.window(device(b64), bits=4, kind=kind, v=device(v64)), bits=4))
+        assert np.array_equal(c32, c64), kind
+
+
+def _table(channels, dtype=np.float32):
+    return quant.window(device(np.zeros(channels, dtype)), bits=4)
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: quant.quantize(device(np.zeros((3, 3), np.float32)), device(np.zeros(3, np.float32)), bits=4),
-     "multiples of 2"),
-    (lambda: quant.quantize(device(np.zeros((2, 3), np.float32)), device(np.zeros(3, np.float32)), bits=4),
-     "channel count"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float16)), device(np.zeros(4, np.float16)), bits=4),
-     "float32"),
-    (lambda: quant.quantize(device(np.zeros((4, 4), np.float32))[:, :2], device(np.zeros(2, np.float32)), bits=4),
-     "C-contiguous"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), device(np.zeros(3, np.float32)), bits=4),
-     r"shape \(4,\)"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), device(np.zeros(4, np.float32)), bits=3),
-     "bits must be one of"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), device(np.zeros(4, np.float32)), bits=True),
-     "bits must be one of"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), device(np.zeros(4, np.float64)), bits=8),
-     "dtype"),
-    (lambda: quant.quantize(np.zeros((2, 4), np.float32).tolist(), device(np.zeros(4, np.float32)), bits=8),
-     "array"),
-    (lambda: quant.dequantize(device(np.zeros(3, np.uint8)), device(np.zeros(4, np.float32)),
+    (lambda: quant.quantize(device(np.zeros((3, 3), np.float32)), _table(3), bits=4), "multiples of 2"),
+    (lambda: quant.quantize(device(np.zeros((2, 3), np.float32)), _table(3), bits=4), "channel count"),
+    (lambda: quant.quantize(device(np.zeros((2, 4), np.float16)), _table(4), bits=4), "float32"),
+    (lambda: quant.quantize(device(np.zeros((4, 4), np.float32))[:, :2], _table(2), bits=4), "C-contiguous"),
+    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), _table(3), bits=4), r"\(3, 4\)"),
+    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), _table(4), bits=3), "bits must be one of"),
+    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), _table(4), bits=True), "bits must be one of"),
+    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), _table(4, np.float64), bits=8), "float32"),
+    (lambda: quant.quantize(np.zeros((2, 4), np.float32).tolist(), _table(4), bits=8), "array"),
+    (lambda: quant.dequantize(device(np.zeros(3, np.uint8)), _table(4), device(np.zeros(4, np.float32)),
                               device(np.ones(4, np.float32)), bits=4, shape=(2, 4)), "4 bytes"),
+    (lambda: quant.window(device(np.zeros(4, np.float32)), bits=4, kind="range"), "give v"),
+    (lambda: quant.window(device(np.zeros(4, np.float32)), bits=4, kind="sigma"), "window must be one of"),
+    (lambda: quant.window(device(np.zeros((2, 4), np.float32)), bits=4), "one value per channel"),
 ])
 def test_bad_input_is_a_value_error_naming_the_problem(call, match):
     with pytest.raises(ValueError, match=match):

@@ -1,6 +1,7 @@
 """The training kernels' k-bit store, exactly: the codes layers.batchnorm_relu_forward writes, the a~ that
 batchnorm_relu_restore reads back and the BN-ReLU backward from the codes, against minibp.quant's NumPy
-reference of the store (quantize_ref, dequantize_ref), at 8, 4 and 2 bits.
+reference of the store (window_ref, quantize_ref, dequantize_ref), at 8, 4 and 2 bits, through both
+windows (fixed and range).
 
 The data puts values on and next to every bin edge, far outside the window (|v| of 20 to 1000), and in
 channels whose b = beta/gamma is very negative or very positive (+-50) or next to the boundaries where
@@ -12,6 +13,7 @@ from minibp import layers, quant
 from conftest import device, host
 
 BITS = [8, 4, 2]
+KINDS = list(quant.WINDOWS)
 RTOL, ATOL = 1e-5, 1e-6  # float32 rounding, scaled by the size of what is summed (see _assert_close)
 FAR = [20.0, -20.0, 37.3, -64.0, 100.0, -100.0, 999.5, -1000.0]
 
@@ -39,7 +41,7 @@ def _edge_case(bits, rng):
     gamma, beta = _channels(bits)
     C = len(gamma)
     b = (beta / np.maximum(gamma, np.float32(layers.GAMMA_MIN))).astype(np.float32)
-    shift = quant.shift_ref(b, bits=bits)
+    shift = quant.window_ref(b, bits=bits)[0]
     mean = (rng.standard_normal(C) * 3).astype(np.float32)
     mean[::2] = 0  # v = x/sigma + b: exactly on an edge wherever float32 lets x/sigma + b be one
     sigma = np.float32(2.0) ** rng.integers(-2, 3, C)
@@ -65,17 +67,28 @@ def _training_case(bits, rng):
     return x, gamma, beta, None, None
 
 
-def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False):
+def _one_sign_case(bits, rng):
+    """Channels whose v has one sign over the batch (b of +-8 to 30): the range window leaves zero outside
+    its codes there, the mask all ones or all zeros."""
+    x = rng.standard_normal((2, 4, 4, 8)).astype(np.float32)
+    gamma = np.ones(8, np.float32)
+    beta = np.array([8, -8, 12, -12, 30, -30, 9.5, -9.5], np.float32)
+    return x, gamma, beta, None, None
+
+
+def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fixed"):
     """(stats, a, codes) as the training forward writes them: with x's own statistics and eps = 1e-5, or
     with the given mean and var and eps = 0 (sigma = sqrt(var) exactly)."""
     C = x.shape[-1]
-    stats = device(np.zeros((5, C), np.float32))
+    stats = device(np.zeros((7, C), np.float32))
     if mean is None:
-        partial = device(np.zeros(layers.reduction_chunks(x.size // C) * C, np.float32))
-        layers.batchnorm_statistics(device(x), stats, partial=partial)
+        partial = device(np.zeros(2 * layers.reduction_chunks(x.size // C) * C, np.float32))
+        layers.batchnorm_statistics(device(x), stats, partial=partial, extremes=window == "range")
     else:
         stats[0], stats[1] = device(mean), device(var)
-    layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5 if mean is None else 0.0, bits=bits)
+        stats[5], stats[6] = device(x.reshape(-1, C).min(axis=0)), device(x.reshape(-1, C).max(axis=0))
+    layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5 if mean is None else 0.0, bits=bits,
+                                  window=window)
     a = device(np.zeros(x.shape, np.float32))
     codes = device(np.zeros(x.size * bits // 8, np.uint8))
     layers.batchnorm_relu_forward(device(x), stats, device(beta), a, bits=bits, naive=naive, codes=codes)
@@ -84,25 +97,33 @@ def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False):
 
 def _v(x, stats):
     """v = xhat + b in the forward kernel's float32 arithmetic."""
-    mean, sigma, _, b, _ = stats
+    mean, sigma, _, b = stats[:4]
     return ((x - mean) / sigma + b).astype(np.float32)
 
 
+def _window(x, s, bits, window):
+    """The reference's window for the unit's statistics s: of b, or of v's range (v of x's extremes)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return quant.window_ref(s[3], bits=bits, kind=window, lo=_v(rows.min(axis=0), s), hi=_v(rows.max(axis=0), s))
+
+
 def _cases(bits):
-    return [_edge_case(bits, np.random.default_rng(bits)), _training_case(bits, np.random.default_rng(bits))]
+    rng = np.random.default_rng(bits)
+    return [_edge_case(bits, rng), _training_case(bits, rng), _one_sign_case(bits, rng)]
 
 
+@pytest.mark.parametrize("window", KINDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_forward_codes_are_quantize_ref_byte_for_byte(bits):
+def test_forward_codes_are_quantize_ref_byte_for_byte(bits, window):
     for x, gamma, beta, mean, var in _cases(bits):
-        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var)
+        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
         s = host(stats)
         assert np.array_equal(s[3], (beta / np.maximum(gamma, np.float32(layers.GAMMA_MIN))).astype(np.float32))
-        assert np.array_equal(s[4], quant.shift_ref(s[3], bits=bits))
+        assert np.array_equal(s[4:7], _window(x, s, bits, window))
         v = _v(x, s)
-        assert np.array_equal(host(codes), quant.quantize_ref(v, s[3], bits=bits))
+        assert np.array_equal(host(codes), quant.quantize_ref(v, s[4:7], bits=bits))
         # quant.py's kernels write the same bytes from v
-        assert np.array_equal(host(quant.quantize(device(v), device(s[3]), bits=bits)), host(codes))
+        assert np.array_equal(host(quant.quantize(device(v), stats[4:7], bits=bits)), host(codes))
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -112,7 +133,7 @@ def test_edge_data_reaches_every_hard_case(bits):
     x, gamma, beta, mean, var = _edge_case(bits, np.random.default_rng(bits))
     s = host(_store(x, gamma, beta, bits=bits, mean=mean, var=var)[0])
     v = _v(x, s)
-    edges = (np.arange(K + 1, dtype=np.float32)[:, None] - s[4]) * np.float32(6 / K) + quant.MASK_THRESHOLD
+    edges = (np.arange(K + 1, dtype=np.float32)[:, None] - s[4]) * s[5] + quant.MASK_THRESHOLD
     on_edge = [np.isin(edges[:, c], v[:, c]) for c in range(v.shape[1])]
     assert on_edge[0].all()  # b = 0: every edge, the zero edge (v = 1e-6) among them
     assert np.mean(on_edge) > 0.5  # and most edges of the other channels
@@ -120,12 +141,13 @@ def test_edge_data_reaches_every_hard_case(bits):
     assert {1, K - 1} <= set(s[4].tolist()) and s[3].min() <= -50 and s[3].max() >= 50
 
 
+@pytest.mark.parametrize("window", KINDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_masks_are_exact_and_restore_equals_reference(bits):
+def test_masks_are_exact_and_restore_equals_reference(bits, window):
     for x, gamma, beta, mean, var in _cases(bits):
-        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var)
+        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
         s = host(stats)
-        xhat, a, mask = quant.dequantize_ref(host(codes), s[3], s[2], bits=bits, shape=x.shape)
+        xhat, a, mask = quant.dequantize_ref(host(codes), s[4:7], s[3], s[2], bits=bits, shape=x.shape)
         # the mask is the ReLU's sign of v for every b, very negative ones included (shift capped at K-1)
         assert np.array_equal(mask.astype(bool), _v(x, s) >= quant.MASK_THRESHOLD)
         restored = device(np.full(x.shape, np.nan, np.float32))
@@ -133,11 +155,11 @@ def test_masks_are_exact_and_restore_equals_reference(bits):
         assert np.array_equal(host(restored), a)
         assert np.array_equal(host(restored) > 0, mask.astype(bool))
         # the naive forward feeds the same a~ forward
-        _, a_naive, _ = _store(x, gamma, beta, bits=bits, mean=mean, var=var, naive=True)
+        _, a_naive, _ = _store(x, gamma, beta, bits=bits, mean=mean, var=var, naive=True, window=window)
         assert np.array_equal(host(a_naive), a)
         # and quant.py's kernels decode the codes the same way
-        for name, got, want in zip(("xhat", "a", "mask"), quant.dequantize(codes, stats[3], stats[2], bits=bits,
-                                                                           shape=x.shape), (xhat, a, mask)):
+        decoded = quant.dequantize(codes, stats[4:7], stats[3], stats[2], bits=bits, shape=x.shape)
+        for name, got, want in zip(("xhat", "a", "mask"), decoded, (xhat, a, mask)):
             assert np.array_equal(host(got), want), name
 
 
@@ -149,13 +171,14 @@ def _assert_close(got, want, scale, name):
     assert np.all(error <= bound), f"{name}: error {error[worst]:.3g} > {bound[worst]:.3g} at {worst}"
 
 
+@pytest.mark.parametrize("window", KINDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits):
+def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits, window):
     """dy = da*mask, dbeta = sum dy, dgamma = sum dy*xhat~, dx = gamma/sigma*(dy - dbeta/M - xhat~*dgamma/M)
     + residual_grad, with xhat~ and the mask of the reference's dequantize of the forward's codes."""
     rng = np.random.default_rng(100 + bits)
     for x, gamma, beta, mean, var in _cases(bits):
-        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var)
+        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
         s = host(stats)
         C = x.shape[-1]
         M = x.size // C
@@ -170,7 +193,7 @@ def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits):
         layers.batchnorm_relu_backward(device(da), stats, device(beta), dx, bits=bits, codes=codes, dgamma=dgamma,
                                        dbeta=dbeta, partial=partial, sums=sums, residual_grad=device(residual))
 
-        xhat, _, mask = (t.astype(np.float64) for t in quant.dequantize_ref(host(codes), s[3], s[2], bits=bits,
+        xhat, _, mask = (t.astype(np.float64) for t in quant.dequantize_ref(host(codes), s[4:7], s[3], s[2], bits=bits,
                                                                             shape=x.shape))
         sigma, g = s[1].astype(np.float64), s[2].astype(np.float64)
         want_dx, want_dgamma, want_dbeta = layers.batchnorm_relu_backward_ref(da.astype(np.float64), xhat, mask,
