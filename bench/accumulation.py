@@ -2,21 +2,21 @@
 
     python bench/accumulation.py                       # Fashion-MNIST batch, ResNet-11 ... ResNet-164
     python bench/accumulation.py --depths 20,164,1001 --batch 32
-    python bench/accumulation.py --quick               # seconds, random data
+    python bench/accumulation.py --quick               # seconds, random data, plot to a temporary folder
 
-For every depth, nets in modes exact, 8, 4 and naive share their initial weights and see the same
-batch; the relative error ||g - g_exact|| / ||g_exact|| of each unit's weight gradient is taken.
-Prints mean and first-unit error per depth and mode, and plots error against depth, and along the
-deepest net, to --plot.
+For every depth, nets in modes exact, 8 and 4 bits through both windows (gradients.py) and naive
+share their initial weights and see the same batch; the relative error ||g - g_exact|| / ||g_exact||
+of each unit's weight gradient is taken. Prints mean and first-unit error per depth and mode, and
+plots error against depth, and along the deepest net, to --plot.
 """
 import argparse
 import sys
 
 import numpy as np
 
-from gradients import compile_modes, out_path, pyplot_or_none, relative_error, sample_batch, weight_gradients
+from gradients import compile_modes, label, out_path, pyplot_or_none, relative_error, sample_batch, weight_gradients
 
-MODES = ("8", "4", "naive")
+MODES = "8:fixed,8:range,4:fixed,4:range,naive"
 
 
 def main(argv=None):
@@ -26,41 +26,46 @@ def main(argv=None):
     parser.add_argument("--depths", default="11,20,56,110,164")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--plot", default="bench/results/accumulation.png")
+    parser.add_argument("--modes", default=MODES)
+    parser.add_argument("--plot", help="default bench/results/accumulation.png (--quick: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="depths 11 and 20, batch 8, random 8x8 data")
     args = parser.parse_args(argv)
     depths = [11, 20] if args.quick else [int(d) for d in args.depths.split(",")]
+    modes = args.modes.split(",")
     batch = 8 if args.quick else args.batch
     images, labels, classes = sample_batch(args.data, args.data_dir, quick=args.quick, batch=batch, seed=args.seed)
     errors = {}  # (depth, mode) -> [error of unit 0, 1, ...]
     for depth in depths:
-        nets = compile_modes(f"resnet{depth}", ("exact",) + MODES, input_shape=images.shape[1:], classes=classes,
+        nets = compile_modes(f"resnet{depth}", ["exact"] + modes, input_shape=images.shape[1:], classes=classes,
                              batch=batch, seed=args.seed)
         exact = weight_gradients(nets["exact"], images, labels)
-        for mode in MODES:
+        for mode in modes:
             approx = weight_gradients(nets[mode], images, labels)
             errors[depth, mode] = [relative_error(approx[i], exact[i]) for i in sorted(exact)]
-        print(f"depth {depth}: " + "  ".join(f"{m} mean {np.mean(errors[depth, m]):.4f}" for m in MODES), flush=True)
+        print(f"depth {depth}: " + "  ".join(f"{label(m)} mean {np.mean(errors[depth, m]):.4f}" for m in modes),
+              flush=True)
     print(f"\nrelative error of weight gradients vs exact, batch {batch}, seed {args.seed}")
-    print(f"{'depth':>5}  " + "  ".join(f"{m + ' mean':>10}  {m + ' unit 0':>10}" for m in MODES))
+    print(f"{'depth':>5}  " + "  ".join(f"{label(m) + ' mean':>13}  {label(m) + ' unit 0':>15}" for m in modes))
     for depth in depths:
-        print(f"{depth:5d}  " + "  ".join(f"{np.mean(errors[depth, m]):10.4f}  {errors[depth, m][0]:10.4f}"
-                                           for m in MODES))
+        print(f"{depth:5d}  " + "  ".join(f"{np.mean(errors[depth, m]):13.4f}  {errors[depth, m][0]:15.4f}"
+                                           for m in modes))
     plt = pyplot_or_none()
     if plt is not None:
         fig, (by_depth, by_unit) = plt.subplots(1, 2, figsize=(11, 4))
-        for i, mode in enumerate(MODES):
-            by_depth.plot(depths, [np.mean(errors[d, mode]) for d in depths], "o-", color=f"C{i}", label=f"{mode} mean")
-            by_depth.plot(depths, [errors[d, mode][0] for d in depths], "s--", color=f"C{i}", label=f"{mode} unit 0")
-            by_unit.plot(errors[depths[-1], mode], color=f"C{i}", label=mode, lw=1)
+        for i, mode in enumerate(modes):
+            name = label(mode)
+            by_depth.plot(depths, [np.mean(errors[d, mode]) for d in depths], "o-", color=f"C{i}", label=f"{name} mean")
+            by_depth.plot(depths, [errors[d, mode][0] for d in depths], "s--", color=f"C{i}", label=f"{name} unit 0")
+            by_unit.plot(errors[depths[-1], mode], color=f"C{i}", label=name, lw=1)
         by_depth.set(xlabel="depth", ylabel="relative error of dL/dW", xscale="log", yscale="log")
         by_unit.set(xlabel=f"unit of resnet{depths[-1]}", ylabel="relative error of dL/dW", yscale="log")
         for ax in (by_depth, by_unit):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(out_path(args.plot), dpi=90)
-        print(f"wrote {args.plot}")
+        path = out_path(args.plot, default="bench/results/accumulation.png", quick=args.quick)
+        fig.savefig(path, dpi=90)
+        print(f"wrote {path}")
     return 0
 
 

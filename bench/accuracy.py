@@ -1,13 +1,16 @@
-"""RQ1: test accuracy of the same net, seed and schedule trained in every activation mode.
+"""RQ1: test accuracy of the same net, seeds and schedule trained with every activation store.
 
-    python bench/accuracy.py                          # Fashion-MNIST, ResNet-20, 800 iterations a mode
+    python bench/accuracy.py                          # Fashion-MNIST, ResNet-20, 800 iterations, seeds 0 and 1
+    python bench/accuracy.py --modes exact,8:range,naive --seeds 0,1,2
     python bench/accuracy.py --data cifar10 --model resnet164 --iters 64000 \
         --lr-schedule 0:0.01,400:0.1,32000:0.01,48000:0.001
     python bench/accuracy.py --quick --data-dir DIR   # seconds: the CI check that the script runs
 
-Each mode trains with python -m minibp.train into OUT/<mode> (resumable: an interrupted bench
-continues the runs it finds), then the table prints the final test accuracy of each mode and its
-difference to exact. Data: python datasets/prepare.py fashion-mnist (or cifar10).
+A mode is a store as gradients.py names it: exact, naive, or k bits through a window ("4:range",
+"4:fixed"). Each mode and seed trains with python -m minibp.train into OUT/<data>-<model>-<mode>-seed<s>
+(resumable: an interrupted bench continues the runs it finds); the table prints each mode's final test
+accuracy per seed, their mean and spread (largest minus smallest), and the mean's difference to exact's.
+Data: python datasets/prepare.py fashion-mnist (or cifar10).
 """
 import argparse
 import json
@@ -15,9 +18,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
+from gradients import label, store_options
 from minibp import train
 
 DEFAULT_SCHEDULE = "0:0.02,50:0.1,400:0.01,650:0.001"  # warm-up, then steps at 1/2 and 13/16 of 800
+MODES = "exact,4:fixed,4:range,2:fixed,2:range"
 
 
 def last_validation(run):
@@ -30,41 +37,50 @@ def main(argv=None):
     parser.add_argument("--data", default="fashion-mnist")
     parser.add_argument("--data-dir", default="data")
     parser.add_argument("--model", default="resnet20")
-    parser.add_argument("--modes", default="exact,8,4,2,naive")
+    parser.add_argument("--modes", default=MODES)
+    parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--iters", type=int, default=800)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/accuracy")
     parser.add_argument("--quick", action="store_true", help="resnet11, batch 16, 4 iterations: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.iters, args.batch, args.lr_schedule = "resnet11", 4, 16, "0:0.05"
-    modes = args.modes.split(",")
-    rows = []
+    modes, seeds = args.modes.split(","), [int(s) for s in args.seeds.split(",")]
+    accuracy, minutes = {}, {}  # (mode, seed) -> final test accuracy, minutes the run took
     for mode in modes:
-        run = Path(args.out) / f"{args.data}-{args.model}-{mode}"
-        common = ["--out", str(run), "--iters", str(args.iters)]
-        if (run / "checkpoint.h5").exists():
-            argv = common + ["--resume"]
-        else:
-            argv = common + ["--overwrite",  # a run stopped before its first checkpoint starts again
-                             "--data", args.data, "--data-dir", args.data_dir, "--model", args.model, "--bits", mode,
-                             "--batch", str(args.batch), "--lr-schedule", args.lr_schedule, "--seed", str(args.seed),
-                             "--val-every", str(max(args.iters // 4, 1)), "--log-every", str(max(args.iters // 40, 1))]
-        print(f"=== mode {mode}: python -m minibp.train {' '.join(argv)}", flush=True)
-        start = time.perf_counter()
-        status = train.main(argv)
-        if status != 0:
-            return status
-        val = last_validation(run)
-        rows.append((mode, val["iter"], val["accuracy"], time.perf_counter() - start))
-    exact = {mode: accuracy for mode, _, accuracy, _ in rows}.get("exact")
-    print(f"\n{args.model} on {args.data}, {args.iters} iterations at batch {args.batch}, seed {args.seed}")
-    print(f"{'mode':>6}  {'test accuracy':>13}  {'vs exact':>9}  {'minutes':>7}")
-    for mode, _, accuracy, seconds in rows:
-        diff = f"{100 * (accuracy - exact):+8.2f}" if exact is not None else "        -"
-        print(f"{mode:>6}  {100 * accuracy:12.2f}%  {diff} pt  {seconds / 60:7.1f}")
+        store = store_options(mode)
+        for seed in seeds:
+            run = Path(args.out) / f"{args.data}-{args.model}-{label(mode).replace(' ', '-')}-seed{seed}"
+            common = ["--out", str(run), "--iters", str(args.iters)]
+            if (run / "checkpoint.h5").exists():
+                argv = common + ["--resume"]
+            else:
+                argv = common + ["--overwrite",  # a run stopped before its first checkpoint starts again
+                                 "--data", args.data, "--data-dir", args.data_dir, "--model", args.model,
+                                 "--bits", store["bits"], "--window", store["window"], "--batch", str(args.batch),
+                                 "--lr-schedule", args.lr_schedule, "--seed", str(seed),
+                                 "--val-every", str(max(args.iters // 4, 1)),
+                                 "--log-every", str(max(args.iters // 40, 1))]
+            print(f"=== {label(mode)}, seed {seed}: python -m minibp.train {' '.join(argv)}", flush=True)
+            start = time.perf_counter()
+            status = train.main(argv)
+            if status != 0:
+                return status
+            accuracy[mode, seed] = last_validation(run)["accuracy"]
+            minutes[mode, seed] = (time.perf_counter() - start) / 60
+    exact = np.mean([accuracy["exact", s] for s in seeds]) if "exact" in modes else None
+    print(f"\n{args.model} on {args.data}, {args.iters} iterations at batch {args.batch}, seeds "
+          f"{', '.join(map(str, seeds))}: test accuracy (%)")
+    print(f"{'mode':>8}  " + "  ".join(f"{'seed ' + str(s):>7}" for s in seeds)
+          + f"  {'mean':>6}  {'spread':>6}  {'vs exact':>8}  {'minutes a run':>13}")
+    for mode in modes:
+        values = np.array([100 * accuracy[mode, s] for s in seeds])
+        diff = f"{values.mean() - 100 * exact:+8.2f}" if exact is not None else f"{'-':>8}"
+        print(f"{label(mode):>8}  " + "  ".join(f"{v:7.2f}" for v in values)
+              + f"  {values.mean():6.2f}  {np.ptp(values):6.2f}  {diff}  "
+              f"{np.mean([minutes[mode, s] for s in seeds]):13.1f}")
     return 0
 
 

@@ -1,10 +1,28 @@
 """Shared by the research benchmarks: nets of one architecture in several modes, sharing weights, and
-their parameter gradients on a batch."""
+their parameter gradients on a batch.
+
+A mode names a store as the trainer's options do: "exact", "naive", or k bits and a window, "4:range",
+"4:fixed" ("4" alone: the default window)."""
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from minibp import backend, data, models
+from minibp.quant import DEFAULT_WINDOW, check_window, parse_bits
+
+
+def store_options(mode):
+    """'4:range' -> dict(bits='4', window='range'); exact and naive have no window of their choosing."""
+    bits, _, window = str(mode).partition(":")
+    parse_bits(bits)
+    return dict(bits=bits, window=check_window(window or DEFAULT_WINDOW))
+
+
+def label(mode):
+    """A mode as tables print it: 'exact', 'naive', '4 range'."""
+    options = store_options(mode)
+    return options["bits"] if options["bits"] in ("exact", "naive") else f"{options['bits']} {options['window']}"
 
 
 def sample_batch(data_name, data_dir, *, quick, batch, seed=0):
@@ -21,8 +39,8 @@ def sample_batch(data_name, data_dir, *, quick, batch, seed=0):
 
 def compile_modes(model, modes, *, input_shape, classes, batch, seed=0):
     """{mode: compiled net}, all with the same initial weights (same seed)."""
-    return {m: models.by_name(model, input_shape=input_shape, classes=classes).compile(batch=batch, bits=m,
-                                                                                      seed=seed)
+    return {m: models.by_name(model, input_shape=input_shape, classes=classes).compile(batch=batch, seed=seed,
+                                                                                      **store_options(m))
             for m in modes}
 
 
@@ -53,6 +71,10 @@ def pyplot_or_none():
         return None
 
 
-def out_path(path):
+def out_path(path, *, default, quick):
+    """Where to write a figure: the path given (its folder made), else the committed default, except for
+    a --quick run, which writes to a temporary folder: a smoke run never overwrites a committed result."""
+    if path is None:
+        path = Path(tempfile.mkdtemp(prefix="minibp-quick-")) / Path(default).name if quick else default
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return path
+    return str(path)

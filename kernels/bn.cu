@@ -157,10 +157,10 @@ extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chun
 }
 
 // Given the batch mean and variance in stats[0], stats[1] (and for the range window the batch's least
-// and largest x in stats[5], stats[6]): sigma, the clamped gamma, b and the code's window. One thread
-// per channel. The range window's [lo, hi] is v of those x computed as the forward pass computes v,
+// and largest x in stats[5], stats[6], and its clip): sigma, the clamped gamma, b and the code's window.
+// One thread per channel. The range window's [lo, hi] is v of those x computed as the forward pass computes v,
 // so that every v of the batch lies within it.
-extern "C" __global__ void batchnorm_coefficients(int C, int bits, int range, real_t eps,
+extern "C" __global__ void batchnorm_coefficients(int C, int bits, int range, float clip, real_t eps,
                                                   const real_t* __restrict__ gamma, const real_t* __restrict__ beta,
                                                   real_t* __restrict__ stats) {
     GRID_STRIDE_LOOP(c, C) {
@@ -171,7 +171,8 @@ extern "C" __global__ void batchnorm_coefficients(int C, int bits, int range, re
         float shift = 0, width = 0, scale = 0;
         if (bits && range)
             quant_window_range((float)(xhat_of(stats[5 * C + c], c, C, stats) + B(c)),
-                               (float)(xhat_of(stats[6 * C + c], c, C, stats) + B(c)), bits, &shift, &width, &scale);
+                               (float)(xhat_of(stats[6 * C + c], c, C, stats) + B(c)), (float)B(c), clip, bits,
+                               &shift, &width, &scale);
         else if (bits)
             quant_window_fixed((float)B(c), bits, &shift, &width, &scale);
         SHIFT(c) = shift, WIDTH(c) = width, SCALE(c) = scale;

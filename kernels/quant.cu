@@ -9,12 +9,13 @@
 
 constexpr int BLOCK_C = 64;  // a multiple of 8/k, as C is: blocks are whole bytes
 
-// window (3, C) of each channel: the fixed window of b (range = 0) or the range window of [lo, hi] (range = 1).
-extern "C" __global__ void channel_window(int C, int bits, int range, const real_t* b, const real_t* lo,
-                                          const real_t* hi, real_t* window) {
+// window (3, C) of each channel: the fixed window of b (range = 0) or the range window of [lo, hi] narrowed
+// to b +- clip (range = 1).
+extern "C" __global__ void channel_window(int C, int bits, int range, float clip, const real_t* b,
+                                          const real_t* lo, const real_t* hi, real_t* window) {
     GRID_STRIDE_LOOP(c, C) {
         float shift, width, scale;
-        if (range) quant_window_range((float)lo[c], (float)hi[c], bits, &shift, &width, &scale);
+        if (range) quant_window_range((float)lo[c], (float)hi[c], (float)b[c], clip, bits, &shift, &width, &scale);
         else quant_window_fixed((float)b[c], bits, &shift, &width, &scale);
         window[c] = shift, window[C + c] = width, window[2 * C + c] = scale;
     }

@@ -11,9 +11,9 @@
 //   fixed (the paper's): width 6/K, shift = clamp(K/2 - floor(b*K/6), 1, K-1): v within about b +- 3,
 //     values beyond clipped to the end bins. The paper's code clamps shift only at 1; the cap at K-1
 //     keeps zero inside the code range, so a channel with very negative b keeps its positive values' mask.
-//   range: the batch's own [lo, hi] of v in the channel (from its min and max of x), nothing clipped;
-//     zero may fall outside the codes when the whole channel has one sign (shift <= 0: every mask 1;
-//     shift >= K: every mask 0).
+//   range: the batch's own [lo, hi] of v in the channel (from its min and max of x), narrowed to
+//     b +- clip (per k: minibp/quant.py's RANGE_CLIP); zero may fall outside the codes when the whole
+//     channel has one sign (shift <= 0: every mask 1; shift >= K: every mask 0).
 // All float32 arithmetic that CPU, GPU and NumPy round alike (no FMA contraction, no fast math).
 //
 // A row of C channels (C a multiple of 8/k) packs into C*k/8 bytes, 8/k codes a byte, the row's first
@@ -40,12 +40,18 @@ __device__ __forceinline__ void quant_window_fixed(float b, int bits, float* shi
     *scale = K / 6.0f;
 }
 
-// [lo, hi]: the channel's smallest and largest v. With u = v - 1e-6 (what the code floors), a channel
-// of one sign spreads K-1 widths over [u_lo, u_hi] (K bins whatever the grid's offset from zero); one
-// straddling zero puts j of the K bins below zero, j chosen for the narrowest width.
-__device__ __forceinline__ void quant_window_range(float lo, float hi, int bits, float* shift, float* width,
-                                                   float* scale) {
+// [lo, hi]: the channel's smallest and largest v, first narrowed to b +- clip (xhat within +-clip; clip
+// may be infinite), but never across zero, so that the channel's sign (one sign or both) stays what
+// the data says and the mask exact. With u = v - 1e-6 (what the code floors), a channel of one sign
+// spreads K-1 widths over [u_lo, u_hi] (K bins whatever the grid's offset from zero); one straddling
+// zero puts j of the K bins below zero, j chosen for the narrowest width.
+__device__ __forceinline__ void quant_window_range(float lo, float hi, float b, float clip, int bits, float* shift,
+                                                   float* width, float* scale) {
     const float K = (float)(1 << bits);
+    // not across zero: lo stays below 1e-6 (the mask's threshold) if it was, hi at or above it if it was
+    const float lo_clip = b - clip < 0.0f ? b - clip : 0.0f, hi_clip = b + clip > 1e-6f ? b + clip : 1e-6f;
+    lo = lo > lo_clip ? lo : lo_clip;
+    hi = hi < hi_clip ? hi : hi_clip;
     const float u_lo = lo - 1e-6f, u_hi = hi - 1e-6f;
     const bool one_sign = u_lo >= 0.0f || u_hi < 0.0f;
     float w = (u_hi - u_lo) / (K - 1.0f), j_best = 1.0f;

@@ -17,7 +17,7 @@ The *_ref functions are plain NumPy statements of what each kernel computes (for
 
 import numpy as np
 
-from . import backend, kernels
+from . import backend, kernels, quant
 
 GAMMA_MIN = 1e-8         # gamma is clamped to at least this (docs/method.md, "The unit")
 ROWS_PER_CHUNK = 16      # rows a reduction sums in order into one row of partial sums, which xp adds up
@@ -390,8 +390,9 @@ def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed"):
     range window reads the least and largest x from stats[5:7] (batchnorm_statistics). One kernel."""
     C = gamma.shape[0]
     _check_stats(stats, C)
-    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C=C, bits=bits, range=window == "range", eps=eps, gamma=gamma,
-                                                     beta=beta, stats=stats, threads=C)
+    clip = quant.RANGE_CLIP.get(bits, np.inf)
+    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C=C, bits=bits, range=window == "range", clip=clip, eps=eps,
+                                                     gamma=gamma, beta=beta, stats=stats, threads=C)
 
 
 def _store_args(bits, x_copy, codes):

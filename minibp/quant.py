@@ -15,7 +15,8 @@ Zero is a bin edge (shift is whole), so the mask is exact whatever the window. W
           at 1; minibp also caps it at K-1, so zero stays a bin edge inside the code range for every b
           (without the cap a channel with b_c < -(K/2-1)*6/K loses every positive value's mask bit).
   range   the batch's own range [lo_c, hi_c] of v (from the minimum and maximum of x that the
-          statistics pass also finds), so nothing is clipped: u = v - 1e-6 spans [u_lo, u_hi]; a
+          statistics pass also finds), narrowed to b_c +- RANGE_CLIP[k] but never across zero (so
+          the channel keeps its sign pattern and the mask stays exact): u = v - 1e-6 spans [u_lo, u_hi]; a
           channel straddling zero puts j of the K bins below it, width = max(-u_lo/j, u_hi/(K-j)) for
           the j giving the narrowest; a channel of one sign gets width (u_hi - u_lo)/(K-1) and a shift
           outside [1, K-1] (shift <= 0: every mask 1, shift >= K: every mask 0). The width is floored
@@ -39,6 +40,8 @@ BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 # The windows a k-bit store can code through (the API's and CLI's `window`), and the kernels' flag for each.
 WINDOWS = {"fixed": 0, "range": 1}
 DEFAULT_WINDOW = "fixed"
+# The range window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py (README, RQ4).
+RANGE_CLIP = {8: np.inf, 4: np.inf, 2: np.inf}
 MASK_THRESHOLD = np.float32(1e-6)
 
 
@@ -64,18 +67,23 @@ def check_bits(bits):
 
 # ----------------------------------------------------------------------------- NumPy reference
 
-def window_ref(b, *, bits, kind="fixed", lo=None, hi=None):
+def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
     """The (3, C) float32 window (shift, width, scale) of each channel: the fixed window of b, or the
-    range window of the channel's smallest and largest v, lo and hi (C,)."""
+    range window of the channel's smallest and largest v, lo and hi (C,), narrowed to b +- clip
+    (default RANGE_CLIP[bits])."""
     K = np.float32(1 << bits)
     f32 = np.float32
+    b = np.asarray(b, f32)
     if kind == "fixed":
-        b = np.asarray(b, f32)
         with np.errstate(over="ignore"):
             shift = np.fmin(np.fmax(K * f32(0.5) - np.floor(b * (K / f32(6))), f32(1)), K - 1)
         return np.stack([shift, np.full_like(b, f32(6) / K), np.full_like(b, K / f32(6))])
-    u_lo, u_hi = np.asarray(lo, f32) - MASK_THRESHOLD, np.asarray(hi, f32) - MASK_THRESHOLD
+    clip = f32(RANGE_CLIP[bits] if clip is None else clip)
     with np.errstate(all="ignore"):  # NaN and Inf windows of a diverged net go through as the kernel's do
+        lo = np.where(np.asarray(lo, f32) > np.minimum(b - clip, 0), lo, np.minimum(b - clip, 0)).astype(f32)
+        hi_clip = np.maximum(b + clip, MASK_THRESHOLD)  # not across zero: hi stays >= 1e-6 if it was
+        hi = np.where(np.asarray(hi, f32) < hi_clip, hi, hi_clip).astype(f32)
+        u_lo, u_hi = lo - MASK_THRESHOLD, hi - MASK_THRESHOLD
         one_sign = (u_lo >= 0) | (u_hi < 0)
         j = np.arange(1, 1 << bits, dtype=f32)[:, None]
         w_j = np.maximum(-u_lo / j, u_hi / (K - j))  # (K-1, C): j bins below zero
@@ -170,8 +178,8 @@ def window(b, *, bits, kind="fixed", v=None):
         rows = v.reshape(-1, C)
         lo, hi = rows.min(axis=0), rows.max(axis=0)
     table = backend.xp.empty((3, C), b.dtype)
-    kernels.load("quant.cu", b.dtype).channel_window(C=C, bits=bits, range=kind == "range", b=b, lo=lo, hi=hi,
-                                                     window=table, threads=C)
+    kernels.load("quant.cu", b.dtype).channel_window(C=C, bits=bits, range=kind == "range", clip=RANGE_CLIP[bits],
+                                                     b=b, lo=lo, hi=hi, window=table, threads=C)
     return table
 
 

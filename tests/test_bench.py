@@ -32,8 +32,8 @@ def test_memory_bench():
 def test_accuracy_bench_quick(tmp_path):
     make_dataset(tmp_path / "data", "fashion-mnist", shape=(8, 8, 1))
     out = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
-              "--modes", "exact,4,naive")
-    assert "vs exact" in out and "naive" in out
+              "--modes", "exact,4:range,naive", "--seeds", "0,1")
+    assert "vs exact" in out and "naive" in out and "4 range" in out and "seed 1" in out
 
 
 def test_accumulation_bench_quick(tmp_path):
@@ -44,3 +44,14 @@ def test_accumulation_bench_quick(tmp_path):
 def test_gradnoise_bench_quick(tmp_path):
     out = run("bench/gradnoise.py", "--quick", "--plot", str(tmp_path / "gn.png"))
     assert "g_exact|| / SGD noise" in out and (tmp_path / "gn.png").stat().st_size > 1000
+
+
+def test_quick_runs_write_no_committed_result():
+    """--quick without --plot writes its figure to a temporary folder, never over bench/results."""
+    results = ROOT / "bench" / "results"
+    before = {p: p.read_bytes() for p in results.glob("*.png")}
+    for script in ("bench/accumulation.py", "bench/gradnoise.py"):
+        out = run(script, "--quick")
+        written = out.split("wrote ")[-1].strip()
+        assert written and Path(written).exists() and results not in Path(written).resolve().parents
+    assert {p: p.read_bytes() for p in results.glob("*.png")} == before

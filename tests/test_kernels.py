@@ -107,7 +107,7 @@ def test_any_launch_shape_gives_the_same_result(quant_module, grid, block):
     rng = np.random.default_rng(1)
     v = rng.standard_normal((333, 6)).astype(np.float32) * 2
     from minibp.quant import quantize_ref, window_ref
-    window = window_ref(None, bits=4, kind="range", lo=v.min(axis=0), hi=v.max(axis=0))
+    window = window_ref(np.zeros(6, np.float32), bits=4, kind="range", lo=v.min(axis=0), hi=v.max(axis=0))
     codes = device(np.zeros(v.size // 2, np.uint8))
     quant_module.quantize(n_bytes=v.size // 2, C=6, bits=4, v=device(v), window=device(window), codes=codes,
                           grid=grid, block=block)

@@ -134,13 +134,31 @@ def test_range_window_is_narrower_than_the_spread_allows_and_covers_it(bits):
     K = 1 << bits
     lo = np.array([-3, -0.5, 1, -9, 0, -7, 2.5], np.float32)
     hi = np.array([3, 11, 4, -2, 6, 1e-6, 2.5], np.float32)
-    shift, width, _ = quant.window_ref(None, bits=bits, kind="range", lo=lo, hi=hi)
+    shift, width, _ = quant.window_ref(np.zeros(7, np.float32), bits=bits, kind="range", lo=lo, hi=hi, clip=np.inf)
     spread = hi - lo
     assert np.all(width[:-1] <= spread[:-1] / (K - 2) * (1 + 1e-6))
     assert np.all(width[[2, 3]] <= spread[[2, 3]] / (K - 1) * (1 + 1e-6))
     assert width[-1] > 0  # a constant channel
     u_lo, u_hi = lo - np.float32(1e-6), hi - np.float32(1e-6)
     assert np.all(np.floor(u_lo / width) + shift >= -1e-3) and np.all(np.floor(u_hi / width) + shift <= K)
+
+
+@pytest.mark.parametrize("clip", [0.5, 2.0, 3.0])
+@pytest.mark.parametrize("bits", BITS)
+def test_a_clipped_range_window_keeps_the_mask_exact(monkeypatch, rng, bits, clip):
+    """Narrowed to b +- clip, never across zero: channels whose b +- clip lies on one side of zero while
+    their values straddle it keep zero a bin edge inside the codes; the kernel agrees with the reference."""
+    monkeypatch.setitem(quant.RANGE_CLIP, bits, clip)
+    v, b = _random_case(rng, 2048, 8)
+    b[:4] = [5.0, -5.0, 0.3, -0.3]
+    v[:, :4] += b[:4]  # v around b: values straddle zero with b +- clip on one side of it
+    table, ref = _window(v, b, bits, "range")
+    shift, width, _ = ref
+    assert np.all(width[:2] <= (clip + 5) / ((1 << bits) - 2) * 1.0001)  # narrowed: not the whole spread
+    codes = quant.quantize(device(v), table, bits=bits)
+    assert np.array_equal(host(codes), quant.quantize_ref(v, ref, bits=bits))
+    _, _, mask = quant.dequantize(codes, table, device(b), device(np.ones(8, np.float32)), bits=bits, shape=v.shape)
+    assert np.array_equal(host(mask).astype(bool), v >= np.float32(1e-6))
 
 
 def test_mask_stays_exact_for_very_negative_b():
