@@ -516,17 +516,6 @@ class ParameterFreeShortcut:
 
 # ----------------------------------------------------------------------------- loss
 
-def check_labels(labels, n, classes):
-    """Labels must be an array of n integers in [0, classes)."""
-    if not hasattr(labels, "dtype") or not hasattr(labels, "shape"):
-        raise TypeError(f"labels must be an integer array of shape ({n},), got {type(labels).__name__}")
-    if labels.shape != (n,) or labels.dtype.kind not in "iu":
-        raise ValueError(f"labels must be {n} integers (shape ({n},)), got {labels.dtype} of shape {labels.shape}")
-    if n and (int(labels.min()) < 0 or int(labels.max()) >= classes):
-        raise ValueError(f"labels must lie in [0, {classes}), got values from {int(labels.min())} to "
-                         f"{int(labels.max())}")
-
-
 def softmax_cross_entropy(logits, labels):
     """(loss, accuracy) as device scalars: mean softmax cross-entropy of logits (N, K), labels (N,)."""
     xp = backend.xp
