@@ -26,6 +26,7 @@ import numpy as np
 from . import backend, checks, layers
 from . import params as table
 from .arena import Arena, Plan
+from .checks import positive_int
 from .cudnn_conv import attach_engines, build_graphs
 from .params import key
 from .quant import parse_bits
@@ -140,7 +141,7 @@ class Net:
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
         _, k, naive = parse_bits(bits)
-        N, dtype, units = checks.positive_int(batch, "batch"), self.dtype, self.units
+        N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
         checks.check_channels(units, k)
         plan = Plan()
         plan.add("input", (N,) + self.input_shape, dtype, "input batch")
@@ -181,15 +182,16 @@ class Net:
     # ------------------------------------------------------------------ allocation and state
 
     def compile(self, *, batch, bits="4", seed=0, training=True, input_grad=False, conv="gemm"):
-        """Allocate the arena for a step; the first compile initialises the parameters, a later one keeps
-        the trained state. conv="gemm" (both devices) or "cudnn" (GPU, every conv but the classifier)."""
+        """Allocate the arena for a step at this batch and store. The first compile initialises the
+        parameters (initialize(seed=...)); a later one keeps the trained state. conv="gemm" (both devices)
+        or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier; cudnn_conv.py)."""
         if conv not in ("gemm", "cudnn"):
             raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
         request = dict(batch=batch, bits=bits, training=training, input_grad=input_grad)
         plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
         self.bits, self.k, self.naive = parse_bits(bits)
-        self.batch, self.training = checks.positive_int(batch, "batch"), training
+        self.batch, self.training = positive_int(batch, "batch"), training
         if conv == "cudnn" and self.dtype != np.float32:
             raise ValueError("the cuDNN path is float32 only")
         convs = [u.conv for u in self.units if not u.is_classifier] + [u.projection for u in self.units if u.projection]

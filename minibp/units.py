@@ -260,7 +260,7 @@ class Step:
     def __init__(self, net, n, *, train):
         self.net, self.n, self.train = net, n, train
         self.k, self.naive, self.eps, self.bn_momentum = net.k, net.naive, net.eps, net.bn_momentum
-        self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (step.py)
+        self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (Net.defer_running)
 
     def shared(self, name, shape=None):
         """A net buffer: whole and flat, or its first n*prod(shape) elements as (n,) + shape."""
