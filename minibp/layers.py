@@ -374,47 +374,16 @@ def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
 
 # ----------------------------------------------------------------------------- pooling
 
-class MaxPool:
-    """k x k max pooling at a stride, "same" (TensorFlow's) or "valid" padding; padded taps are ignored.
+class _Window:
+    """A k x k window at a stride over (H, W, C), "same" (TensorFlow's) or "valid" padding, and the launch of
+    the pooling kernels (kernels/pool.cu), laid out as the BN kernels: a row per pixel, shaped by _launch."""
 
-    The pooling kernels (kernels/pool.cu) are laid out as the BN kernels: a row per pixel, launched by _launch."""
-
-    def __init__(self, in_shape, *, kernel=3, stride=2, padding="same"):
+    def __init__(self, in_shape, *, kernel, stride, padding):
         self.H, self.W, self.C = in_shape
         self.k, self.stride = int(kernel), int(stride)
         self.Ho, self.pad_top = conv_output_size(self.H, self.k, self.stride, padding)
         self.Wo, self.pad_left = conv_output_size(self.W, self.k, self.stride, padding)
-
-    @property
-    def out_shape(self):
-        return (self.Ho, self.Wo, self.C)
-
-    def _geometry(self, n):
-        return dict(N=n, H=self.H, W=self.W, C=self.C, k=self.k, stride=self.stride, pad_top=self.pad_top,
-                    pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
-
-    def forward(self, x, y):
-        n = x.shape[0]
-        _k("pool.cu", x.dtype).maxpool_forward(**self._geometry(n), x=x, y=y, **_launch(n * self.Ho * self.Wo, self.C))
-
-    def backward(self, x, dy, dx):
-        """dx = dL/dx; reads x (the forward input) to find each window's argmax."""
-        _k("pool.cu", x.dtype).maxpool_backward(**self._geometry(x.shape[0]), x=x, dy=dy, dx=dx,
-                                                **_launch(x.size // self.C, self.C))
-
-
-class AvgPool:
-    """k x k average pooling at a stride ("valid"; always divides by k*k). With out_channels > C and
-    accumulate=True it adds into y with the extra channels left alone: the parameter-free shortcut."""
-
-    def __init__(self, in_shape, *, kernel=2, stride=2, padding="valid", out_channels=None):
-        self.H, self.W, self.C = in_shape
-        self.k, self.stride = int(kernel), int(stride)
-        self.Ho, self.pad_top = conv_output_size(self.H, self.k, self.stride, padding)
-        self.Wo, self.pad_left = conv_output_size(self.W, self.k, self.stride, padding)
-        self.Cy = self.C if out_channels is None else int(out_channels)
-        if self.Cy < self.C:
-            raise ValueError(f"average pooling cannot drop channels ({self.C} -> {self.Cy})")
+        self.Cy = self.C  # output channels
 
     @property
     def out_shape(self):
@@ -422,20 +391,51 @@ class AvgPool:
 
     def _geometry(self, n):
         return dict(N=n, H=self.H, W=self.W, C=self.C, k=self.k, stride=self.stride, pad_top=self.pad_top,
-                    pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo, Cy=self.Cy)
+                    pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
+
+    def _kernel(self, name, images, *, backward=False, **arguments):
+        """pool.cu's kernel name over images (N, H, W, C) (x or dx): a row per output (backward: input) pixel."""
+        n = images.shape[0]
+        rows = n * (self.H * self.W if backward else self.Ho * self.Wo)
+        getattr(_k("pool.cu", images.dtype), name)(**self._geometry(n), **arguments, **_launch(rows, self.C))
+
+
+class MaxPool(_Window):
+    """k x k max pooling at a stride; padded taps are ignored."""
+
+    def __init__(self, in_shape, *, kernel=3, stride=2, padding="same"):
+        super().__init__(in_shape, kernel=kernel, stride=stride, padding=padding)
+
+    def forward(self, x, y):
+        self._kernel("maxpool_forward", x, x=x, y=y)
+
+    def backward(self, x, dy, dx):
+        """dx = dL/dx; reads x (the forward input) to find each window's argmax."""
+        self._kernel("maxpool_backward", x, backward=True, x=x, dy=dy, dx=dx)
+
+
+class AvgPool(_Window):
+    """k x k average pooling at a stride ("valid"; always divides by k*k). With out_channels > C and
+    accumulate=True it adds into y with the extra channels left alone: the parameter-free shortcut."""
+
+    def __init__(self, in_shape, *, kernel=2, stride=2, padding="valid", out_channels=None):
+        super().__init__(in_shape, kernel=kernel, stride=stride, padding=padding)
+        self.Cy = self.C if out_channels is None else int(out_channels)
+        if self.Cy < self.C:
+            raise ValueError(f"average pooling cannot drop channels ({self.C} -> {self.Cy})")
+
+    def _geometry(self, n):
+        return dict(super()._geometry(n), Cy=self.Cy)
 
     def forward(self, x, y, *, accumulate=False):
-        n = x.shape[0]
-        _k("pool.cu", x.dtype).avgpool_forward(**self._geometry(n), accumulate=accumulate, x=x, y=y,
-                                               **_launch(n * self.Ho * self.Wo, self.C))
+        self._kernel("avgpool_forward", x, accumulate=accumulate, x=x, y=y)
 
     def backward(self, x, dy, dx):
         """dx = dL/dx (x is not read: the same signature as the other pools)."""
         self.backward_into(dy, dx)
 
     def backward_into(self, dy, dx, *, accumulate=False):
-        _k("pool.cu", dy.dtype).avgpool_backward(**self._geometry(dx.shape[0]), accumulate=accumulate, dy=dy, dx=dx,
-                                                 **_launch(dx.size // self.C, self.C))
+        self._kernel("avgpool_backward", dx, backward=True, accumulate=accumulate, dy=dy, dx=dx)
 
 
 class GlobalAvgPool:
