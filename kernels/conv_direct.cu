@@ -23,8 +23,6 @@ __device__ __forceinline__ int input_index(int o, int k, int stride, int dilatio
     return v < 0 || v % dilation || v / dilation >= size ? -1 : v / dilation;
 }
 
-__device__ __forceinline__ int min_int(int a, int b) { return a < b ? a : b; }
-
 struct Tile {
     long long row;                          // n * Ho + oh
     int n, oh, ow0, co0, pixels, channels;  // the tile's part inside y: pixels x channels from (ow0, co0)
