@@ -11,6 +11,16 @@ def positive_int(value, what):
     return int(value)
 
 
+def net_input(input_shape, dtype):
+    """(input_shape, dtype) of a Net, checked: (H, W, C) of positive ints, float32 or float64."""
+    if len(input_shape) != 3 or min(input_shape) < 1:
+        raise ValueError(f"input_shape is (H, W, C), got {input_shape}")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 (or float64 for gradient checks), got {dtype}")
+    return tuple(int(s) for s in input_shape), dtype
+
+
 def check_channels(units, k):
     """At k bits every batch-norm unit's channel count must be a multiple of 8 / k (a code byte holds 8 / k
     channels of one row)."""

@@ -50,12 +50,7 @@ class Net:
     """A chain of units; build it with conv/residual/classifier (or add), then plan, compile and train."""
 
     def __init__(self, input_shape, *, dtype=np.float32, eps=1e-5, bn_momentum=0.9):
-        if len(input_shape) != 3 or min(input_shape) < 1:
-            raise ValueError(f"input_shape is (H, W, C), got {input_shape}")
-        self.input_shape = tuple(int(s) for s in input_shape)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 (or float64 for gradient checks), got {self.dtype}")
+        self.input_shape, self.dtype = checks.net_input(input_shape, dtype)
         self.eps, self.bn_momentum = eps, bn_momentum
         self.units, self.classes, self.arena, self.training = [], None, None, None
         self._shape = self.input_shape  # the output shape of the chain so far
