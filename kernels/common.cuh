@@ -5,6 +5,8 @@
 #include "cpu_shim.h"
 #endif
 
+__device__ __forceinline__ int min_int(int a, int b) { return a < b ? a : b; }
+
 // for (i = this thread's first index; i < n; i += all threads in the grid)
 #define GRID_STRIDE_LOOP(i, n)                                                     \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \

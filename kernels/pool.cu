@@ -5,17 +5,13 @@
 // (oh * s - pad_top, ow * s - pad_left); taps outside x are skipped (max) or count as 0 (average,
 // which always divides by k*k).
 //
-// Layout, as bn.cu's (layers._launch picks the shape by device): blocks walk the rows a kernel writes (pixels),
-// the threads of a block walk a row's channels. Rows are dealt out in chunks of rows_per_chunk consecutive
-// rows: a block has blockDim.y row lanes, the grid gridDim.x * blockDim.y, and lane l takes chunks l,
-// l + lanes, ... A thread takes its channels a tile at a time: one channel, t, t + blockDim.x, ..., where
+// Layout as bn.cu's (common.cuh's ROW_LOOP; layers._launch picks the shape by device): a row per pixel a
+// kernel writes. A thread takes its channels a tile at a time: one channel, t, t + blockDim.x, ..., where
 // threads share a row (the GPU: adjacent threads read adjacent addresses); a run of up to TILE_MAX channels in
-// a one-thread block (the CPU's launch, one contiguous run of rows a block), so that the loops over a tile are
-// plain loops over consecutive channels, which g++ vectorises. Each value is computed by the same arithmetic in
-// the same order whichever thread computes it, so the results do not depend on the launch shape.
+// a one-thread block (the CPU's launch), so that the loops over a tile are plain loops over consecutive
+// channels, which g++ vectorises. Each value is computed by the same arithmetic in the same order whichever
+// thread computes it, so the results do not depend on the launch shape.
 #include "common.cuh"
-
-__device__ __forceinline__ int min_int(int a, int b) { return a < b ? a : b; }
 
 // The longest tile: 128 channels on the CPU; 1 on the GPU, which launches one-thread blocks only for C = 1
 // (and NVRTC compiles 10x slower over local arrays).

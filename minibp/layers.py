@@ -4,9 +4,9 @@ Layers hold no activations. Each backward takes, as arguments, exactly the forwa
 reads (its input x, or the unit's store), so what must be kept is visible in one place: the unit
 in net.py, which keeps a k-bit (or exact) store per unit and nothing else of size.
 
-    Conv2D                  any kernel size and stride, padding "same" or "valid": direct kernels on the
-                            CPU (float32, AVX-512); else a 1x1 conv is one GEMM of the (N*H*W, C)
-                            matrix, a k x k conv im2col + GEMM
+    Conv2D                  any kernel size and stride, padding "same" or "valid": a 1x1 conv is one GEMM
+                            of the (N*H*W, C) matrix, a k x k conv im2col + GEMM (on AVX-512 CPUs the
+                            direct kernels of conv_direct.py, a fast path with the same results)
     batchnorm_relu_*        batch-statistics BN, gamma/beta and ReLU of one unit, fused with its store
     MaxPool, AvgPool, GlobalAvgPool
     ParameterFreeShortcut   the reference's residual shortcut: average-pool by the stride, zero-pad channels
@@ -17,7 +17,7 @@ The *_ref functions are plain NumPy statements of what each kernel computes (for
 
 import numpy as np
 
-from . import backend, kernels, quant
+from . import backend, conv_direct, kernels, quant
 
 GAMMA_MIN = 1e-8         # gamma is clamped to at least this (docs/method.md, "The unit")
 ROWS_PER_CHUNK = 16      # rows a reduction sums in order into one row of partial sums, which xp adds up
@@ -43,25 +43,6 @@ def conv_output_size(size, kernel, stride, padding):
 # ----------------------------------------------------------------------------- convolution
 
 COL_ELEMENTS = 1 << 20         # CPU: values a chunk of the im2col matrix holds (4 MiB of float32, cache-sized)
-GRAD_CHUNK_ELEMENTS = 1 << 18  # CPU: values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
-DIRECT_PIXELS, DIRECT_LANES = 8, 16  # conv.cu: a conv_direct tile's pixels, a conv_weight_grad block's channels
-
-
-def _cpu_has_avx512():
-    """True when /proc/cpuinfo lists avx512f (its first processor's flags line)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512f" in line.split()
-    except OSError:
-        pass
-    return False
-
-
-# conv.cu's direct kernels run the CPU's float32 convolutions where the CPU has AVX-512 (elsewhere their
-# plain loops are slower than im2col + BLAS). Tests and benchmarks set it to False to compare the paths.
-DIRECT_CONV = _cpu_has_avx512()
 
 
 def _add_weight_grad(dw, dy2, cols):
@@ -74,12 +55,6 @@ def _add_weight_grad(dw, dy2, cols):
         dw2 += dy2.T @ cols
 
 
-def _tasks(count):
-    """A launch of count one-thread blocks (a grid-stride loop takes any beyond 2^31 - 1): the CPU shim hands
-    whole blocks to its threads, so even a few tasks use every core. (Only the CPU runs the direct kernels.)"""
-    return dict(grid=(min(count, 2**31 - 1),), block=(1,))
-
-
 class Conv2D:
     """y = conv(x, w) [+ bias]: x (N, H, W, Cin), w (Cout, kh, kw, Cin), y (N, Ho, Wo, Cout).
 
@@ -87,10 +62,7 @@ class Conv2D:
     serves both paths; as a GEMM operand it is the (Cout, kh*kw*Cin) matrix w2, used transposed.
 
     How it is computed (the results agree to float32 rounding):
-      direct   CPU, float32, DIRECT_CONV (AVX-512): conv.cu's conv_direct and conv_weight_grad read x and
-               dy in place (the data gradient is conv_direct of dy, dilated by the stride, with the flipped
-               kernel). No BLAS: OpenBLAS's threads spin for a while after each GEMM and take the cores
-               from the OpenMP kernels that run between (measured 2x slower kernels after a GEMM, 2 cores).
+      direct   CPU, float32, AVX-512: conv_direct.py's kernels, a fast path that reads x and dy in place.
       GEMM     an unstrided 1x1 conv otherwise: x itself is the GEMM operand.
       im2col   the rest: im2col + GEMM, col2im for the data gradient, a chunk of images at a time in the
                workspace: the whole batch on the GPU (one GEMM, as cuBLAS likes it), COL_ELEMENTS on the CPU.
@@ -120,32 +92,20 @@ class Conv2D:
         """Multiply-adds x 2 of the forward pass for one image."""
         return 2 * self.Ho * self.Wo * self.cout * self.kh * self.kw * self.cin
 
-    def _direct(self, dtype):
-        """True when conv.cu's direct kernels compute this conv and its gradients."""
-        return DIRECT_CONV and backend.device == "cpu" and dtype == np.float32
-
     def _images_per_chunk(self, n):
         """Images an im2col chunk holds: all n on the GPU, as many as fill COL_ELEMENTS (at least 1) on the CPU."""
         if backend.device == "gpu":
             return n
         return max(1, min(n, COL_ELEMENTS // (self.Ho * self.Wo * self.kh * self.kw * self.cin)))
 
-    def _grad_chunks(self, n):
-        """(chunks, images a chunk) of the direct weight gradient: chunks of GRAD_CHUNK_ELEMENTS of x and dy."""
-        per_image = self.H * self.W * self.cin + self.Ho * self.Wo * self.cout
-        chunks = -(-n // max(1, GRAD_CHUNK_ELEMENTS // per_image))
-        images = -(-n // chunks)
-        return -(-n // images), images
-
     def workspace_shape(self, batch, *, accumulate_dx=False):
         """(rows, cols) of the workspace col this conv needs: one chunk of the im2col matrix and, on the
-        CPU, the direct weight gradient's partial sums (Cout rows a chunk of images). An unstrided 1x1 conv
-        reads x in place and needs no im2col chunk, unless its data gradient is added into another
-        (accumulate_dx) on the GEMM path: then the product goes through the workspace first."""
+        CPU, the direct path's (conv_direct.workspace_rows). An unstrided 1x1 conv reads x in place and
+        needs no im2col chunk, unless its data gradient is added into another (accumulate_dx) on the GEMM
+        path: then the product goes through the workspace first."""
         im2col = not (self.is_pointwise and self.stride == 1) or accumulate_dx
-        rows = self._images_per_chunk(batch) * self.Ho * self.Wo if im2col else 0
-        if backend.device == "cpu":
-            rows = max(rows, self._grad_chunks(batch)[0] * self.cout)
+        rows = max(self._images_per_chunk(batch) * self.Ho * self.Wo if im2col else 0,
+                   conv_direct.workspace_rows(self, batch))
         return (rows, self.kh * self.kw * self.cin) if rows else (0, 0)
 
     def _workspace(self, col, shape):
@@ -157,7 +117,7 @@ class Conv2D:
         return col.reshape(-1)[:size].reshape(shape)
 
     def _geometry(self, n):
-        """The im2col/col2im kernels' shape arguments, by name."""
+        """The shape arguments of the im2col/col2im (and conv_weight_grad) kernels, by name."""
         return dict(N=n, H=self.H, W=self.W, C=self.cin, kh=self.kh, kw=self.kw, stride=self.stride,
                     pad_top=self.pad_top, pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
 
@@ -196,34 +156,6 @@ class Conv2D:
         step = self._images_per_chunk(n)
         return [(first, min(n, first + step)) for first in range(0, n, step)]
 
-    def _conv_direct(self, x, wt, y, *, accumulate, transposed=False):
-        """y = (or +=) the direct convolution of x with wt (kh, kw, in channels, out channels). transposed:
-        the data gradient, x = dy and y = dx: the stride-1 convolution of dy dilated by the stride (zeros
-        between its pixels) with the flipped kernel, whose padding is the rest of the window."""
-        if transposed:
-            shape = dict(H=self.Ho, W=self.Wo, C=self.cout, stride=1, dilation=self.stride,
-                         pad_top=self.kh - 1 - self.pad_top, pad_left=self.kw - 1 - self.pad_left, Ho=self.H,
-                         Wo=self.W, Cout=self.cin)
-        else:
-            shape = dict(H=self.H, W=self.W, C=self.cin, stride=self.stride, dilation=1, pad_top=self.pad_top,
-                         pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo, Cout=self.cout)
-        n = x.shape[0]
-        tile_channels = 2 * DIRECT_LANES if shape["Cout"] >= 2 * DIRECT_LANES else DIRECT_LANES
-        tiles = n * shape["Ho"] * -(-shape["Wo"] // DIRECT_PIXELS) * -(-shape["Cout"] // tile_channels)
-        _k("conv.cu", x.dtype).conv_direct(N=n, kh=self.kh, kw=self.kw, **shape, tile_channels=tile_channels,
-                                           accumulate=accumulate, x=x, wt=wt, y=y, **_tasks(tiles))
-
-    def _direct_weight_grad(self, x, dy, dw, col):
-        """dw += dL/dw by conv_weight_grad: partial sums over chunks of images (in col, L2-sized chunks),
-        then their sum."""
-        n = x.shape[0]
-        chunks, images = self._grad_chunks(n)
-        partial = self._workspace(col, (chunks, self.kh * self.kw * self.cin, self.cout))
-        tasks = chunks * self.kh * self.kw * -(-self.cin // DIRECT_LANES) * -(-self.cout // DIRECT_LANES)
-        _k("conv.cu", x.dtype).conv_weight_grad(**self._geometry(n), Cout=self.cout, images_per_chunk=images, x=x,
-                                                dy=dy, partial=partial, **_tasks(tasks))
-        dw += partial.sum(axis=0).T.reshape(dw.shape)
-
     def forward(self, x, w, bias, y, *, col):
         """y (N, Ho, Wo, Cout) = conv(x (N, H, W, Cin)); col is the workspace (workspace_shape)."""
         xp = backend.xp
@@ -233,8 +165,8 @@ class Conv2D:
             return
         y2 = y.reshape(n * self.Ho * self.Wo, self.cout)
         w2 = w.reshape(self.cout, -1)
-        if self._direct(x.dtype):
-            self._conv_direct(x, xp.ascontiguousarray(w2.T), y, accumulate=False)
+        if conv_direct.applies(x.dtype):
+            conv_direct.forward(self, x, w, y)
         elif self.is_pointwise and self.stride == 1:
             xp.matmul(x.reshape(-1, self.cin), w2.T, out=y2)
         else:
@@ -258,21 +190,15 @@ class Conv2D:
         w2 = w.reshape(self.cout, -1)  # (Cout, kh*kw*Cin)
         if self.has_bias:
             dbias += dy2.sum(axis=0)
-        pointwise = self.is_pointwise and self.stride == 1
-        dw_left = True
-        if self._direct(x.dtype):
-            self._direct_weight_grad(x, dy, dw, col)
-            dw_left = False
-        elif pointwise:
+        if conv_direct.applies(x.dtype):
+            conv_direct.backward(self, x, w, dy, dw=dw, dx=dx, accumulate_dx=accumulate_dx, col=col)
+            return
+        dw_left = not (self.is_pointwise and self.stride == 1)
+        if not dw_left:
             _add_weight_grad(dw, dy2, x.reshape(n * pixels, self.cin))
-            dw_left = False
-        if dx is not None and self._direct(x.dtype):
-            flipped = xp.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3))  # (kh, kw, Cout, Cin)
-            self._conv_direct(dy, flipped, dx, accumulate=accumulate_dx, transposed=True)
-            dx = None
-        elif dx is not None and pointwise and not accumulate_dx:
-            xp.matmul(dy2, w2, out=dx.reshape(n * pixels, self.cin))
-            dx = None
+            if dx is not None and not accumulate_dx:
+                xp.matmul(dy2, w2, out=dx.reshape(n * pixels, self.cin))
+                dx = None
         if not dw_left and dx is None:
             return
         for first, end in self._chunks(n):
@@ -463,47 +389,16 @@ def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
 
 # ----------------------------------------------------------------------------- pooling
 
-class MaxPool:
-    """k x k max pooling at a stride, "same" (TensorFlow's) or "valid" padding; padded taps are ignored.
+class _Window:
+    """A k x k window at a stride over (H, W, C), "same" (TensorFlow's) or "valid" padding, and the launch of
+    the pooling kernels (kernels/pool.cu), laid out as the BN kernels: a row per pixel, shaped by _launch."""
 
-    The pooling kernels (kernels/pool.cu) are laid out as the BN kernels: a row per pixel, launched by _launch."""
-
-    def __init__(self, in_shape, *, kernel=3, stride=2, padding="same"):
+    def __init__(self, in_shape, *, kernel, stride, padding):
         self.H, self.W, self.C = in_shape
         self.k, self.stride = int(kernel), int(stride)
         self.Ho, self.pad_top = conv_output_size(self.H, self.k, self.stride, padding)
         self.Wo, self.pad_left = conv_output_size(self.W, self.k, self.stride, padding)
-
-    @property
-    def out_shape(self):
-        return (self.Ho, self.Wo, self.C)
-
-    def _geometry(self, n):
-        return dict(N=n, H=self.H, W=self.W, C=self.C, k=self.k, stride=self.stride, pad_top=self.pad_top,
-                    pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
-
-    def forward(self, x, y):
-        n = x.shape[0]
-        _k("pool.cu", x.dtype).maxpool_forward(**self._geometry(n), x=x, y=y, **_launch(n * self.Ho * self.Wo, self.C))
-
-    def backward(self, x, dy, dx):
-        """dx = dL/dx; reads x (the forward input) to find each window's argmax."""
-        _k("pool.cu", x.dtype).maxpool_backward(**self._geometry(x.shape[0]), x=x, dy=dy, dx=dx,
-                                                **_launch(x.size // self.C, self.C))
-
-
-class AvgPool:
-    """k x k average pooling at a stride ("valid"; always divides by k*k). With out_channels > C and
-    accumulate=True it adds into y with the extra channels left alone: the parameter-free shortcut."""
-
-    def __init__(self, in_shape, *, kernel=2, stride=2, padding="valid", out_channels=None):
-        self.H, self.W, self.C = in_shape
-        self.k, self.stride = int(kernel), int(stride)
-        self.Ho, self.pad_top = conv_output_size(self.H, self.k, self.stride, padding)
-        self.Wo, self.pad_left = conv_output_size(self.W, self.k, self.stride, padding)
-        self.Cy = self.C if out_channels is None else int(out_channels)
-        if self.Cy < self.C:
-            raise ValueError(f"average pooling cannot drop channels ({self.C} -> {self.Cy})")
+        self.Cy = self.C  # output channels
 
     @property
     def out_shape(self):
@@ -511,20 +406,51 @@ class AvgPool:
 
     def _geometry(self, n):
         return dict(N=n, H=self.H, W=self.W, C=self.C, k=self.k, stride=self.stride, pad_top=self.pad_top,
-                    pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo, Cy=self.Cy)
+                    pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
+
+    def _kernel(self, name, images, *, backward=False, **arguments):
+        """pool.cu's kernel name over images (N, H, W, C) (x or dx): a row per output (backward: input) pixel."""
+        n = images.shape[0]
+        rows = n * (self.H * self.W if backward else self.Ho * self.Wo)
+        getattr(_k("pool.cu", images.dtype), name)(**self._geometry(n), **arguments, **_launch(rows, self.C))
+
+
+class MaxPool(_Window):
+    """k x k max pooling at a stride; padded taps are ignored."""
+
+    def __init__(self, in_shape, *, kernel=3, stride=2, padding="same"):
+        super().__init__(in_shape, kernel=kernel, stride=stride, padding=padding)
+
+    def forward(self, x, y):
+        self._kernel("maxpool_forward", x, x=x, y=y)
+
+    def backward(self, x, dy, dx):
+        """dx = dL/dx; reads x (the forward input) to find each window's argmax."""
+        self._kernel("maxpool_backward", x, backward=True, x=x, dy=dy, dx=dx)
+
+
+class AvgPool(_Window):
+    """k x k average pooling at a stride ("valid"; always divides by k*k). With out_channels > C and
+    accumulate=True it adds into y with the extra channels left alone: the parameter-free shortcut."""
+
+    def __init__(self, in_shape, *, kernel=2, stride=2, padding="valid", out_channels=None):
+        super().__init__(in_shape, kernel=kernel, stride=stride, padding=padding)
+        self.Cy = self.C if out_channels is None else int(out_channels)
+        if self.Cy < self.C:
+            raise ValueError(f"average pooling cannot drop channels ({self.C} -> {self.Cy})")
+
+    def _geometry(self, n):
+        return dict(super()._geometry(n), Cy=self.Cy)
 
     def forward(self, x, y, *, accumulate=False):
-        n = x.shape[0]
-        _k("pool.cu", x.dtype).avgpool_forward(**self._geometry(n), accumulate=accumulate, x=x, y=y,
-                                               **_launch(n * self.Ho * self.Wo, self.C))
+        self._kernel("avgpool_forward", x, accumulate=accumulate, x=x, y=y)
 
     def backward(self, x, dy, dx):
         """dx = dL/dx (x is not read: the same signature as the other pools)."""
         self.backward_into(dy, dx)
 
     def backward_into(self, dy, dx, *, accumulate=False):
-        _k("pool.cu", dy.dtype).avgpool_backward(**self._geometry(dx.shape[0]), accumulate=accumulate, dy=dy, dx=dx,
-                                                 **_launch(dx.size // self.C, self.C))
+        self._kernel("avgpool_backward", dx, backward=True, accumulate=accumulate, dy=dy, dx=dx)
 
 
 class GlobalAvgPool:
@@ -604,17 +530,6 @@ class ParameterFreeShortcut:
 
 
 # ----------------------------------------------------------------------------- loss
-
-def check_labels(labels, n, classes):
-    """Labels must be an array of n integers in [0, classes)."""
-    if not hasattr(labels, "dtype") or not hasattr(labels, "shape"):
-        raise TypeError(f"labels must be an integer array of shape ({n},), got {type(labels).__name__}")
-    if labels.shape != (n,) or labels.dtype.kind not in "iu":
-        raise ValueError(f"labels must be {n} integers (shape ({n},)), got {labels.dtype} of shape {labels.shape}")
-    if n and (int(labels.min()) < 0 or int(labels.max()) >= classes):
-        raise ValueError(f"labels must lie in [0, {classes}), got values from {int(labels.min())} to "
-                         f"{int(labels.max())}")
-
 
 def softmax_cross_entropy(logits, labels):
     """(loss, accuracy) as device scalars: mean softmax cross-entropy of logits (N, K), labels (N,)."""

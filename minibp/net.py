@@ -12,34 +12,25 @@
     net.backward()                               # reads only the stores; grads += dL/dparams
     logits = net.predict(images)                 # running statistics, no labels
 
-Forward writes each unit's exact output into one of two shared buffers, act0 and act1 in turn, while
-the unit writes its store from its exact input. Backward walks the units in reverse; each restores
-its activation from its store, and the gradients flow through the same two buffers. One residual is
-outstanding at a time: the `residual` buffer holds a block's saved input (or its projection) in the
-forward pass and the gradient for it in the backward pass. `bits` names the store: "exact" (the
-unit's input in float: ordinary backprop), 8, 4, 2 (k-bit codes), or "naive" (4 bits fed forward: the
-ablation whose errors compound). docs/method.md derives all of it.
+Forward writes each unit's exact output into act0 and act1 in turn while the unit writes its store;
+backward walks the units in reverse, each restoring its activation from its store, the gradients
+flowing through the same buffers. One residual is outstanding at a time, in `residual`. `bits` names
+the store: "exact" (ordinary backprop), 8, 4, 2 (k-bit codes), or "naive" (4 bits fed forward: the
+ablation whose errors compound). docs/method.md derives all of it ("The schedule through shared buffers").
 """
 import contextlib
 import warnings
 
 import numpy as np
 
-from . import backend, layers
+from . import backend, checks, layers
 from . import params as table
 from .arena import Arena, Plan
+from .checks import positive_int
 from .cudnn_conv import attach_engines, build_graphs
 from .params import key
 from .quant import DEFAULT_WINDOW, check_window, parse_bits
 from .units import ConvUnit, Step
-
-
-def positive_int(value, what):
-    """value as an int if it is a positive whole number (not a bool, not 2.7), else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer, float, np.floating)) \
-            or not float(value).is_integer() or value < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 # The net's own buffers, beside the units' (each unit's store and statistics, units.py):
@@ -59,19 +50,14 @@ class Net:
     """A chain of units; build it with conv/residual/classifier (or add), then plan, compile and train."""
 
     def __init__(self, input_shape, *, dtype=np.float32, eps=1e-5, bn_momentum=0.9):
-        if len(input_shape) != 3 or min(input_shape) < 1:
-            raise ValueError(f"input_shape is (H, W, C), got {input_shape}")
-        self.input_shape = tuple(int(s) for s in input_shape)
-        self.dtype = np.dtype(dtype)
-        if self.dtype not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 (or float64 for gradient checks), got {self.dtype}")
+        self.input_shape, self.dtype = checks.net_input(input_shape, dtype)
         self.eps, self.bn_momentum = eps, bn_momentum
         self.units, self.classes, self.arena, self.training = [], None, None, None
         self._shape = self.input_shape  # the output shape of the chain so far
         self._block = None              # the open residual block's shortcut kind
         self._pending = None            # ("shortcut", layer) or ("projection", None) for the next unit
         self._n = 0                     # the batch of the last training forward, which backward reads
-        self.deferred_running = {}      # {unit index: (2, C) view} while running updates are deferred
+        self.deferred_running = {}      # {unit index: (2, C) view} while step.defer_running defers updates
 
     # ------------------------------------------------------------------ building
 
@@ -109,11 +95,9 @@ class Net:
 
     @contextlib.contextmanager
     def residual(self, *, shortcut="parameter-free"):
-        """A residual block: the input of its first unit is added to the input of the unit after it.
-
-        "parameter-free" (the paper's): identity, or average-pool by the stride and zero-pad the channels
-        where the block changes shape. "projection": a strided 1x1 conv of the first unit's pre-activated
-        input, as pre-activation ResNets do."""
+        """A residual block: the input of its first unit is added to the input of the unit after it, through
+        the "parameter-free" shortcut (the paper's) or a "projection" (a strided 1x1 conv of the first
+        unit's pre-activated input)."""
         if shortcut not in ("parameter-free", "projection"):
             raise ValueError(f"shortcut must be 'parameter-free' or 'projection', got {shortcut!r}")
         if self._block is not None:
@@ -137,7 +121,7 @@ class Net:
             self._pending = ("shortcut", layers.ParameterFreeShortcut(in_shape, self._shape))
             first.saves_input = True
 
-    # ------------------------------------------------------------------ the table
+    # ------------------------------------------------------------------ the table and the plan
 
     def parameter_table(self):
         """[(name, unit, Param)] in the flat vector's order (params.py)."""
@@ -153,17 +137,14 @@ class Net:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
         _, k, naive = parse_bits(bits)
         N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
-        for u in units:
-            if k and u.bn_channels % (8 // k):
-                raise ValueError(f"unit {u.index} has {u.bn_channels} channels: at {k} bits the channel count "
-                                 f"must be a multiple of {8 // k}")
+        checks.check_channels(units, k)
         plan = Plan()
         plan.add("input", (N,) + self.input_shape, dtype, "input batch")
         plan.add("labels", (N,), np.int64, "input batch")
         acts = [N * int(np.prod(u.out_shape)) for u in units[:-1]]
         acts += [N * int(np.prod(u.in_shape)) for u in units[1:]] if training else []
-        plan.add("act0", (max(acts + [1]),), dtype, "shared activations/gradients")
-        plan.add("act1", (max(acts + [1]),), dtype, "shared activations/gradients")
+        for name in ("act0", "act1"):
+            plan.add(name, (max(acts + [1]),), dtype, "shared activations/gradients")
         residuals = [N * int(np.prod(u.in_shape)) for u in units if u.saves_input or u.adds_projection]
         if residuals:
             plan.add("residual", (max(residuals),), dtype, "residual (and its gradient)")
@@ -203,7 +184,8 @@ class Net:
         or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier; cudnn_conv.py)."""
         if conv not in ("gemm", "cudnn"):
             raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
-        plan = self.plan(batch=batch, bits=bits, training=training, input_grad=input_grad)  # checks all first
+        request = dict(batch=batch, bits=bits, training=training, input_grad=input_grad)
+        plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
         self.bits, self.k, self.naive = parse_bits(bits)
         self.window = "fixed" if self.naive else check_window(window)
@@ -213,9 +195,7 @@ class Net:
         convs = [u.conv for u in self.units if not u.is_classifier] + [u.projection for u in self.units if u.projection]
         engines = build_graphs(convs, batch=self.batch) if conv == "cudnn" else {}
         if engines:
-            workspace = max(g.workspace_bytes for g in engines.values())
-            plan = self.plan(batch=batch, bits=bits, training=training, input_grad=input_grad,
-                             cudnn_workspace_bytes=workspace)
+            plan = self.plan(**request, cudnn_workspace_bytes=max(g.workspace_bytes for g in engines.values()))
         self.arena = None  # the old arena goes before the new one comes
         self.arena = Arena(plan)
         attach_engines([c for u in self.units for c in (u.conv, u.projection) if c], engines, self.arena)
@@ -228,8 +208,7 @@ class Net:
         return self
 
     def initialize(self, *, seed=0):
-        """Fresh parameters (params.py: He-normal weights, gamma 1, beta 0), running statistics (0, 1),
-        zero gradients and momentum."""
+        """Fresh parameters, running statistics (0, 1), zero gradients and momentum (params.py)."""
         table.initialize(self.units, self.arena, seed=seed, dtype=self.dtype)
 
     def state(self):
@@ -245,26 +224,20 @@ class Net:
 
     def _check_images(self, images):
         self._check_compiled()
-        if not hasattr(images, "shape") or images.ndim != 4 or tuple(images.shape[1:]) != self.input_shape:
-            raise ValueError(f"images must be (N, {', '.join(map(str, self.input_shape))}) NHWC, got "
-                             f"{getattr(images, 'shape', type(images).__name__)}")
-        if images.dtype != self.dtype:
-            raise ValueError(f"images must be {self.dtype} (the net's dtype), got {images.dtype}")
+        checks.check_images(images, self.input_shape, self.dtype)
 
     def forward(self, images, labels, *, train=True, sync=True):
-        """Run the chain on a batch (N <= the compiled batch); returns (loss, accuracy) as floats.
-
-        train=True uses batch statistics, updates the running ones and writes every unit's store for
-        backward(); train=False uses the running statistics. A loss that is not finite leaves the running
-        statistics as they were and raises FloatingPointError. sync=False (a step captured as a graph,
-        step.py): labels already checked, and (loss, accuracy) stay device scalars, unchecked."""
+        """(loss, accuracy) as floats of a batch (N <= the compiled batch). train: batch statistics, running
+        ones updated, stores written for backward(); else the running statistics. A loss that is not finite
+        leaves the running statistics as they were and raises FloatingPointError. sync=False (step.py):
+        labels already checked, (loss, accuracy) stay device scalars, unchecked."""
         if labels is None:
             raise ValueError("forward() needs labels (N,) to compute the loss; net.predict(images) needs none")
         self._check_images(images)
         if train and not self.training:
             raise RuntimeError("this net was compiled for evaluation (training=False): it cannot train")
         if sync:
-            layers.check_labels(labels, images.shape[0], self.classes)
+            checks.check_labels(labels, images.shape[0], self.classes)
         xp, n = backend.xp, self._run(images, train=train)
         xp.copyto(self.arena["labels"][:n], xp.asarray(labels).astype(np.int64, copy=False))
         loss, accuracy = layers.softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n])
@@ -280,8 +253,7 @@ class Net:
         return loss, accuracy
 
     def predict(self, images):
-        """Logits (N, classes) on the host for any number of images, in batches of the compiled size,
-        with the running statistics."""
+        """Logits (N, classes) on the host of any number of images, with the running statistics."""
         self._check_images(images)
         out = np.empty((images.shape[0], self.classes), self.dtype)
         for start in range(0, images.shape[0], self.batch):
@@ -291,7 +263,6 @@ class Net:
 
     def _run(self, images, *, train):
         """The forward schedule: every unit from the input to the logits. Returns the batch size."""
-        self._check_images(images)
         n = images.shape[0]
         if not 1 <= n <= self.batch:
             raise ValueError(f"a batch of {n} images does not fit the {self.batch} the net was compiled for")
@@ -322,9 +293,8 @@ class Net:
     # ------------------------------------------------------------------ backward
 
     def backward(self, *, loss_scale=1.0):
-        """Accumulate (+=) loss_scale * dL/dparams into the gradients, reading only the units' stores.
-        Call after forward(train=True); with input_grad=True at compile, dL/dimages lands in
-        net.arena["input_grad"]."""
+        """grads += loss_scale * dL/dparams after forward(train=True), reading only the units' stores (and
+        dL/dimages into arena["input_grad"] when compiled with input_grad=True)."""
         self._check_compiled()
         if not self._n:
             raise RuntimeError("backward() needs a training forward() first")
@@ -344,25 +314,6 @@ class Net:
                 backend.xp.copyto(step.shared("residual", u.in_shape), dx)
             dy = dx
         self._n = 0  # the stores now hold nothing backward may read twice
-
-    def defer_running(self, increments):
-        """increments (2, S) or None. While set, a training forward writes each BN unit's running-statistics
-        increment, (1 - bn_momentum) * (batch mean, unbiased variance), into its channels of increments and
-        leaves `running` as it is; add_running applies it later. Ranks training together (dist.py) gather
-        every rank's increments and apply them in rank order, as one process applies its sub-batches'."""
-        if increments is None:
-            self.deferred_running = {}
-            return
-        edges = np.cumsum([0] + [u.bn_channels for u in self.units])  # the running buffer's layout (params.py)
-        self.deferred_running = {u.index: increments[:, a:b] for u, a, b in zip(self.units, edges, edges[1:])
-                                 if b > a}
-
-    def add_running(self, increments):
-        """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), with the
-        arithmetic of the update it defers."""
-        running = self.arena["running"]
-        running *= self.bn_momentum
-        running += increments.astype(running.dtype, copy=False)
 
     def zero_grad(self):
         self._check_compiled()

@@ -146,7 +146,7 @@ class ConvUnit:
 
     def _update_running(self, stats, n, *, momentum, deferred=None):
         """running = momentum * running + increment, the increment (1 - momentum) * (batch mean, unbiased
-        variance); deferred (2, C): the increment goes there and running stays (Net.defer_running)."""
+        variance); deferred (2, C): the increment goes there and running stays (step.defer_running)."""
         rows = n * self.in_shape[0] * self.in_shape[1]
         increment = ((1 - momentum) * stats[0], (1 - momentum) * rows / max(rows - 1, 1) * stats[1])
         for row in (0, 1):
@@ -263,7 +263,7 @@ class Step:
         self.net, self.n, self.train = net, n, train
         self.k, self.naive, self.eps, self.bn_momentum = net.k, net.naive, net.eps, net.bn_momentum
         self.window = net.window if net.k else "fixed"
-        self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (Net.defer_running)
+        self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (step.defer_running)
 
     def shared(self, name, shape=None):
         """A net buffer: whole and flat, or its first n*prod(shape) elements as (n,) + shape."""

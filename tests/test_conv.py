@@ -1,6 +1,6 @@
-"""Conv2D's ways of computing against the NumPy im2col reference, to float32 rounding: conv.cu's direct
-kernels (the CPU's path) and the chunked im2col path, odd shapes included; the workspace each needs;
-and bench/versus_pytorch.py."""
+"""Conv2D's ways of computing against the NumPy im2col reference, to float32 rounding: conv_direct.cu's
+direct kernels (the CPU's fast path, conv_direct.py) and the chunked im2col path, odd shapes included;
+the workspace each needs; and bench/versus_pytorch.py."""
 import os
 import subprocess
 import sys
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minibp import backend, kernels, layers
+from minibp import backend, conv_direct, kernels, layers
 from conftest import device, host
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,7 +58,7 @@ def test_conv_equals_the_im2col_reference_to_float32_rounding(rng, monkeypatch, 
     """Forward, weight gradient (added to what dw holds), bias gradient, data gradient (written, and
     added with accumulate_dx). 'im2col chunks': 3 images of at most 2 a chunk."""
     H, W, cin, cout, k, s, padding = case
-    monkeypatch.setattr(layers, "DIRECT_CONV", path == "direct")
+    monkeypatch.setattr(conv_direct, "DIRECT_CONV", path == "direct")
     if path != "direct":
         monkeypatch.setattr(layers, "COL_ELEMENTS", 2 * H * W * k * k * cin)
     conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding, bias=True)
@@ -90,7 +90,7 @@ def test_direct_kernels_equal_the_reference_for_both_real_types(rng, case, dtype
     dy = rng.standard_normal((n,) + conv.out_shape)
     (y_ref, dw_ref, _), (y_bound, dw_bound, _) = reference(conv, x, w, dy)
     tolerance = 1e-5 if dtype == np.float32 else 1e-13
-    module = kernels.load("conv.cu", dtype)
+    module = kernels.load("conv_direct.cu", dtype)
     shape = dict(N=n, H=H, W=W, C=cin, kh=k, kw=k, stride=s, pad_top=conv.pad_top, pad_left=conv.pad_left,
                  Ho=conv.Ho, Wo=conv.Wo, Cout=cout)
     wt = device(np.ascontiguousarray(w.reshape(cout, -1).T).astype(dtype))
@@ -123,7 +123,7 @@ def test_the_cpu_workspace_is_a_chunk_and_the_gpu_one_the_whole_batch(monkeypatc
 
 @pytest.mark.parametrize("direct", [True, False])
 def test_a_workspace_smaller_than_planned_is_a_clear_error(rng, monkeypatch, direct):
-    monkeypatch.setattr(layers, "DIRECT_CONV", direct)
+    monkeypatch.setattr(conv_direct, "DIRECT_CONV", direct)
     conv = layers.Conv2D((6, 6, 4), 16, kernel=3, stride=2)
     x = rng.standard_normal((2, 6, 6, 4)).astype(np.float32)
     w = rng.standard_normal(conv.weight_shape).astype(np.float32)

@@ -3,7 +3,7 @@ and float64 centred-difference gradient checks of each backward pass."""
 import numpy as np
 import pytest
 
-from minibp import backend, kernels, layers
+from minibp import backend, checks, kernels, layers
 from conftest import device, host
 from gradcheck import numerical_gradient, relative_error
 
@@ -267,11 +267,11 @@ def test_softmax_cross_entropy_gradient_and_values(rng):
 
 def test_labels_are_checked():
     with pytest.raises(ValueError, match=r"\[0, 4\)"):
-        layers.check_labels(np.array([0, 4]), 2, 4)
+        checks.check_labels(np.array([0, 4]), 2, 4)
     with pytest.raises(ValueError, match="integers"):
-        layers.check_labels(np.array([0.0, 1.0]), 2, 4)
+        checks.check_labels(np.array([0.0, 1.0]), 2, 4)
     with pytest.raises(ValueError, match="shape"):
-        layers.check_labels(np.array([0, 1, 2]), 2, 4)
+        checks.check_labels(np.array([0, 1, 2]), 2, 4)
 
 
 def test_conv_refuses_bad_configuration():

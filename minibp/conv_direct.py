@@ -1,0 +1,95 @@
+"""The CPU's fast path for float32 convolutions: kernels/conv_direct.cu, not part of the method.
+
+Where the CPU has AVX-512, Conv2D (layers.py) hands its float32 convolutions here: conv_direct and
+conv_weight_grad read x and dy in place (the data gradient is conv_direct of dy, dilated by the stride, with
+the flipped kernel), with no im2col matrix and no BLAS. OpenBLAS's threads spin for a while after each GEMM
+and take the cores from the OpenMP kernels that run between (measured 2x slower kernels after a GEMM, 2
+cores). The results agree with the im2col path (layers.py) to float32 rounding; tests/test_conv.py checks both.
+"""
+import numpy as np
+
+from . import backend, kernels
+
+GRAD_CHUNK_ELEMENTS = 1 << 18  # values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
+DIRECT_PIXELS, DIRECT_LANES = 8, 16  # conv_direct.cu: a conv_direct tile's pixels, a conv_weight_grad block's channels
+
+
+def _cpu_has_avx512():
+    """True when /proc/cpuinfo lists avx512f (its first processor's flags line)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "avx512f" in line.split()
+    except OSError:
+        pass
+    return False
+
+
+# The direct kernels run the CPU's float32 convolutions where the CPU has AVX-512 (elsewhere their plain
+# loops are slower than im2col + BLAS). Tests and benchmarks set it to False to compare the paths.
+DIRECT_CONV = _cpu_has_avx512()
+
+
+def applies(dtype):
+    """True when the direct kernels compute a conv on arrays of dtype, and its gradients."""
+    return DIRECT_CONV and backend.device == "cpu" and dtype == np.float32
+
+
+def grad_chunks(conv, n):
+    """(chunks, images a chunk) of the direct weight gradient: chunks of GRAD_CHUNK_ELEMENTS of x and dy."""
+    per_image = conv.H * conv.W * conv.cin + conv.Ho * conv.Wo * conv.cout
+    chunks = -(-n // max(1, GRAD_CHUNK_ELEMENTS // per_image))
+    images = -(-n // chunks)
+    return -(-n // images), images
+
+
+def workspace_rows(conv, batch):
+    """Rows (of kh*kw*Cin values) of Conv2D's workspace that the weight gradient's partial sums take on the
+    CPU, Cout a chunk of images; 0 on the GPU."""
+    return grad_chunks(conv, batch)[0] * conv.cout if backend.device == "cpu" else 0
+
+
+def _tasks(count):
+    """A launch of count one-thread blocks (a grid-stride loop takes any beyond 2^31 - 1): the CPU shim hands
+    whole blocks to its threads, so even a few tasks use every core."""
+    return dict(grid=(min(count, 2**31 - 1),), block=(1,))
+
+
+def _convolve(conv, x, wt, y, *, accumulate, transposed=False):
+    """y = (or +=) the direct convolution of x with wt (kh, kw, in channels, out channels). transposed:
+    the data gradient, x = dy and y = dx: the stride-1 convolution of dy dilated by the stride (zeros
+    between its pixels) with the flipped kernel, whose padding is the rest of the window."""
+    if transposed:
+        shape = dict(H=conv.Ho, W=conv.Wo, C=conv.cout, stride=1, dilation=conv.stride,
+                     pad_top=conv.kh - 1 - conv.pad_top, pad_left=conv.kw - 1 - conv.pad_left, Ho=conv.H,
+                     Wo=conv.W, Cout=conv.cin)
+    else:
+        shape = dict(H=conv.H, W=conv.W, C=conv.cin, stride=conv.stride, dilation=1, pad_top=conv.pad_top,
+                     pad_left=conv.pad_left, Ho=conv.Ho, Wo=conv.Wo, Cout=conv.cout)
+    n = x.shape[0]
+    tile_channels = 2 * DIRECT_LANES if shape["Cout"] >= 2 * DIRECT_LANES else DIRECT_LANES
+    tiles = n * shape["Ho"] * -(-shape["Wo"] // DIRECT_PIXELS) * -(-shape["Cout"] // tile_channels)
+    kernels.load("conv_direct.cu", x.dtype).conv_direct(
+        N=n, kh=conv.kh, kw=conv.kw, **shape, tile_channels=tile_channels, accumulate=accumulate, x=x, wt=wt, y=y,
+        **_tasks(tiles))
+
+
+def forward(conv, x, w, y):
+    """y = conv(x) for Conv2D conv, w (Cout, kh, kw, Cin)."""
+    _convolve(conv, x, backend.xp.ascontiguousarray(w.reshape(conv.cout, -1).T), y, accumulate=False)
+
+
+def backward(conv, x, w, dy, *, dw, dx, accumulate_dx, col):
+    """dw += dL/dw: conv_weight_grad's partial sums over chunks of images (in col, L2-sized chunks), then
+    their sum; dx = (or += with accumulate_dx) dL/dx when dx is given."""
+    n = x.shape[0]
+    chunks, images = grad_chunks(conv, n)
+    partial = conv._workspace(col, (chunks, conv.kh * conv.kw * conv.cin, conv.cout))
+    tasks = chunks * conv.kh * conv.kw * -(-conv.cin // DIRECT_LANES) * -(-conv.cout // DIRECT_LANES)
+    kernels.load("conv_direct.cu", x.dtype).conv_weight_grad(
+        **conv._geometry(n), Cout=conv.cout, images_per_chunk=images, x=x, dy=dy, partial=partial, **_tasks(tasks))
+    dw += partial.sum(axis=0).T.reshape(dw.shape)
+    if dx is not None:
+        flipped = backend.xp.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3))  # (kh, kw, Cout, Cin)
+        _convolve(conv, dy, flipped, dx, accumulate=accumulate_dx, transposed=True)
