@@ -39,9 +39,9 @@ SUPPORTED_BITS = (2, 4, 8)
 BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 # The windows a k-bit store can code through (the API's and CLI's `window`), and the kernels' flag for each.
 WINDOWS = {"fixed": 0, "range": 1}
-DEFAULT_WINDOW = "fixed"
+DEFAULT_WINDOW = "range"
 # The range window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py (README, RQ4).
-RANGE_CLIP = {8: np.inf, 4: np.inf, 2: np.inf}
+RANGE_CLIP = {8: np.inf, 4: 4.5, 2: 3.0}
 MASK_THRESHOLD = np.float32(1e-6)
 
 
