@@ -6,7 +6,8 @@
 Every store keeps v = xhat + b (b = beta/gamma) at k bits a value, with zero on a bin edge so that the
 ReLU's mask (v >= 1e-6) is exact:
   fixed     the paper's (minibp.quant's *_ref): K = 2^k bins of 6/K, a window of about +-3 around b;
-  range     a window per channel from the batch's min and max of v (side data: min, max as float32);
+  range, no clip   a window per channel from the batch's min and max of v (side data: min, max as
+            float32), unclipped: minibp's range window as it codes at 8 bits (at 4 and 2 it clips);
   sidebuf   the fixed window, the values beyond it kept exactly in a buffer of a fixed capacity (index
             int32 + value float32, counted at capacity); overflow is clipped as in fixed;
   group     a window per group of G consecutive values of the (M, C) tensor, row-major, from its min and
@@ -19,7 +20,6 @@ with side data, the fraction of values clipped, and mask bits that differ from t
 """
 import argparse
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,10 +62,11 @@ def decode(q, w, s):
 
 def fixed(v, b, k):
     """The paper's store: (xhat~, mask, side bits a value, values clipped)."""
-    codes = quant.codes_ref(v, b, bits=k)
-    xhat, _, mask = quant.dequantize_ref(quant.pack_ref(codes, bits=k), b, np.ones_like(b), bits=k, shape=v.shape)
-    shift = quant.shift_ref(b, bits=k)
-    raw = np.floor((v - quant.MASK_THRESHOLD) * np.float32((1 << k) / 6)) + shift  # before the clamp
+    table = quant.window_ref(b, bits=k)
+    codes = quant.codes_ref(v, table, bits=k)
+    xhat, _, mask = quant.dequantize_ref(quant.pack_ref(codes, bits=k), table, b, np.ones_like(b), bits=k,
+                                         shape=v.shape)
+    raw = np.floor((v - quant.MASK_THRESHOLD) * table[2]) + table[0]  # before the clamp
     outside = (raw < 0) | (raw > (1 << k) - 1)
     return xhat, mask.astype(bool), 0.0, outside
 
@@ -99,7 +100,7 @@ def grouped(v, b, k, *, G, side):
     return xhat, mask.reshape(v.shape), 2 * np.dtype(side).itemsize * 8 / G, np.zeros(v.shape, bool)
 
 
-CANDIDATES = {"fixed": fixed, "range": ranged,
+CANDIDATES = {"fixed": fixed, "range, no clip": ranged,
               **{f"sidebuf {c:.1%}": (lambda v, b, k, c=c: sidebuf(v, b, k, capacity=c)) for c in (0.005, 0.01, 0.02)},
               "group 256 f16": lambda v, b, k: grouped(v, b, k, G=256, side=np.float16),
               "group 256 f32": lambda v, b, k: grouped(v, b, k, G=256, side=np.float32)}
@@ -172,11 +173,9 @@ def main(argv=None):
         args.model, args.batch, points = "resnet11", 8, [0, 2]
         images = rng.standard_normal((64, 8, 8, 1)).astype(np.float32)
         split = data.Split((images * 40 + 128).clip(0, 255).astype(np.uint8), rng.integers(0, 10, 64), 10, "random")
-        out = args.out or str(Path(tempfile.mkdtemp(prefix="stores-")) / "stores.txt")
     else:
         points = [int(p) for p in args.points.split(",")]
         split = data.load_split(data.dataset_path(args.data_dir, args.data), "train")
-        out = args.out or "bench/results/stores.txt"
     mean = split.pixel_mean()
     net = compile_modes(args.model, ("exact",), input_shape=split.images.shape[1:], classes=split.classes,
                         batch=args.batch, seed=args.seed)["exact"]
@@ -209,7 +208,8 @@ def main(argv=None):
              f"and max over {units} units x points {','.join(map(str, points))}; da from the exact backward")
     text = "\n".join(table(k, rows[k], title) for k in bits)
     print("\n" + text)
-    Path(out_path(out)).write_text(text)
+    out = out_path(args.out, default="bench/results/stores.txt", quick=args.quick)
+    Path(out).write_text(text)
     print(f"wrote {out}")
     return 0
 
