@@ -123,7 +123,9 @@ def test_an_interrupted_compile_leaves_no_compiler_and_no_build_folder(tmp_path)
     try:
         deadline = time.monotonic() + 60
         while not (pid_file.exists() and pid_file.read_text().strip()):
-            assert process.poll() is None and time.monotonic() < deadline, "the stand-in compiler never started"
+            if process.poll() is not None:  # say why the loader ended before its compiler started
+                raise AssertionError(f"the loader exited ({process.returncode}) first: {process.communicate()}")
+            assert time.monotonic() < deadline, "the stand-in compiler never started"
             time.sleep(0.05)
         child = int(pid_file.read_text())
         process.send_signal(signal.SIGINT)  # Ctrl-C, delivered to Python only
