@@ -22,7 +22,7 @@ from accuracy import DEFAULT_SCHEDULE
 from gradients import compile_modes, copy_weights, label, out_path, pyplot_or_none, weight_gradients
 from minibp import data
 from minibp.optim import SGD
-from minibp.train import learning_rate, parse_schedule
+from minibp.runconfig import learning_rate, parse_schedule
 
 MODES = "8:fixed,8:range,4:fixed,4:range,2:fixed,2:range"
 

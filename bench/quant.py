@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from minibp import backend, quant
+from minibp import backend, quant, quant_kernels
 
 
 def best_of(repeats, fn):
@@ -41,12 +41,12 @@ def main():
     codes = xp.empty(v.size * args.bits // 8, np.uint8)            # (M*C*k/8,)
     xhat, a = xp.empty(shape, np.float32), xp.empty(shape, np.float32)  # (M, C) each
     mask = xp.empty(shape, np.uint8)                                # (M, C)
-    window = quant.window(b, bits=args.bits, kind=args.window, v=v)  # (3, C)
+    window = quant_kernels.window(b, bits=args.bits, kind=args.window, v=v)  # (3, C)
     window_host = backend.to_host(window)
 
     def kernels_round_trip():
-        quant.quantize_into(v, window, codes, bits=args.bits)
-        quant.dequantize_into(codes, window, b, gamma, bits=args.bits, shape=shape, xhat=xhat, a=a, mask=mask)
+        quant_kernels.quantize_into(v, window, codes, bits=args.bits)
+        quant_kernels.dequantize_into(codes, window, b, gamma, bits=args.bits, shape=shape, xhat=xhat, a=a, mask=mask)
 
     def reference_round_trip():
         packed = quant.quantize_ref(v_host, window_host, bits=args.bits)

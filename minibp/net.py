@@ -18,19 +18,17 @@ flowing through the same buffers. One residual is outstanding at a time, in `res
 the store: "exact" (ordinary backprop), 8, 4, 2 (k-bit codes), or "naive" (4 bits fed forward: the
 ablation whose errors compound). docs/method.md derives all of it ("The schedule through shared buffers").
 """
-import contextlib
-import warnings
 
 import numpy as np
 
-from . import backend, checks, layers
+from . import backend, checks, cudnn_conv, layers
 from . import params as table
 from .arena import Arena, Plan
+from .chain import Chain
 from .checks import positive_int
-from .cudnn_conv import attach_engines, build_graphs
 from .params import key
 from .quant import DEFAULT_WINDOW, check_window, parse_bits
-from .units import ConvUnit, Step
+from .units import Step
 
 
 # The net's own buffers, beside the units' (each unit's store and statistics, units.py):
@@ -46,80 +44,16 @@ SHARED = {"a": "shared activations/gradients", "da": "shared activations/gradien
           "col": "workspace", "partial": "workspace", "bn_sums": "workspace"}  # conv; BN partial and whole sums
 
 
-class Net:
-    """A chain of units; build it with conv/residual/classifier (or add), then plan, compile and train."""
+class Net(Chain):
+    """A chain of units (build it with conv/residual/classifier or add: chain.py); plan, compile, train."""
 
     def __init__(self, input_shape, *, dtype=np.float32, eps=1e-5, bn_momentum=0.9):
         self.input_shape, self.dtype = checks.net_input(input_shape, dtype)
         self.eps, self.bn_momentum = eps, bn_momentum
-        self.units, self.classes, self.arena, self.training = [], None, None, None
-        self._shape = self.input_shape  # the output shape of the chain so far
-        self._block = None              # the open residual block's shortcut kind
-        self._pending = None            # ("shortcut", layer) or ("projection", None) for the next unit
+        super().__init__(self.input_shape)
+        self.arena, self.training = None, None
         self._n = 0                     # the batch of the last training forward, which backward reads
         self.deferred_running = {}      # {unit index: (2, C) view} while step.defer_running defers updates
-
-    # ------------------------------------------------------------------ building
-
-    def conv(self, channels, *, kernel=3, stride=1, padding="same", pool=None):
-        """Append a unit: [BN-ReLU] -> [pool: None, 'max' (3x3/2), 'avg' (2x2/2)] -> conv. Returns it."""
-        if pool not in (None, "max", "avg"):
-            raise ValueError(f"pool must be None, 'max' or 'avg', got {pool!r}")
-        return self.add(ConvUnit(self._shape, channels, kernel=kernel, stride=stride, padding=padding, pool=pool,
-                                 batchnorm=bool(self.units)))
-
-    def classifier(self, classes):
-        """End the net: BN-ReLU -> global average pool -> fully connected -> softmax cross-entropy."""
-        if self.classes is not None:
-            raise ValueError("the net already has a classifier")
-        if self._block is not None:
-            raise ValueError("close the residual block before the classifier")
-        if int(classes) < 2:
-            raise ValueError(f"a classifier needs at least 2 classes, got {classes}")
-        self.add(ConvUnit(self._shape, int(classes), kernel=1, pool="global", bias=True))
-        self.classes = int(classes)
-
-    def add(self, unit):
-        """Append any unit (units.py) whose input shape is the chain's output shape."""
-        if self.classes is not None:
-            raise ValueError("the classifier ends the net: add units before it")
-        if unit.in_shape != self._shape:
-            raise ValueError(f"the unit takes {unit.in_shape}, the chain gives {self._shape}")
-        unit.index, unit.saves_input = len(self.units), False
-        kind, layer = self._pending or (None, None)
-        unit.shortcut, unit.adds_projection = layer, kind == "projection"  # x += residual at the unit's input
-        self._pending = None
-        self.units.append(unit)
-        self._shape = unit.out_shape
-        return unit
-
-    @contextlib.contextmanager
-    def residual(self, *, shortcut="parameter-free"):
-        """A residual block: the input of its first unit is added to the input of the unit after it, through
-        the "parameter-free" shortcut (the paper's) or a "projection" (a strided 1x1 conv of the first
-        unit's pre-activated input)."""
-        if shortcut not in ("parameter-free", "projection"):
-            raise ValueError(f"shortcut must be 'parameter-free' or 'projection', got {shortcut!r}")
-        if self._block is not None:
-            raise ValueError("residual blocks cannot nest: minibp keeps one outstanding residual")
-        if not self.units:
-            raise ValueError("a residual block needs a unit on the data before it")
-        first_index, in_shape = len(self.units), self._shape
-        self._block = shortcut
-        yield
-        self._block = None
-        if len(self.units) == first_index:
-            raise ValueError("a residual block needs at least one unit")
-        first = self.units[first_index]
-        if shortcut == "projection":
-            H, Ho = first.conv_in_shape[0], self._shape[0]
-            if H % Ho:
-                raise ValueError(f"no projection maps {in_shape} to {self._shape} with an integer stride")
-            first.projection = layers.Conv2D(first.conv_in_shape, self._shape[2], kernel=1, stride=H // Ho)
-            self._pending = ("projection", None)
-        else:
-            self._pending = ("shortcut", layers.ParameterFreeShortcut(in_shape, self._shape))
-            first.saves_input = True
 
     # ------------------------------------------------------------------ the table and the plan
 
@@ -169,9 +103,7 @@ class Net:
         if input_grad:
             plan.add("input_grad", (N,) + self.input_shape, dtype, "input gradient")
         if cudnn_workspace_bytes is not None:
-            plan.add("cudnn_workspace", (max(cudnn_workspace_bytes, 1),), np.uint8, "workspace")
-            plan.add("cudnn_dw", (max(int(np.prod(p.shape)) for _, _, p in self.parameter_table() if p.decayed),),
-                     dtype, "workspace")  # one weight gradient before it is added in
+            cudnn_conv.plan_buffers(plan, self, workspace_bytes=cudnn_workspace_bytes)
         return plan
 
     # ------------------------------------------------------------------ allocation and state
@@ -190,15 +122,12 @@ class Net:
         self.bits, self.k, self.naive = parse_bits(bits)
         self.window = "fixed" if self.naive else check_window(window)
         self.batch, self.training = positive_int(batch, "batch"), training
-        if conv == "cudnn" and self.dtype != np.float32:
-            raise ValueError("the cuDNN path is float32 only")
-        convs = [u.conv for u in self.units if not u.is_classifier] + [u.projection for u in self.units if u.projection]
-        engines = build_graphs(convs, batch=self.batch) if conv == "cudnn" else {}
+        engines = cudnn_conv.net_graphs(self.units, batch=self.batch, dtype=self.dtype) if conv == "cudnn" else {}
         if engines:
             plan = self.plan(**request, cudnn_workspace_bytes=max(g.workspace_bytes for g in engines.values()))
         self.arena = None  # the old arena goes before the new one comes
         self.arena = Arena(plan)
-        attach_engines([c for u in self.units for c in (u.conv, u.projection) if c], engines, self.arena)
+        cudnn_conv.attach_engines(self.units, engines, self.arena)
         self.param_views, self.grad_views = table.bind(self.units, self.arena)
         if kept is None:
             self.initialize(seed=seed)
@@ -266,9 +195,7 @@ class Net:
         n = images.shape[0]
         if not 1 <= n <= self.batch:
             raise ValueError(f"a batch of {n} images does not fit the {self.batch} the net was compiled for")
-        engine = self.units[0].conv.engine
-        if engine is not None and n != engine.batch:  # (Python shows a warning once per place)
-            warnings.warn(f"the cuDNN plans are built for batch {engine.batch}: a batch of {n} runs through GEMM")
+        cudnn_conv.warn_on_other_batch(self.units, n)
         xp, step = backend.xp, Step(self, n, train=train)
         if train:
             xp.copyto(self.arena["running_before"], self.arena["running"])

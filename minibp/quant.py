@@ -25,13 +25,11 @@ Zero is a bin edge (shift is whole), so the mask is exact whatever the window. W
 Codes are packed 8/k to a byte, the first element in the most significant bits (at k = 4: element i
 in the high nibble, i+1 in the low one); C is a multiple of 8/k, so a byte never straddles two rows.
 
-The *_ref functions state this in plain NumPy float32, for readers and the tests. window, quantize and
-dequantize run kernels/quant.cu, built from kernels/quant.cuh: the device functions the training
-kernels (kernels/bn.cu) write and read the stores with, so the tests of these wrappers test those.
+The *_ref functions state this in plain NumPy float32, for readers and the tests. The training kernels
+(kernels/bn.cu) write and read the stores through the device functions of kernels/quant.cuh;
+quant_kernels.py runs the same functions on their own, for the tests and bench/quant.py.
 """
 import numpy as np
-
-from . import backend, kernels
 
 SUPPORTED_BITS = (2, 4, 8)
 # The stores a net can keep, by the name the API, the CLI and checkpoints give them ("bits"): exact keeps
@@ -137,101 +135,3 @@ def dequantize_ref(packed, window, b, gamma, *, bits, shape):
     y = np.asarray(gamma, b.dtype) * vhat
     a = np.where(y <= 0, b.dtype.type(0), y)  # relu that lets NaN through, as the kernels'
     return vhat - b, a, (q >= shift).astype(np.uint8)
-
-
-# ----------------------------------------------------------------------------- kernels
-
-def _check_values(name, values, channels=None):
-    if not backend.is_device_array(values):
-        raise ValueError(f"{name} must be a {backend.xp.__name__} array, got {type(values).__name__}")
-    if values.dtype not in (np.float32, np.float64):
-        raise ValueError(f"{name} must be float32 (or float64), got {values.dtype}")
-    if not values.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (NHWC, channels last)")
-    if channels is not None and values.shape != (channels,):
-        raise ValueError(f"{name} must have shape ({channels},), one value per channel; got {values.shape}")
-
-
-def _check_layout(shape, bits):
-    per_byte = 8 // bits
-    if len(shape) < 1 or shape[-1] < 1:
-        raise ValueError(f"activations need a channel axis last (NHWC), got shape {shape}")
-    size, channels = int(np.prod(shape)), shape[-1]
-    if size % per_byte or channels % per_byte:
-        raise ValueError(f"at {bits} bits {per_byte} values share a byte: the element count ({size}) and the "
-                         f"channel count ({channels}) must be multiples of {per_byte}")
-    return size, channels
-
-
-def window(b, *, bits, kind="fixed", v=None):
-    """The (3, C) window (shift, width, scale) of each channel, b's dtype: the fixed window of b (C,), or
-    the range window of v (..., C), whose per-channel minimum and maximum it takes."""
-    bits = check_bits(bits)
-    _check_values("b", b)
-    C = b.shape[0] if b.ndim == 1 else -1
-    _check_values("b", b, C)
-    lo = hi = b  # unread by the fixed window
-    if check_window(kind) == "range":
-        if v is None:
-            raise ValueError("the range window is taken from the values: give v")
-        _check_values("v", v)
-        rows = v.reshape(-1, C)
-        lo, hi = rows.min(axis=0), rows.max(axis=0)
-    table = backend.xp.empty((3, C), b.dtype)
-    kernels.load("quant.cu", b.dtype).channel_window(C=C, bits=bits, range=kind == "range", clip=RANGE_CLIP[bits],
-                                                     b=b, lo=lo, hi=hi, window=table, threads=C)
-    return table
-
-
-def _check_window_table(table, channels, dtype):
-    if not backend.is_device_array(table) or table.shape != (3, channels) or table.dtype != dtype:
-        raise ValueError(f"window must be a (3, {channels}) {np.dtype(dtype)} array (quant.window), got "
-                         f"{getattr(table, 'dtype', type(table).__name__)} {getattr(table, 'shape', '')}")
-
-
-def quantize_into(v, table, codes, *, bits):
-    """Write the packed codes of v (..., C) through the (3, C) window `table` into codes (size*bits/8,) uint8."""
-    bits = check_bits(bits)
-    _check_values("v", v)
-    size, channels = _check_layout(v.shape, bits)
-    _check_window_table(table, channels, v.dtype)
-    if codes.dtype != np.uint8 or codes.shape != (size * bits // 8,):
-        raise ValueError(f"codes must be uint8 of shape ({size * bits // 8},), got {codes.dtype} {codes.shape}")
-    kernels.load("quant.cu", v.dtype).quantize(n_bytes=size * bits // 8, C=channels, bits=bits, v=v, window=table,
-                                               codes=codes, threads=size // channels)  # a thread a row
-    return codes
-
-
-def quantize(v, table, *, bits):
-    """The packed codes (uint8, size*bits/8) of v (..., C) through the (3, C) window `table`."""
-    _check_values("v", v)
-    codes = backend.xp.empty(int(np.prod(v.shape)) * check_bits(bits) // 8, dtype=np.uint8)
-    return quantize_into(v, table, codes, bits=bits)
-
-
-def dequantize_into(codes, table, b, gamma, *, bits, shape, xhat=None, a=None, mask=None):
-    """Write any of xhat~, a~ (b's dtype) and mask (uint8) of shape `shape` from the packed codes."""
-    bits = check_bits(bits)
-    size, channels = _check_layout(tuple(shape), bits)
-    _check_values("b", b, channels)
-    _check_values("gamma", gamma, channels)
-    if gamma.dtype != b.dtype:
-        raise ValueError(f"gamma ({gamma.dtype}) must have b's dtype ({b.dtype})")
-    _check_window_table(table, channels, b.dtype)
-    if not backend.is_device_array(codes) or codes.dtype != np.uint8 or codes.size != size * bits // 8:
-        raise ValueError(f"codes must be a uint8 array of {size * bits // 8} bytes for shape {tuple(shape)} at "
-                         f"{bits} bits")
-    for name, out, dtype in (("xhat", xhat, b.dtype), ("a", a, b.dtype), ("mask", mask, np.uint8)):
-        if out is not None and (out.shape != tuple(shape) or out.dtype != dtype):
-            raise ValueError(f"{name} must be {np.dtype(dtype)} of shape {tuple(shape)}, got {out.dtype} {out.shape}")
-    kernels.load("quant.cu", b.dtype).dequantize(n_bytes=size * bits // 8, C=channels, bits=bits, codes=codes,
-                                                 window=table, b=b, gamma=gamma, xhat=xhat, a=a, mask=mask,
-                                                 threads=size // channels)
-    return xhat, a, mask
-
-
-def dequantize(codes, table, b, gamma, *, bits, shape):
-    """(xhat~, a~, mask) of shape `shape` from packed codes."""
-    xp = backend.xp
-    outputs = dict(xhat=xp.empty(shape, b.dtype), a=xp.empty(shape, b.dtype), mask=xp.empty(shape, np.uint8))
-    return dequantize_into(codes, table, b, gamma, bits=bits, shape=shape, **outputs)

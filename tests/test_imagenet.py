@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from minibp import checkpoint, evaluate, imagenet, models, plan, train
+from minibp import checkpoint, evaluate, imagenet, models, plan, runconfig, train
 from conftest import device, host
 from gradcheck import relative_error
 
@@ -368,10 +368,10 @@ def test_a_dead_worker_is_an_error(tree):
 
 def test_imagenet_defaults_are_the_papers_setting():
     argv = ["--data", "imagenet", "--batch", "32"]
-    args = train.apply_data_defaults(train.build_parser().parse_args(argv), train.given_options(argv))
+    args = runconfig.apply_data_defaults(runconfig.build_parser().parse_args(argv), runconfig.given_options(argv))
     assert (args.model, args.batch, args.iters, args.lr_schedule, args.weight_decay, args.image_size, args.data_dir) \
         == ("resnet152", 32, 640000, "0:0.1,160000:0.01,320000:0.001,480000:0.0001", 1e-4, 224, "data/imagenet")
-    cifar = train.apply_data_defaults(train.build_parser().parse_args([]), {})
+    cifar = runconfig.apply_data_defaults(runconfig.build_parser().parse_args([]), {})
     assert (cifar.model, cifar.batch, cifar.iters, cifar.image_size) == ("resnet164", 128, 64000, None)
 
 

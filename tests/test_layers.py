@@ -143,7 +143,7 @@ def test_batchnorm_relu_backward_adds_the_residual_gradient(rng):
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
 def test_batchnorm_store_codes_equal_quantize_of_v(rng, bits):
-    """The fused forward writes the codes quant.quantize would write for v = xhat + b."""
+    """The fused forward writes the codes quant.quantize_ref would write for v = xhat + b."""
     from minibp import quant
     x, gamma, beta = _bn_case(rng, (4, 4, 4, 8), np.float32)
     stats, a = device(np.zeros((7, 8), np.float32)), device(np.zeros(x.shape, np.float32))
@@ -153,7 +153,7 @@ def test_batchnorm_store_codes_equal_quantize_of_v(rng, bits):
     v = ((x - s[0]) / s[1] + s[3]).astype(np.float32)
     assert np.array_equal(s[4:7], quant.window_ref(s[3], bits=bits))
     assert np.array_equal(host(codes), quant.quantize_ref(v, s[4:7], bits=bits))
-    # and the backward restores a~ exactly as quant.dequantize does
+    # and the backward restores a~ exactly as quant.dequantize_ref does
     restored = device(np.zeros(x.shape, np.float32))
     layers.batchnorm_relu_restore(stats, device(beta), restored, bits=bits, codes=codes)
     assert np.array_equal(host(restored), quant.dequantize_ref(host(codes), s[4:7], s[3], s[2], bits=bits,

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from minibp import quant
+from minibp import quant, quant_kernels
 from conftest import device, host
 
 BITS = [2, 4, 8]
@@ -28,7 +28,7 @@ def _random_case(rng, n_pixels, channels, *, scale=2.0):
 def _window(v, b, bits, kind):
     """The (3, C) window the kernel computes (device) and the reference's (host), checked equal."""
     rows = v.reshape(-1, b.size)
-    table = quant.window(device(b), bits=bits, kind=kind, v=device(v))
+    table = quant_kernels.window(device(b), bits=bits, kind=kind, v=device(v))
     ref = quant.window_ref(b, bits=bits, kind=kind, lo=rows.min(axis=0), hi=rows.max(axis=0))
     assert np.array_equal(host(table), ref, equal_nan=True)
     return table, ref
@@ -37,7 +37,7 @@ def _window(v, b, bits, kind):
 def _codes(v, b, bits, kind="fixed"):
     """(the kernel's codes, the reference's) of v through the window of that kind."""
     table, ref = _window(v, b, bits, kind)
-    return host(quant.quantize(device(v), table, bits=bits)), quant.quantize_ref(v, ref, bits=bits)
+    return host(quant_kernels.quantize(device(v), table, bits=bits)), quant.quantize_ref(v, ref, bits=bits)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -98,7 +98,7 @@ def test_dequantize_identical_to_reference(rng, bits, kind):
     gamma = np.abs(rng.standard_normal(8)).astype(np.float32) + np.float32(0.1)
     table, ref = _window(v, b, bits, kind)
     codes = quant.quantize_ref(v, ref, bits=bits)
-    outputs = quant.dequantize(device(codes), table, device(b), device(gamma), bits=bits, shape=v.shape)
+    outputs = quant_kernels.dequantize(device(codes), table, device(b), device(gamma), bits=bits, shape=v.shape)
     for name, got, want in zip(("xhat", "a", "mask"), outputs,
                                quant.dequantize_ref(codes, ref, b, gamma, bits=bits, shape=v.shape)):
         assert np.array_equal(host(got), want), name
@@ -114,8 +114,9 @@ def test_mask_is_exact_and_error_is_half_a_bin_inside_the_window(rng, bits, kind
     v[:, 7] = -np.abs(v[:, 7]) - np.float32(1e-3)  # every mask 0
     gamma = np.ones(8, np.float32)
     table, ref = _window(v, b, bits, kind)
-    xhat, a, mask = (host(x) for x in quant.dequantize(quant.quantize(device(v), table, bits=bits), table,
-                                                      device(b), device(gamma), bits=bits, shape=v.shape))
+    codes = quant_kernels.quantize(device(v), table, bits=bits)
+    xhat, a, mask = (host(x) for x in quant_kernels.dequantize(codes, table, device(b), device(gamma), bits=bits,
+                                                               shape=v.shape))
     # mask = (v >= 1e-6) in float32: the ReLU's sign, with the reference's 1e-6 guard
     assert np.array_equal(mask.astype(bool), v >= np.float32(1e-6))
     assert np.all((a > 0) == mask.astype(bool))  # a~ is zero exactly where the mask is
@@ -156,9 +157,10 @@ def test_a_clipped_range_window_keeps_the_mask_exact(monkeypatch, rng, bits, cli
     table, ref = _window(v, b, bits, "range")
     shift, width, _ = ref
     assert np.all(width[:2] <= (clip + 5) / ((1 << bits) - 2) * 1.0001)  # narrowed: not the whole spread
-    codes = quant.quantize(device(v), table, bits=bits)
+    codes = quant_kernels.quantize(device(v), table, bits=bits)
     assert np.array_equal(host(codes), quant.quantize_ref(v, ref, bits=bits))
-    _, _, mask = quant.dequantize(codes, table, device(b), device(np.ones(8, np.float32)), bits=bits, shape=v.shape)
+    _, _, mask = quant_kernels.dequantize(codes, table, device(b), device(np.ones(8, np.float32)), bits=bits,
+                                          shape=v.shape)
     assert np.array_equal(host(mask).astype(bool), v >= np.float32(1e-6))
 
 
@@ -167,8 +169,8 @@ def test_mask_stays_exact_for_very_negative_b():
     b = np.full(2, -10.0, np.float32)
     v = np.array([[-12, -10], [-1e-7, 1e-6], [0.5, 3.0], [1e-3, 20.0]], np.float32)
     table, _ = _window(v, b, 4, "fixed")
-    _, _, mask = quant.dequantize(quant.quantize(device(v), table, bits=4), table, device(b),
-                                  device(np.ones(2, np.float32)), bits=4, shape=v.shape)
+    _, _, mask = quant_kernels.dequantize(quant_kernels.quantize(device(v), table, bits=4), table, device(b),
+                                          device(np.ones(2, np.float32)), bits=4, shape=v.shape)
     assert np.array_equal(host(mask).astype(bool), v >= np.float32(1e-6))
 
 
@@ -192,9 +194,9 @@ def test_into_variants_write_preallocated_buffers(rng):
     v, b = _random_case(rng, 64, 4)
     table, ref = _window(v, b, 4, "range")
     codes = device(np.zeros(v.size // 2, np.uint8))
-    assert quant.quantize_into(device(v), table, codes, bits=4) is codes
+    assert quant_kernels.quantize_into(device(v), table, codes, bits=4) is codes
     a = device(np.full(v.shape, -1, np.float32))
-    xhat, a_out, mask = quant.dequantize_into(codes, table, device(b), device(np.ones(4, np.float32)), bits=4,
+    xhat, a_out, mask = quant_kernels.dequantize_into(codes, table, device(b), device(np.ones(4, np.float32)), bits=4,
                                               shape=v.shape, a=a)
     assert xhat is None and mask is None and a_out is a
     assert np.array_equal(host(a), quant.dequantize_ref(host(codes), ref, b, np.ones(4, np.float32), bits=4,
@@ -204,31 +206,32 @@ def test_into_variants_write_preallocated_buffers(rng):
 def test_float64_instantiation_matches_float32_codes(rng):
     v, b = _random_case(rng, 64, 4)
     for kind in KINDS:
-        c32 = host(quant.quantize(device(v), _window(v, b, 4, kind)[0], bits=4))
+        c32 = host(quant_kernels.quantize(device(v), _window(v, b, 4, kind)[0], bits=4))
         v64, b64 = v.astype(np.float64), b.astype(np.float64)
-        c64 = host(quant.quantize(device(v64), quant.window(device(b64), bits=4, kind=kind, v=device(v64)), bits=4))
+        table64 = quant_kernels.window(device(b64), bits=4, kind=kind, v=device(v64))
+        c64 = host(quant_kernels.quantize(device(v64), table64, bits=4))
         assert np.array_equal(c32, c64), kind
 
 
 def _table(channels, dtype=np.float32):
-    return quant.window(device(np.zeros(channels, dtype)), bits=4)
+    return quant_kernels.window(device(np.zeros(channels, dtype)), bits=4)
 
 
 @pytest.mark.parametrize("call,match", [
-    (lambda: quant.quantize(device(np.zeros((3, 3), np.float32)), _table(3), bits=4), "multiples of 2"),
-    (lambda: quant.quantize(device(np.zeros((2, 3), np.float32)), _table(3), bits=4), "channel count"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float16)), _table(4), bits=4), "float32"),
-    (lambda: quant.quantize(device(np.zeros((4, 4), np.float32))[:, :2], _table(2), bits=4), "C-contiguous"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), _table(3), bits=4), r"\(3, 4\)"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), _table(4), bits=3), "bits must be one of"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), _table(4), bits=True), "bits must be one of"),
-    (lambda: quant.quantize(device(np.zeros((2, 4), np.float32)), _table(4, np.float64), bits=8), "float32"),
-    (lambda: quant.quantize(np.zeros((2, 4), np.float32).tolist(), _table(4), bits=8), "array"),
-    (lambda: quant.dequantize(device(np.zeros(3, np.uint8)), _table(4), device(np.zeros(4, np.float32)),
-                              device(np.ones(4, np.float32)), bits=4, shape=(2, 4)), "4 bytes"),
-    (lambda: quant.window(device(np.zeros(4, np.float32)), bits=4, kind="range"), "give v"),
-    (lambda: quant.window(device(np.zeros(4, np.float32)), bits=4, kind="sigma"), "window must be one of"),
-    (lambda: quant.window(device(np.zeros((2, 4), np.float32)), bits=4), "one value per channel"),
+    (lambda: quant_kernels.quantize(device(np.zeros((3, 3), np.float32)), _table(3), bits=4), "multiples of 2"),
+    (lambda: quant_kernels.quantize(device(np.zeros((2, 3), np.float32)), _table(3), bits=4), "channel count"),
+    (lambda: quant_kernels.quantize(device(np.zeros((2, 4), np.float16)), _table(4), bits=4), "float32"),
+    (lambda: quant_kernels.quantize(device(np.zeros((4, 4), np.float32))[:, :2], _table(2), bits=4), "C-contiguous"),
+    (lambda: quant_kernels.quantize(device(np.zeros((2, 4), np.float32)), _table(3), bits=4), r"\(3, 4\)"),
+    (lambda: quant_kernels.quantize(device(np.zeros((2, 4), np.float32)), _table(4), bits=3), "bits must be one of"),
+    (lambda: quant_kernels.quantize(device(np.zeros((2, 4), np.float32)), _table(4), bits=True), "bits must be one of"),
+    (lambda: quant_kernels.quantize(device(np.zeros((2, 4), np.float32)), _table(4, np.float64), bits=8), "float32"),
+    (lambda: quant_kernels.quantize(np.zeros((2, 4), np.float32).tolist(), _table(4), bits=8), "array"),
+    (lambda: quant_kernels.dequantize(device(np.zeros(3, np.uint8)), _table(4), device(np.zeros(4, np.float32)),
+                                      device(np.ones(4, np.float32)), bits=4, shape=(2, 4)), "4 bytes"),
+    (lambda: quant_kernels.window(device(np.zeros(4, np.float32)), bits=4, kind="range"), "give v"),
+    (lambda: quant_kernels.window(device(np.zeros(4, np.float32)), bits=4, kind="sigma"), "window must be one of"),
+    (lambda: quant_kernels.window(device(np.zeros((2, 4), np.float32)), bits=4), "one value per channel"),
 ])
 def test_bad_input_is_a_value_error_naming_the_problem(call, match):
     with pytest.raises(ValueError, match=match):

@@ -9,7 +9,7 @@ the shift's clamp at 1 and cap at K-1 begin."""
 import numpy as np
 import pytest
 
-from minibp import layers, quant
+from minibp import layers, quant, quant_kernels
 from conftest import device, host
 
 BITS = [8, 4, 2]
@@ -122,8 +122,8 @@ def test_forward_codes_are_quantize_ref_byte_for_byte(bits, window):
         assert np.array_equal(s[4:7], _window(x, s, bits, window))
         v = _v(x, s)
         assert np.array_equal(host(codes), quant.quantize_ref(v, s[4:7], bits=bits))
-        # quant.py's kernels write the same bytes from v
-        assert np.array_equal(host(quant.quantize(device(v), stats[4:7], bits=bits)), host(codes))
+        # quant_kernels.py's kernels write the same bytes from v
+        assert np.array_equal(host(quant_kernels.quantize(device(v), stats[4:7], bits=bits)), host(codes))
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -157,8 +157,8 @@ def test_masks_are_exact_and_restore_equals_reference(bits, window):
         # the naive forward feeds the same a~ forward
         _, a_naive, _ = _store(x, gamma, beta, bits=bits, mean=mean, var=var, naive=True, window=window)
         assert np.array_equal(host(a_naive), a)
-        # and quant.py's kernels decode the codes the same way
-        decoded = quant.dequantize(codes, stats[4:7], stats[3], stats[2], bits=bits, shape=x.shape)
+        # and quant_kernels.py's kernels decode the codes the same way
+        decoded = quant_kernels.dequantize(codes, stats[4:7], stats[3], stats[2], bits=bits, shape=x.shape)
         for name, got, want in zip(("xhat", "a", "mask"), decoded, (xhat, a, mask)):
             assert np.array_equal(host(got), want), name
 
