@@ -12,7 +12,7 @@ arrays by role, as `self.p["w"]`, `self.own["store"]`. Nothing else spells a buf
 A unit's forward(x, out, step) reads x (N, H, W, C) in a shared buffer and writes out; its
 backward(dy, dx, step) reads dy = dL/dout, accumulates its parameter gradients (+=) and writes
 dx = dL/dx (dx None: not wanted). `step` carries the batch size, the mode, and views of the shared
-buffers (Net.shared).
+buffers (Step.shared).
 """
 from dataclasses import dataclass
 
