@@ -193,6 +193,22 @@ def test_resume_refuses_options_that_define_the_run(tmp_path, data_dir, capsys):
     assert "--bits 8 (the run has 4)" in line and "--batch 8 (the run has 16)" in line and "--seed" not in line
 
 
+def test_resume_keeps_the_window_and_runs_from_before_it_resume_with_the_papers(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2, window="fixed")) == 0
+    run = str(tmp_path / "run")
+    assert train.main(["--out", run, "--resume", "--window", "range"]) == 2
+    assert "--window range (the run has fixed)" in one_line_error(capsys.readouterr().err)
+    # a checkpoint from before the option has no window in its config: it trained through the fixed one
+    with h5py.File(tmp_path / "run" / "checkpoint.h5", "r+") as f:
+        config = json.loads(f.attrs["config"])
+        del config["window"]
+        f.attrs["config"] = json.dumps(config)
+    assert train.main(["--out", run, "--resume", "--window", "range"]) == 2
+    assert "(the run has fixed)" in one_line_error(capsys.readouterr().err)
+    assert train.main(["--out", run, "--resume", "--iters", "3"]) == 0
+    assert "(fixed window)" in capsys.readouterr().out
+
+
 def test_resume_applies_and_records_options_that_may_change(tmp_path, data_dir, monkeypatch):
     assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
     moved = tmp_path / "elsewhere"
