@@ -7,7 +7,8 @@
 //     vhat  = (q - shift + 0.5)*width                          the bin's midpoint
 //     mask  = q >= shift                                       (= v >= 1e-6, the ReLU's sign)
 //     xhat~ = vhat - b,   a~ = relu(gamma*vhat)                what the backward pass reads
-// shift is a whole number, so zero is a bin edge and the mask is exact whatever the window. Two windows:
+// shift is a whole number, so zero is a bin edge and the mask is exact (under a range window, for the values
+// it was taken from: the batch the unit codes). Two windows:
 //   fixed (the paper's): width 6/K, shift = clamp(K/2 - floor(b*K/6), 1, K-1): v within about b +- 3,
 //     values beyond clipped to the end bins. The paper's code clamps shift only at 1; the cap at K-1
 //     keeps zero inside the code range, so a channel with very negative b keeps its positive values' mask.
@@ -62,8 +63,8 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
             if (w_j < w) w = w_j, j_best = j;
         }
     }
-    // a floor keeps |u|*scale within float32's whole numbers (a constant channel has no spread)
-    const float magnitude = -u_lo > u_hi ? -u_lo : u_hi, least = magnitude * 1.52587890625e-5f;  // 2^-16
+    // a floor keeps |u|*scale + K within float32's whole numbers, 2^24 (a constant channel has no spread)
+    const float magnitude = -u_lo > u_hi ? -u_lo : u_hi, least = magnitude * 9.5367431640625e-7f;  // 2^-20
     w = w > least ? w : least;
     w = w > 1e-30f ? w : 1e-30f;
     *width = w;

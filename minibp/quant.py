@@ -8,7 +8,8 @@ c has a window (shift_c, width_c, scale_c = 1/width_c), shift_c a whole number:
     mask    = q >= shift_c            (= v >= 1e-6 in float32: the ReLU's mask is exact)
     xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)                  what the backward pass reads
 
-Zero is a bin edge (shift is whole), so the mask is exact whatever the window. WINDOWS names the two:
+Zero is a bin edge (shift is whole), so the mask is exact: for every v under the fixed window, and for
+the values a range window was taken from (which are the values a unit codes). WINDOWS names the two:
 
   fixed   the paper's: width 6/K, shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1), so v is coded within
           about b +- 3 (xhat within +-3 sigma) and clipped beyond. The paper's code clamps shift only
@@ -20,7 +21,8 @@ Zero is a bin edge (shift is whole), so the mask is exact whatever the window. W
           channel straddling zero puts j of the K bins below it, width = max(-u_lo/j, u_hi/(K-j)) for
           the j giving the narrowest; a channel of one sign gets width (u_hi - u_lo)/(K-1) and a shift
           outside [1, K-1] (shift <= 0: every mask 1, shift >= K: every mask 0). The width is floored
-          at 2^-16 of the largest |u| (and 1e-30), which keeps |u| * scale a whole float32 number.
+          at 2^-20 of the largest |u| (and 1e-30), which keeps |u| * scale + K within float32's
+          whole numbers (2^24).
 
 Codes are packed 8/k to a byte, the first element in the most significant bits (at k = 4: element i
 in the high nibble, i+1 in the low one); C is a multiple of 8/k, so a byte never straddles two rows.
@@ -78,8 +80,10 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
         return np.stack([shift, np.full_like(b, f32(6) / K), np.full_like(b, K / f32(6))])
     clip = f32(RANGE_CLIP[bits] if clip is None else clip)
     with np.errstate(all="ignore"):  # NaN and Inf windows of a diverged net go through as the kernel's do
-        lo = np.where(np.asarray(lo, f32) > np.minimum(b - clip, 0), lo, np.minimum(b - clip, 0)).astype(f32)
-        hi_clip = np.maximum(b + clip, MASK_THRESHOLD)  # not across zero: hi stays >= 1e-6 if it was
+        # selects written as the kernel's, so that a NaN b (a diverged net) gives the kernel's window too
+        lo_clip = np.where(b - clip < 0, b - clip, f32(0))
+        hi_clip = np.where(b + clip > MASK_THRESHOLD, b + clip, MASK_THRESHOLD)  # not across zero
+        lo = np.where(np.asarray(lo, f32) > lo_clip, lo, lo_clip).astype(f32)
         hi = np.where(np.asarray(hi, f32) < hi_clip, hi, hi_clip).astype(f32)
         u_lo, u_hi = lo - MASK_THRESHOLD, hi - MASK_THRESHOLD
         one_sign = (u_lo >= 0) | (u_hi < 0)
@@ -87,7 +91,7 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
         w_j = np.maximum(-u_lo / j, u_hi / (K - j))  # (K-1, C): j bins below zero
         best = np.argmin(w_j, axis=0)
         width = np.where(one_sign, (u_hi - u_lo) / (K - 1), w_j[best, np.arange(u_lo.size)])
-        least = np.where(-u_lo > u_hi, -u_lo, u_hi) * f32(2.0 ** -16)
+        least = np.where(-u_lo > u_hi, -u_lo, u_hi) * f32(2.0 ** -20)
         width = np.where(width > least, width, least)
         width = np.where(width > f32(1e-30), width, f32(1e-30)).astype(f32)
         scale = f32(1) / width

@@ -164,6 +164,15 @@ def test_a_clipped_range_window_keeps_the_mask_exact(monkeypatch, rng, bits, cli
     assert np.array_equal(host(mask).astype(bool), v >= np.float32(1e-6))
 
 
+@pytest.mark.parametrize("bits", BITS)
+def test_range_windows_of_a_diverged_net_match_the_reference(bits):
+    """NaN and infinite b or extremes (a diverged net): the kernel's window equals the reference's."""
+    b = np.array([np.nan, np.inf, -np.inf, 1e30, 0.5, -2.0, 5e3, -1e4], np.float32)
+    v = np.array([[-1, 0, -3, 1e30, -2, -9, 4990, -1.001e4], [2, 3, 1, 1e30, np.inf, np.nan, 5010, -9990]],
+                 np.float32)
+    _window(v, b, bits, "range")  # asserts equality, NaN for NaN
+
+
 def test_mask_stays_exact_for_very_negative_b():
     """minibp caps shift at K-1 so that zero stays a bin edge even when b pushes it out of the window."""
     b = np.full(2, -10.0, np.float32)
