@@ -1,6 +1,6 @@
 """Time per training iteration in each mode, interleaved in one process, and the convolution GFLOP/s.
 
-    python bench/speed.py --model resnet164 --batch 128            # exact, 8, 4; 1 warm-up + 5 rounds
+    python bench/speed.py --model resnet164 --batch 128   # exact, 8, 4 (range window), 4:fixed; 1 warm-up + 5 rounds
     python bench/speed.py --model resnet20 --batch 64 --rounds 3
 
 Every mode gets its own compiled net (same weights); after one warm-up iteration each, the modes
@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from gradients import store_options
 from minibp import backend, models
 from minibp.optim import SGD
 from minibp.plan import SHAPES
@@ -77,7 +78,8 @@ def main(argv=None):
     parser.add_argument("--model", default="resnet164")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--data", default="cifar10", choices=list(SHAPES))
-    parser.add_argument("--modes", default="exact,8,4")
+    parser.add_argument("--modes", default="exact,8,4,4:fixed", help="stores as gradients.py names them "
+                        "(k bits through the default window, or k:window)")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     shape, classes = SHAPES[args.data]
@@ -87,8 +89,8 @@ def main(argv=None):
     modes = args.modes.split(",")
     nets, optimizers = {}, {}
     for mode in modes:
-        nets[mode] = models.by_name(args.model, input_shape=shape, classes=classes).compile(batch=args.batch,
-                                                                                           bits=mode, seed=0)
+        nets[mode] = models.by_name(args.model, input_shape=shape, classes=classes).compile(batch=args.batch, seed=0,
+                                                                                           **store_options(mode))
         optimizers[mode] = SGD(nets[mode])
 
     def iteration(mode):
