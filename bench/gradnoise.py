@@ -3,6 +3,7 @@
     python bench/gradnoise.py                       # Fashion-MNIST, ResNet-20, points 0, 100, 400, 800
     python bench/gradnoise.py --model resnet56 --points 0,1000,4000 --batches 16
     python bench/gradnoise.py --quick               # seconds, random data, plot to a temporary folder
+    python bench/gradnoise.py --modes 4:range,2:range --points 0,100,400 --clip 4:3,2:2.5   # other clips
 
 An exact-mode net trains with SGD on bench/accuracy.py's schedule (800 iterations: the last point is the
 end of that schedule); at each point its weights are copied into nets of every mode (k bits through
@@ -20,7 +21,7 @@ import numpy as np
 
 from accuracy import DEFAULT_SCHEDULE
 from gradients import compile_modes, copy_weights, label, out_path, pyplot_or_none, weight_gradients
-from minibp import data
+from minibp import data, quant
 from minibp.optim import SGD
 from minibp.runconfig import learning_rate, parse_schedule
 
@@ -38,12 +39,17 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--clip", help="K:SIGMA,...: the range window's clip at k bits for this run, in place of "
+                        f"minibp's choice (quant.RANGE_CLIP: {quant.RANGE_CLIP})")
     parser.add_argument("--plot", help="default bench/results/gradnoise.png (--quick: a temporary folder)")
     parser.add_argument("--quick", action="store_true",
                         help="resnet11, batch 8, points 0 and 2, 3 batches, random data")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     modes = args.modes.split(",")
+    for item in args.clip.split(",") if args.clip else []:  # an experiment: the kernels read the table each step
+        k, clip = item.split(":")
+        quant.RANGE_CLIP[int(k)] = float(clip)
     if args.quick:
         args.model, args.batch, args.batches, points = "resnet11", 8, 3, [0, 2]
         images = rng.standard_normal((64, 8, 8, 1)).astype(np.float32)
