@@ -120,7 +120,8 @@ class Net(Chain):
         plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
         self.bits, self.k, self.naive = parse_bits(bits)
-        self.window = "fixed" if self.naive else check_window(window)
+        check_window(window)
+        self.window = window if self.k and not self.naive else "fixed"  # exact codes nothing; naive is the paper's
         self.batch, self.training = positive_int(batch, "batch"), training
         engines = cudnn_conv.net_graphs(self.units, batch=self.batch, dtype=self.dtype) if conv == "cudnn" else {}
         if engines:

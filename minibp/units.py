@@ -262,7 +262,7 @@ class Step:
     def __init__(self, net, n, *, train):
         self.net, self.n, self.train = net, n, train
         self.k, self.naive, self.eps, self.bn_momentum = net.k, net.naive, net.eps, net.bn_momentum
-        self.window = net.window if net.k else "fixed"
+        self.window = net.window
         self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (step.defer_running)
 
     def shared(self, name, shape=None):
