@@ -26,9 +26,12 @@
 #define SIGMA(c) stats[C + (c)]
 #define GAMMA(c) stats[2 * C + (c)]
 #define B(c) stats[3 * C + (c)]
-#define SHIFT(c) stats[4 * C + (c)]
-#define WIDTH(c) stats[5 * C + (c)]
-#define SCALE(c) stats[6 * C + (c)]
+// A k-bit code's window: win is the (3, C) window of the row's block (windows below).
+#define SHIFT(c) win[(c)]
+#define WIDTH(c) win[C + (c)]
+#define SCALE(c) win[2 * C + (c)]
+// The window of row r: windows is (blocks, 3, C), a window per channel for each block of block_rows rows.
+#define ROW_WINDOW(r) (BITS ? windows + (r) / block_rows * 3 * C : nullptr)
 
 // The loops over a row's groups and channels that are this thread's. STEP is a template parameter of
 // the functions below: 1 when a block has one thread (the CPU's launch), so that g++ sees a unit step
@@ -90,8 +93,8 @@ __device__ __forceinline__ void for_codes(int C, const unsigned char* __restrict
 template <int BITS, int STEP, class Body>
 __device__ __forceinline__ void for_store(int C, const real_t* __restrict__ x_row,
                                           const unsigned char* __restrict__ row_codes,
-                                          const real_t* __restrict__ stats, const real_t* __restrict__ beta,
-                                          Body body) {
+                                          const real_t* __restrict__ stats, const real_t* __restrict__ win,
+                                          const real_t* __restrict__ beta, Body body) {
     constexpr int PER = group_size<BITS>();
     if constexpr (BITS == 0)
         CHANNEL_LOOP(c, C) {
@@ -161,26 +164,30 @@ extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chun
     else channel_sums_rows<0>(rows, C, rows_per_chunk, extremes != 0, x, shift, partial);
 }
 
-// Given the batch mean and variance in stats[0], stats[1] (and for the range window the batch's least
-// and largest x in stats[5], stats[6], and its clip): sigma, the clamped gamma, b and the code's window.
-// One thread per channel. The range window's [lo, hi] is v of those x computed as the forward pass computes v,
-// so that every v of the batch lies within it.
-extern "C" __global__ void batchnorm_coefficients(int C, int bits, int range, float clip, real_t eps,
+// Given the batch mean and variance in stats[0], stats[1]: sigma, the clamped gamma and b into stats[1:4], and
+// the code's windows (blocks, 3, C) (none when bits = 0): fixed, or (range) from extremes (2, blocks, C), the least
+// and largest x of each block of rows, narrowed to b +- clip. One thread per channel. The range window's [lo, hi]
+// is v of those x computed as the forward pass computes v, so that every v of the block lies within it.
+// (extremes and windows may overlap: a thread reads its channel's extremes before it writes its windows.)
+extern "C" __global__ void batchnorm_coefficients(int C, int blocks, int bits, int range, float clip, real_t eps,
                                                   const real_t* __restrict__ gamma, const real_t* __restrict__ beta,
-                                                  real_t* __restrict__ stats) {
+                                                  real_t* __restrict__ stats, const real_t* extremes, real_t* windows) {
     GRID_STRIDE_LOOP(c, C) {
         SIGMA(c) = sqrt(SIGMA(c) + eps);
         const real_t g = gamma[c] < (real_t)1e-8 ? (real_t)1e-8 : gamma[c];  // (NaN passes through)
         GAMMA(c) = g;
         B(c) = beta[c] / g;
-        float shift = 0, width = 0, scale = 0;
-        if (bits && range)
-            quant_window_range((float)(xhat_of(stats[5 * C + c], c, C, stats) + B(c)),
-                               (float)(xhat_of(stats[6 * C + c], c, C, stats) + B(c)), (float)B(c), clip, bits,
-                               &shift, &width, &scale);
-        else if (bits)
-            quant_window_fixed((float)B(c), bits, &shift, &width, &scale);
-        SHIFT(c) = shift, WIDTH(c) = width, SCALE(c) = scale;
+        for (int i = 0; bits && i < blocks; ++i) {
+            float shift, width, scale;
+            if (range)
+                quant_window_range((float)(xhat_of(extremes[i * C + c], c, C, stats) + B(c)),
+                                   (float)(xhat_of(extremes[(blocks + i) * C + c], c, C, stats) + B(c)), (float)B(c),
+                                   clip, bits, &shift, &width, &scale);
+            else
+                quant_window_fixed((float)B(c), bits, &shift, &width, &scale);
+            real_t* win = windows + i * 3 * C;
+            SHIFT(c) = shift, WIDTH(c) = width, SCALE(c) = scale;
+        }
     }
 }
 
@@ -188,7 +195,8 @@ extern "C" __global__ void batchnorm_coefficients(int C, int bits, int range, fl
 
 template <int BITS, int STEP>
 __device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __restrict__ x_row,
-                                            const real_t* __restrict__ stats, const real_t* __restrict__ beta,
+                                            const real_t* __restrict__ stats, const real_t* __restrict__ win,
+                                            const real_t* __restrict__ beta,
                                             real_t* __restrict__ a_row, real_t* __restrict__ x_copy_row,
                                             unsigned char* __restrict__ row_codes) {
     constexpr int PER = group_size<BITS>();
@@ -218,20 +226,23 @@ __device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __r
 
 template <int BITS, int STEP>
 __device__ void forward_rows(long long rows, int C, int rows_per_chunk, bool naive, const real_t* x,
-                             const real_t* stats, const real_t* beta, real_t* a, real_t* x_copy, unsigned char* codes) {
+                             const real_t* stats, const real_t* windows, long long block_rows, const real_t* beta,
+                             real_t* a, real_t* x_copy, unsigned char* codes) {
     ROW_LOOP(r, rows, rows_per_chunk)
-        forward_row<BITS, STEP>(C, naive, x + r * C, stats, beta, a + r * C, x_copy ? x_copy + r * C : nullptr,
-                                BITS ? codes + r * C * BITS / 8 : nullptr);
+        forward_row<BITS, STEP>(C, naive, x + r * C, stats, ROW_WINDOW(r), beta, a + r * C,
+                                x_copy ? x_copy + r * C : nullptr, BITS ? codes + r * C * BITS / 8 : nullptr);
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
-// of v = xhat + b (bits > 0). naive writes a~ (restored from the codes) instead of a: the ablation that
-// feeds approximations forward. x, a, x_copy are (rows, C); codes (rows * C * k / 8,).
+// of v = xhat + b (bits > 0) through windows (above). naive writes a~ (restored from the codes) instead of a:
+// the ablation that feeds approximations forward. x, a, x_copy are (rows, C); codes (rows * C * k / 8,).
 extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int rows_per_chunk, int bits, int naive,
                                                   const real_t* __restrict__ x, const real_t* __restrict__ stats,
+                                                  const real_t* __restrict__ windows, long long block_rows,
                                                   const real_t* __restrict__ beta, real_t* __restrict__ a,
                                                   real_t* __restrict__ x_copy, unsigned char* __restrict__ codes) {
-    DISPATCH(bits, forward_rows, rows, C, rows_per_chunk, naive != 0, x, stats, beta, a, x_copy, codes);
+    DISPATCH(bits, forward_rows, rows, C, rows_per_chunk, naive != 0, x, stats, windows, block_rows, beta, a, x_copy,
+             codes);
 }
 
 // ----------------------------------------------------------------------------- backward
@@ -239,8 +250,8 @@ extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int row
 template <int BITS, int STEP>
 __device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_row,
                                             const unsigned char* __restrict__ row_codes,
-                                            const real_t* __restrict__ stats, const real_t* __restrict__ beta,
-                                            real_t* __restrict__ a_row) {
+                                            const real_t* __restrict__ stats, const real_t* __restrict__ win,
+                                            const real_t* __restrict__ beta, real_t* __restrict__ a_row) {
     constexpr int PER = group_size<BITS>();
     if constexpr (BITS == 0)
         CHANNEL_LOOP(c, C) a_row[c] = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
@@ -252,19 +263,21 @@ __device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_
 
 template <int BITS, int STEP>
 __device__ void restore_rows(long long rows, int C, int rows_per_chunk, const real_t* x_copy,
-                             const unsigned char* codes, const real_t* stats, const real_t* beta, real_t* a) {
+                             const unsigned char* codes, const real_t* stats, const real_t* windows,
+                             long long block_rows, const real_t* beta, real_t* a) {
     ROW_LOOP(r, rows, rows_per_chunk)
         restore_row<BITS, STEP>(C, BITS ? nullptr : x_copy + r * C, BITS ? codes + r * C * BITS / 8 : nullptr,
-                                stats, beta, a + r * C);
+                                stats, ROW_WINDOW(r), beta, a + r * C);
 }
 
 // Recompute a (exact mode) or restore a~ = relu(gamma_c * vhat) (k-bit) from the store. a is (rows, C).
 extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int rows_per_chunk, int bits,
                                                   const real_t* __restrict__ x_copy,
                                                   const unsigned char* __restrict__ codes,
-                                                  const real_t* __restrict__ stats, const real_t* __restrict__ beta,
-                                                  real_t* __restrict__ a) {
-    DISPATCH(bits, restore_rows, rows, C, rows_per_chunk, x_copy, codes, stats, beta, a);
+                                                  const real_t* __restrict__ stats,
+                                                  const real_t* __restrict__ windows, long long block_rows,
+                                                  const real_t* __restrict__ beta, real_t* __restrict__ a) {
+    DISPATCH(bits, restore_rows, rows, C, rows_per_chunk, x_copy, codes, stats, windows, block_rows, beta, a);
 }
 
 // dbeta_c += dy, dgamma_c += dy * xhat~ over one row, dy = da * mask (the mask as a factor, as the reference).
@@ -272,9 +285,10 @@ template <int BITS, int STEP>
 __device__ __forceinline__ void backward_sums_row(int C, const real_t* __restrict__ da_row,
                                                   const real_t* __restrict__ x_row,
                                                   const unsigned char* __restrict__ row_codes,
-                                                  const real_t* __restrict__ stats, const real_t* __restrict__ beta,
-                                                  real_t* __restrict__ dbeta, real_t* __restrict__ dgamma) {
-    for_store<BITS, STEP>(C, x_row, row_codes, stats, beta, [&](real_t xhat, real_t on, int c) {
+                                                  const real_t* __restrict__ stats, const real_t* __restrict__ win,
+                                                  const real_t* __restrict__ beta, real_t* __restrict__ dbeta,
+                                                  real_t* __restrict__ dgamma) {
+    for_store<BITS, STEP>(C, x_row, row_codes, stats, win, beta, [&](real_t xhat, real_t on, int c) {
         const real_t dy = da_row[c] * on;
         dbeta[c] += dy;
         dgamma[c] += dy * xhat;
@@ -283,8 +297,8 @@ __device__ __forceinline__ void backward_sums_row(int C, const real_t* __restric
 
 template <int BITS, int STEP>
 __device__ void backward_sums_rows(long long rows, int C, int rows_per_chunk, const real_t* da, const real_t* x_copy,
-                                   const unsigned char* codes, const real_t* stats, const real_t* beta,
-                                   real_t* partial) {
+                                   const unsigned char* codes, const real_t* stats, const real_t* windows,
+                                   long long block_rows, const real_t* beta, real_t* partial) {
     constexpr int PER = group_size<BITS>();
     const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
     CHUNK_LOOP(chunk, chunks) {
@@ -293,7 +307,8 @@ __device__ void backward_sums_rows(long long rows, int C, int rows_per_chunk, co
         CHANNEL_LOOP(c, C) dbeta[c] = dgamma[c] = 0;  // this thread's channels, as below
         CHUNK_ROWS(r, chunk, rows, rows_per_chunk)
             backward_sums_row<BITS, STEP>(C, da + r * C, BITS ? nullptr : x_copy + r * C,
-                                          BITS ? codes + r * C * BITS / 8 : nullptr, stats, beta, dbeta, dgamma);
+                                          BITS ? codes + r * C * BITS / 8 : nullptr, stats, ROW_WINDOW(r), beta, dbeta,
+                                          dgamma);
     }
 }
 
@@ -304,8 +319,10 @@ extern "C" __global__ void batchnorm_relu_backward_sums(long long rows, int C, i
                                                         const real_t* __restrict__ x_copy,
                                                         const unsigned char* __restrict__ codes,
                                                         const real_t* __restrict__ stats,
+                                                        const real_t* __restrict__ windows, long long block_rows,
                                                         const real_t* __restrict__ beta, real_t* __restrict__ partial) {
-    DISPATCH(bits, backward_sums_rows, rows, C, rows_per_chunk, da, x_copy, codes, stats, beta, partial);
+    DISPATCH(bits, backward_sums_rows, rows, C, rows_per_chunk, da, x_copy, codes, stats, windows, block_rows, beta,
+             partial);
 }
 
 // dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) of one row [+ residual_grad].
@@ -313,11 +330,12 @@ template <int BITS, int STEP>
 __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict__ da_row,
                                                 const real_t* __restrict__ x_row,
                                                 const unsigned char* __restrict__ row_codes,
-                                                const real_t* __restrict__ stats, const real_t* __restrict__ beta,
+                                                const real_t* __restrict__ stats, const real_t* __restrict__ win,
+                                                const real_t* __restrict__ beta,
                                                 const real_t* __restrict__ sums, real_t inv_count,
                                                 const real_t* __restrict__ residual_row, real_t* __restrict__ dx_row) {
     constexpr int PER = group_size<BITS>();  // the residual's loop: the channels this thread wrote
-    for_store<BITS, STEP>(C, x_row, row_codes, stats, beta, [&](real_t xhat, real_t on, int c) {
+    for_store<BITS, STEP>(C, x_row, row_codes, stats, win, beta, [&](real_t xhat, real_t on, int c) {
         const real_t dy = da_row[c] * on;
         dx_row[c] = GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
     });
@@ -327,11 +345,13 @@ __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict_
 
 template <int BITS, int STEP>
 __device__ void backward_dx_rows(long long rows, int C, int rows_per_chunk, const real_t* da, const real_t* x_copy,
-                                 const unsigned char* codes, const real_t* stats, const real_t* beta,
-                                 const real_t* sums, real_t inv_count, const real_t* residual_grad, real_t* dx) {
+                                 const unsigned char* codes, const real_t* stats, const real_t* windows,
+                                 long long block_rows, const real_t* beta, const real_t* sums, real_t inv_count,
+                                 const real_t* residual_grad, real_t* dx) {
     ROW_LOOP(r, rows, rows_per_chunk)
         backward_dx_row<BITS, STEP>(C, da + r * C, BITS ? nullptr : x_copy + r * C,
-                                    BITS ? codes + r * C * BITS / 8 : nullptr, stats, beta, sums, inv_count,
+                                    BITS ? codes + r * C * BITS / 8 : nullptr, stats, ROW_WINDOW(r), beta, sums,
+                                    inv_count,
                                     residual_grad ? residual_grad + r * C : nullptr, dx + r * C);
 }
 
@@ -340,10 +360,12 @@ __device__ void backward_dx_rows(long long rows, int C, int rows_per_chunk, cons
 extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int rows_per_chunk, int bits,
                                                       const real_t* __restrict__ da, const real_t* __restrict__ x_copy,
                                                       const unsigned char* __restrict__ codes,
-                                                      const real_t* __restrict__ stats, const real_t* __restrict__ beta,
+                                                      const real_t* __restrict__ stats,
+                                                      const real_t* __restrict__ windows, long long block_rows,
+                                                      const real_t* __restrict__ beta,
                                                       const real_t* __restrict__ sums, real_t inv_count,
                                                       const real_t* __restrict__ residual_grad,
                                                       real_t* __restrict__ dx) {
-    DISPATCH(bits, backward_dx_rows, rows, C, rows_per_chunk, da, x_copy, codes, stats, beta, sums, inv_count,
-             residual_grad, dx);
+    DISPATCH(bits, backward_dx_rows, rows, C, rows_per_chunk, da, x_copy, codes, stats, windows, block_rows, beta,
+             sums, inv_count, residual_grad, dx);
 }

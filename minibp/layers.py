@@ -18,6 +18,7 @@ The *_ref functions are plain NumPy statements of what each kernel computes (for
 import numpy as np
 
 from . import backend, conv_direct, kernels, quant
+from .quant import check_window
 
 GAMMA_MIN = 1e-8         # gamma is clamped to at least this (docs/method.md, "The unit")
 ROWS_PER_CHUNK = 16      # rows a reduction sums in order into one row of partial sums, which xp adds up
@@ -287,10 +288,11 @@ def _check_stats(stats, C):
         raise ValueError(f"stats must be ({STATS_ROWS}, {C}), got {stats.shape}")
 
 
-def batchnorm_statistics(x, stats, *, partial, extremes=False):
-    """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1], and with extremes its least
-    and largest value per channel into stats[5], stats[6] (for the range window); partial is
-    (>= 2 * reduction_chunks(rows) * C,) scratch.
+def batchnorm_statistics(x, stats, *, partial, window="fixed"):
+    """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1]; partial is
+    (>= 2 * reduction_chunks(rows) * C,) scratch. Returns the extremes a window is taken from, the least and
+    largest x per channel as (2, blocks, C): the batch's (range: in stats[5:7], blocks = 1), each block's of
+    quant.BLOCK_ROWS rows (block: in partial, read before partial is used again), or None (fixed).
 
     One pass over x: the sums of d = x - s and d^2, with s the mean of SHIFT_ROWS rows spread over the
     batch (other images: a shift near the mean), so that var = mean(d^2) - mean(d)^2 keeps its digits.
@@ -299,26 +301,54 @@ def batchnorm_statistics(x, stats, *, partial, extremes=False):
     C = x.shape[-1]
     rows = x.size // C
     _check_stats(stats, C)
+    extremes = check_window(window) != "fixed"
     xp.mean(x.reshape(rows, C)[:: -(-rows // SHIFT_ROWS)], axis=0, out=stats[0])
-    moments, part = _chunk_sums(_k("bn.cu", x.dtype).channel_sums, rows=rows, C=C, rows_per_chunk=2 * ROWS_PER_CHUNK,
-                                partial=partial, values=4 if extremes else 2, extremes=extremes, x=x, shift=stats[0])
-    if extremes:
+    moments, part = _chunk_sums(_k("bn.cu", x.dtype).channel_sums, rows=rows, C=C, partial=partial,
+                                rows_per_chunk=quant.BLOCK_ROWS if window == "block" else 2 * ROWS_PER_CHUNK,
+                                values=4 if extremes else 2, extremes=extremes, x=x, shift=stats[0])
+    if window == "range":
         xp.min(part[2], axis=0, out=stats[5])
         xp.max(part[3], axis=0, out=stats[6])
     moments /= rows  # mean(d), mean(d^2)
     stats[0] += moments[0]
     xp.maximum(moments[1] - moments[0] * moments[0], 0, out=stats[1])
+    return {"fixed": None, "range": stats[5:7].reshape(2, 1, C), "block": part[2:4]}[window]
 
 
-def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed"):
-    """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:7]: gamma clamped
-    to >= 1e-8, b = beta / gamma, and the k-bit code's window per channel (zeros when bits = 0); the
-    range window reads the least and largest x from stats[5:7] (batchnorm_statistics). One kernel."""
+def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None):
+    """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:4], gamma clamped
+    to >= 1e-8 and b = beta / gamma, and at k bits the code's windows (_windows: stats[4:7] or the block
+    windows), fixed or from the extremes that batchnorm_statistics returned. One kernel."""
     C = gamma.shape[0]
     _check_stats(stats, C)
+    windows = _windows(stats, windows)
+    if check_window(window) != "fixed" and (extremes is None or extremes.shape != (2, windows.shape[0], C)):
+        raise ValueError(f"the {window} window needs the extremes of {windows.shape[0]} block(s) of {C} channels "
+                         f"(batchnorm_statistics), got {getattr(extremes, 'shape', None)}")
     clip = quant.RANGE_CLIP.get(bits, np.inf)
-    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C=C, bits=bits, range=window == "range", clip=clip, eps=eps,
-                                                     gamma=gamma, beta=beta, stats=stats, threads=C)
+    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C=C, blocks=windows.shape[0], bits=bits, range=window != "fixed",
+                                                     clip=clip, eps=eps, gamma=gamma, beta=beta, stats=stats,
+                                                     extremes=extremes, windows=windows, threads=C)
+
+
+def _windows(stats, windows):
+    """The k-bit windows as (blocks, 3, C): the one per channel in stats[4:7], or a block window's own."""
+    C = stats.shape[1]
+    if windows is None:
+        return stats[4:7].reshape(1, 3, C)
+    if windows.ndim != 3 or windows.shape[1:] != (3, C) or windows.dtype != stats.dtype:
+        raise ValueError(f"windows must be (blocks, 3, {C}) {stats.dtype}, got {windows.dtype} {windows.shape}")
+    return windows
+
+
+def _window_args(stats, windows, rows):
+    """windows and block_rows for a kernel over `rows` rows: one block, or quant.BLOCK_ROWS rows a block."""
+    windows = _windows(stats, windows)
+    if windows.shape[0] == 1:
+        return dict(windows=windows, block_rows=max(rows, 1))
+    if windows.shape[0] != quant.blocks(rows):
+        raise ValueError(f"{rows} rows take {quant.blocks(rows)} block windows, got {windows.shape[0]}")
+    return dict(windows=windows, block_rows=quant.BLOCK_ROWS)
 
 
 def _store_args(bits, x_copy, codes):
@@ -327,28 +357,30 @@ def _store_args(bits, x_copy, codes):
     return None, codes
 
 
-def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=None, codes=None):
+def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=None, codes=None, windows=None):
     """a = relu(gamma (x - mean) / sigma + beta) for x, a (..., C); writes the store when given
-    (x_copy at bits = 0, codes otherwise). naive: a is the restored a~ (the ablation)."""
+    (x_copy at bits = 0, codes otherwise, through the windows: _windows). naive: a is the restored a~."""
     C = x.shape[-1]
     rows = x.size // C
     if naive and (bits == 0 or codes is None):
         raise ValueError("naive mode feeds the k-bit codes forward: it needs bits > 0 and a codes buffer")
     _k("bn.cu", x.dtype).batchnorm_relu_forward(rows=rows, C=C, bits=bits, naive=naive, x=x, stats=stats, beta=beta,
-                                                 a=a, x_copy=x_copy, codes=codes, **_launch(rows, C, bits=bits))
+                                                 a=a, x_copy=x_copy, codes=codes, **_window_args(stats, windows, rows),
+                                                 **_launch(rows, C, bits=bits))
 
 
-def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None):
+def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None, windows=None):
     """a (the exact activation at bits = 0, else a~) from the unit's store."""
     x_copy, codes = _store_args(bits, x_copy, codes)
     C = a.shape[-1]
     rows = a.size // C
     _k("bn.cu", a.dtype).batchnorm_relu_restore(rows=rows, C=C, bits=bits, x_copy=x_copy, codes=codes, stats=stats,
-                                                 beta=beta, a=a, **_launch(rows, C, bits=bits))
+                                                 beta=beta, a=a, **_window_args(stats, windows, rows),
+                                                 **_launch(rows, C, bits=bits))
 
 
-def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=None, dgamma, dbeta, partial,
-                            sums, residual_grad=None):
+def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=None, windows=None, dgamma, dbeta,
+                            partial, sums, residual_grad=None):
     """dx = dL/dx of the unit's BN + ReLU from da = dL/da and the store; dgamma, dbeta accumulate (+=).
 
     partial is (>= 2 * reduction_chunks(rows) * C,) scratch and sums (2, C) receives this batch's dbeta, dgamma.
@@ -358,7 +390,8 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
     C = da.shape[-1]
     rows = da.size // C
     module = _k("bn.cu", da.dtype)
-    store = dict(bits=bits, da=da, x_copy=x_copy, codes=codes, stats=stats, beta=beta)
+    store = dict(bits=bits, da=da, x_copy=x_copy, codes=codes, stats=stats, beta=beta,
+                 **_window_args(stats, windows, rows))
     _chunk_sums(module.batchnorm_relu_backward_sums, rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK,
                 partial=partial, out=sums, **store)
     dbeta += sums[0]

@@ -64,12 +64,14 @@ class Net(Chain):
     num_parameters = property(lambda self: sum(int(np.prod(p.shape)) for _, _, p in self.parameter_table()))
     num_decayed = property(lambda self: sum(int(np.prod(p.shape)) for _, _, p in self.parameter_table() if p.decayed))
 
-    def plan(self, *, batch, bits="4", training=True, input_grad=False, cudnn_workspace_bytes=None):
+    def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, training=True, input_grad=False,
+             cudnn_workspace_bytes=None):
         """The table of every buffer a step at this batch needs; allocates nothing. training=False: an
         evaluation's (no stores, gradients or momentum). cudnn_workspace_bytes: the cuDNN path's."""
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
         _, k, naive = parse_bits(bits)
+        window = check_window(window) if k and not naive else "fixed"  # exact codes nothing; naive is the paper's
         N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
         checks.check_channels(units, k)
         plan = Plan()
@@ -90,7 +92,7 @@ class Net(Chain):
         if training:
             plan.add("dlogits", (N, self.classes), dtype, "workspace")
         for u in units:
-            for own in u.own_buffers(N, k=k, store=training or naive):
+            for own in u.own_buffers(N, k=k, window=window, store=training or naive):
                 plan.add(key(u.index, own.role), own.shape, own.dtype or dtype, own.category)
         S = sum(u.bn_channels for u in units)
         plan.add("running", (2, S), dtype, "batch-norm statistics")
@@ -116,12 +118,11 @@ class Net(Chain):
         or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier; cudnn_conv.py)."""
         if conv not in ("gemm", "cudnn"):
             raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
-        request = dict(batch=batch, bits=bits, training=training, input_grad=input_grad)
+        request = dict(batch=batch, bits=bits, window=window, training=training, input_grad=input_grad)
         plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
         self.bits, self.k, self.naive = parse_bits(bits)
-        check_window(window)
-        self.window = window if self.k and not self.naive else "fixed"  # exact codes nothing; naive is the paper's
+        self.window = window if self.k and not self.naive else "fixed"  # as plan() decided
         self.batch, self.training = positive_int(batch, "batch"), training
         engines = cudnn_conv.net_graphs(self.units, batch=self.batch, dtype=self.dtype) if conv == "cudnn" else {}
         if engines:

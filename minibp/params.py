@@ -16,6 +16,9 @@ import numpy as np
 from . import backend
 
 
+OWN_ROLES = ("store", "windows", "stats")  # the buffers a unit may own (units.py's Own)
+
+
 def key(index, role):
     """The one place a unit's parameter or buffer gets its name in the plan, the state and checkpoints."""
     return f"unit{index}.{role}"
@@ -47,7 +50,7 @@ def bind(units, arena):
             grads[name] = by_unit[u.index][1][p.role] = arena["grads"][where].reshape(p.shape)
     channel = 0
     for u in units:
-        own = {role: arena[key(u.index, role)] for role in ("store", "stats") if key(u.index, role) in arena}
+        own = {role: arena[key(u.index, role)] for role in OWN_ROLES if key(u.index, role) in arena}
         C = u.bn_channels
         u.bind(p=by_unit[u.index][0], g=by_unit[u.index][1], own=own, running=arena["running"][:, channel:channel + C])
         channel += C

@@ -38,10 +38,14 @@ SUPPORTED_BITS = (2, 4, 8)
 # the float input; naive is the 4-bit store fed forward too (the ablation).
 BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 # The windows a k-bit store can code through (the API's and CLI's `window`), and the kernels' flag for each.
-WINDOWS = {"fixed": 0, "range": 1}
+WINDOWS = {"fixed": 0, "range": 1, "block": 2}
 DEFAULT_WINDOW = "range"
-# The range window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py (README, RQ4).
+# The range (and block) window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
+# (README, RQ4).
 RANGE_CLIP = {8: np.inf, 4: 4.5, 2: 3.0}
+# Rows (pixels) that share a block window: its windows are (blocks(rows), 3, C), 96 bits a channel per block,
+# 0.375 bits a value on top of the k.
+BLOCK_ROWS = 256
 MASK_THRESHOLD = np.float32(1e-6)
 
 
@@ -59,6 +63,11 @@ def check_window(window):
     return window
 
 
+def blocks(rows):
+    """The number of block windows over `rows` rows: the last block may be short."""
+    return -(-rows // BLOCK_ROWS)
+
+
 def check_bits(bits):
     if isinstance(bits, bool) or bits not in SUPPORTED_BITS:
         raise ValueError(f"bits must be one of {SUPPORTED_BITS}, got {bits!r}")
@@ -70,7 +79,7 @@ def check_bits(bits):
 def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
     """The (3, C) float32 window (shift, width, scale) of each channel: the fixed window of b, or the
     range window of the channel's smallest and largest v, lo and hi (C,), narrowed to b +- clip
-    (default RANGE_CLIP[bits])."""
+    (default RANGE_CLIP[bits]); the block window: lo and hi (blocks, C), each block's, give (3, blocks, C)."""
     K = np.float32(1 << bits)
     f32 = np.float32
     b = np.asarray(b, f32)
@@ -87,15 +96,15 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
         hi = np.where(np.asarray(hi, f32) < hi_clip, hi, hi_clip).astype(f32)
         u_lo, u_hi = lo - MASK_THRESHOLD, hi - MASK_THRESHOLD
         one_sign = (u_lo >= 0) | (u_hi < 0)
-        j = np.arange(1, 1 << bits, dtype=f32)[:, None]
-        w_j = np.maximum(-u_lo / j, u_hi / (K - j))  # (K-1, C): j bins below zero
+        j = np.arange(1, 1 << bits, dtype=f32).reshape((-1,) + (1,) * u_lo.ndim)
+        w_j = np.maximum(-u_lo / j, u_hi / (K - j))  # (K-1, ..., C): j bins below zero
         best = np.argmin(w_j, axis=0)
-        width = np.where(one_sign, (u_hi - u_lo) / (K - 1), w_j[best, np.arange(u_lo.size)])
+        width = np.where(one_sign, (u_hi - u_lo) / (K - 1), np.take_along_axis(w_j, best[None], axis=0)[0])
         least = np.where(-u_lo > u_hi, -u_lo, u_hi) * f32(2.0 ** -20)
         width = np.where(width > least, width, least)
         width = np.where(width > f32(1e-30), width, f32(1e-30)).astype(f32)
         scale = f32(1) / width
-        shift = np.where(~one_sign, j[best, 0], np.where(u_lo >= 0, -np.floor(u_lo * scale),
+        shift = np.where(~one_sign, (best + 1).astype(f32), np.where(u_lo >= 0, -np.floor(u_lo * scale),
                                                          K - 1 - np.floor(u_hi * scale)))
     return np.stack([shift, width, scale]).astype(f32)
 
@@ -123,6 +132,12 @@ def unpack_ref(packed, *, bits, shape):
     per_byte = 8 // bits
     slots = [(packed >> np.uint8(8 - bits * (t + 1))) & np.uint8((1 << bits) - 1) for t in range(per_byte)]
     return np.stack(slots, axis=1).reshape(shape)
+
+
+def row_windows_ref(windows, rows):
+    """The (3, rows, C) windows of each row from the block window's (blocks, 3, C): row r codes through
+    block r // BLOCK_ROWS's. codes_ref and dequantize_ref take them for (rows, C) values."""
+    return np.moveaxis(np.asarray(windows)[np.arange(rows) // BLOCK_ROWS], 1, 0)
 
 
 def quantize_ref(v, window, *, bits):

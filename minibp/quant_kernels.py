@@ -43,7 +43,9 @@ def window(b, *, bits, kind="fixed", v=None):
     C = b.shape[0] if b.ndim == 1 else -1
     _check_values("b", b, C)
     lo = hi = b  # unread by the fixed window
-    if check_window(kind) == "range":
+    if check_window(kind) == "block":
+        raise ValueError("these kernels take one window a channel: fixed or range (the block window is bn.cu's)")
+    if kind == "range":
         if v is None:
             raise ValueError("the range window is taken from the values: give v")
         _check_values("v", v)

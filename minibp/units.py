@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import backend, layers
+from . import backend, layers, quant
 
 
 @dataclass(frozen=True)
@@ -81,14 +81,17 @@ class ConvUnit:
         """Channels whose running statistics the net keeps for this unit."""
         return self.in_shape[2] if self.batchnorm else 0
 
-    def own_buffers(self, n, *, k, store):
-        """k = 0: exact store (x, float); k = 8, 4, 2: packed codes; store=False (an evaluation): none.
-        (dtype None: the net's.)"""
+    def own_buffers(self, n, *, k, window, store):
+        """k = 0: exact store (x, float); k = 8, 4, 2: packed codes, and the block window's windows;
+        store=False (an evaluation): none. (dtype None: the net's.)"""
         if not self.batchnorm:
             return []
         values, C = elements(n, self.in_shape), self.in_shape[2]
         stores = [Own("store", (values,), None, "activation stores") if k == 0 else            # (N*H*W*C,) x
                   Own("store", (values * k // 8,), np.uint8, "activation stores")]            # (N*H*W*C*k/8,)
+        if k and window == "block":
+            blocks = quant.blocks(elements(n, self.in_shape[:2]))
+            stores.append(Own("windows", (blocks, 3, C), None, "activation stores"))  # (ceil(N*H*W/256), 3, C)
         stats = Own("stats", (layers.STATS_ROWS, C), None, "batch-norm statistics")  # (7, C)
         return (stores if store else []) + [stats]
 
@@ -124,17 +127,19 @@ class ConvUnit:
         if self.batchnorm:
             a = s.shared("a", self.in_shape)
             stats = self.own["stats"]
-            window = s.window if s.train else "fixed"  # evaluation codes only for the naive net, whose is fixed
+            window, extremes = s.window if s.train else "fixed", None  # evaluation codes only for the naive net
             if s.train:
-                layers.batchnorm_statistics(x, stats, partial=s.shared("partial"), extremes=window == "range")
+                extremes = layers.batchnorm_statistics(x, stats, partial=s.shared("partial"), window=window)
                 self._update_running(stats, n, momentum=s.bn_momentum, deferred=s.deferred_running.get(self.index))
             else:
                 stats[0], stats[1] = self.running[0], self.running[1]
-            layers.batchnorm_coefficients(self.p["gamma"], self.p["beta"], stats, eps=s.eps, bits=s.k, window=window)
+            windows = self._windows(n) if window == "block" else None
+            layers.batchnorm_coefficients(self.p["gamma"], self.p["beta"], stats, eps=s.eps, bits=s.k, window=window,
+                                          extremes=extremes, windows=windows)
             # the store is written in training, and read forward by the naive net in evaluation too
             x_copy, codes = self._store(n, k=s.k) if s.train or s.naive else (None, None)
             layers.batchnorm_relu_forward(x, stats, self.p["beta"], a, bits=s.k if codes is not None else 0,
-                                          naive=s.naive, x_copy=x_copy, codes=codes)
+                                          naive=s.naive, x_copy=x_copy, codes=codes, windows=windows)
         if self.pool is not None:
             pooled = s.shared("pooled", self.conv_in_shape)
             self.pool.forward(a, pooled)
@@ -163,6 +168,10 @@ class ConvUnit:
             return store[:values].reshape((n,) + self.in_shape), None
         return None, store[: values * k // 8]
 
+    def _windows(self, n):
+        """The block window's (blocks, 3, C) windows for a batch of n."""
+        return self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2]))]
+
     # ------------------------------------------------------------------ backward
 
     def backward(self, dy, dx, s, *, residual_grad=None):
@@ -171,7 +180,9 @@ class ConvUnit:
         if self.batchnorm:  # restore a~ (or recompute a exactly) from the store
             x_copy, codes = self._store(n, k=s.k)
             a = s.shared("a", self.in_shape)
-            layers.batchnorm_relu_restore(self.own["stats"], self.p["beta"], a, bits=s.k, x_copy=x_copy, codes=codes)
+            windows = self._windows(n) if s.k and s.window == "block" else None
+            layers.batchnorm_relu_restore(self.own["stats"], self.p["beta"], a, bits=s.k, x_copy=x_copy, codes=codes,
+                                          windows=windows)
         else:
             a = s.shared("input", self.in_shape)
         conv_in = a
@@ -199,7 +210,7 @@ class ConvUnit:
         if self.batchnorm:
             C = self.in_shape[2]
             layers.batchnorm_relu_backward(da, self.own["stats"], self.p["beta"], dx, bits=s.k, x_copy=x_copy,
-                                           codes=codes, dgamma=self.g["gamma"], dbeta=self.g["beta"],
+                                           codes=codes, windows=windows, dgamma=self.g["gamma"], dbeta=self.g["beta"],
                                            partial=s.shared("partial"),
                                            sums=s.shared("bn_sums")[: 2 * C].reshape(2, C),
                                            residual_grad=residual_grad)
@@ -222,7 +233,7 @@ class ReluConvUnit:
     def parameters(self):
         return [Param("w", self.conv.weight_shape, True, "he"), Param("bias", (self.conv.cout,), False, "zero")]
 
-    def own_buffers(self, n, *, k, store):
+    def own_buffers(self, n, *, k, window, store):
         return [Own("store", (elements(n, self.in_shape),), None, "activation stores")] if store else []  # x
 
     def shared_sizes(self, n, *, training):

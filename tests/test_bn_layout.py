@@ -19,18 +19,21 @@ ROWS_PER_CHUNK = (1, 3, 1000)  # of the elementwise kernels: any split of the ro
 
 
 def _case(rows, C, bits, *, window="fixed"):
-    """A unit's arrays: x, its stats (the default launch's, the codes through `window`), beta, da and a
-    residual gradient."""
+    """A unit's arrays: x, its stats (the default launch's), the windows of its codes (through `window`: the
+    block window's own, else stats[4:7]) and block_rows, beta, da and a residual gradient."""
     rng = np.random.default_rng(7 * C + rows)
     x = (rng.standard_normal((rows, C)) * 2 + 0.5).astype(np.float32)
     gamma = (np.abs(rng.standard_normal(C)) + 0.3).astype(np.float32)
     beta = (rng.standard_normal(C) * 0.8).astype(np.float32)
     stats = device(np.zeros((7, C), np.float32))
     partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
-    layers.batchnorm_statistics(device(x), stats, partial=partial, extremes=window == "range")
-    layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window)
+    extremes = layers.batchnorm_statistics(device(x), stats, partial=partial, window=window)
+    windows = device(np.zeros((quant.blocks(rows), 3, C), np.float32)) if window == "block" else None
+    layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window,
+                                  extremes=extremes, windows=windows)
     da, residual = rng.standard_normal((2, rows, C)).astype(np.float32)
-    return dict(x=device(x), stats=stats, beta=device(beta), da=device(da), residual=device(residual))
+    return dict(x=device(x), stats=stats, beta=device(beta), da=device(da), residual=device(residual),
+                **layers._window_args(stats, windows, rows))
 
 
 def _empty(rows, C, bits):
@@ -49,7 +52,8 @@ def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None):
     out = _empty(rows, C, bits)
     shape = dict(grid=launch["grid"], block=launch["block"])
     elementwise = dict(rows=rows, C=C, rows_per_chunk=launch["rows_per_chunk"], bits=bits)
-    store = dict(x_copy=out["x_copy"], codes=out["codes"], stats=arrays["stats"], beta=arrays["beta"])
+    store = dict(x_copy=out["x_copy"], codes=out["codes"], stats=arrays["stats"], beta=arrays["beta"],
+                 windows=arrays["windows"], block_rows=arrays["block_rows"])
     module.batchnorm_relu_forward(**elementwise, naive=naive, x=arrays["x"], a=out["a"], **store, **shape)
     result = {"a": host(out["a"]).copy(), "store": host(out["codes"] if bits else out["x_copy"]).copy()}
     module.batchnorm_relu_restore(**elementwise, **store, a=out["a"], **shape)
@@ -124,12 +128,13 @@ def test_a_nan_goes_forward_in_naive_mode_and_only_where_it_is(bits):
         assert np.array_equal(got["a"][~nan], got["restored"][~nan])
 
 
-@pytest.mark.parametrize("bits,window", [(0, "fixed")] + [(b, w) for b in BITS if b for w in ("fixed", "range")])
+@pytest.mark.parametrize("bits,window", [(0, "fixed")] + [(b, w) for b in BITS if b for w in quant.WINDOWS])
 @pytest.mark.parametrize("rows,C", [(1, 8), (1000, 24), (5, 256)])
 def test_the_gpu_launch_shape_gives_the_same_bytes(monkeypatch, bits, rows, C, window):
     """layers._launch's GPU shape: a row's groups across threadIdx.x (a power of two, adjacent threads on
     adjacent addresses), row lanes across threadIdx.y, 256 threads a block; run here through the shim.
-    Exact mode (bits 0) codes nothing, so it runs once; the k-bit stores through both windows."""
+    Exact mode (bits 0) codes nothing, so it runs once; the k-bit stores through every window (the block
+    window's 1000 rows in four blocks, the last one short)."""
     arrays = _case(rows, C, bits, window=window)
     want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))
     launch = _gpu_launch(monkeypatch, rows, C, bits=bits)

@@ -1,7 +1,7 @@
 """The training kernels' k-bit store, exactly: the codes layers.batchnorm_relu_forward writes, the a~ that
 batchnorm_relu_restore reads back and the BN-ReLU backward from the codes, against minibp.quant's NumPy
-reference of the store (window_ref, quantize_ref, dequantize_ref), at 8, 4 and 2 bits, through both
-windows (fixed and range).
+reference of the store (window_ref, quantize_ref, dequantize_ref), at 8, 4 and 2 bits, through every
+window (fixed, range and block; the edge data spans several blocks).
 
 The data puts values on and next to every bin edge, far outside the window (|v| of 20 to 1000), and in
 channels whose b = beta/gamma is very negative or very positive (+-50) or next to the boundaries where
@@ -76,23 +76,36 @@ def _one_sign_case(bits, rng):
     return x, gamma, beta, None, None
 
 
+def _extremes(x, window):
+    """The least and largest x per channel, (2, blocks, C): the batch's, or each block's (block window)."""
+    rows = x.reshape(-1, x.shape[-1])
+    starts = np.arange(0, len(rows), quant.BLOCK_ROWS if window == "block" else len(rows))
+    return np.stack([np.minimum.reduceat(rows, starts), np.maximum.reduceat(rows, starts)])
+
+
 def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fixed"):
-    """(stats, a, codes) as the training forward writes them: with x's own statistics and eps = 1e-5, or
-    with the given mean and var and eps = 0 (sigma = sqrt(var) exactly)."""
+    """(stats, a, codes, windows) as the training forward writes them: with x's own statistics and
+    eps = 1e-5, or with the given mean and var and eps = 0 (sigma = sqrt(var) exactly). windows: the block
+    window's (blocks, 3, C), else None (the window is stats[4:7])."""
     C = x.shape[-1]
+    rows = x.size // C
     stats = device(np.zeros((7, C), np.float32))
+    windows = device(np.zeros((quant.blocks(rows), 3, C), np.float32)) if window == "block" else None
     if mean is None:
-        partial = device(np.zeros(2 * layers.reduction_chunks(x.size // C) * C, np.float32))
-        layers.batchnorm_statistics(device(x), stats, partial=partial, extremes=window == "range")
+        partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
+        extremes = layers.batchnorm_statistics(device(x), stats, partial=partial, window=window)
+        if extremes is not None:
+            assert np.array_equal(host(extremes), _extremes(x, window))
     else:
         stats[0], stats[1] = device(mean), device(var)
-        stats[5], stats[6] = device(x.reshape(-1, C).min(axis=0)), device(x.reshape(-1, C).max(axis=0))
+        extremes = None if window == "fixed" else device(_extremes(x, window))
     layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5 if mean is None else 0.0, bits=bits,
-                                  window=window)
+                                  window=window, extremes=extremes, windows=windows)
     a = device(np.zeros(x.shape, np.float32))
     codes = device(np.zeros(x.size * bits // 8, np.uint8))
-    layers.batchnorm_relu_forward(device(x), stats, device(beta), a, bits=bits, naive=naive, codes=codes)
-    return stats, a, codes
+    layers.batchnorm_relu_forward(device(x), stats, device(beta), a, bits=bits, naive=naive, codes=codes,
+                                  windows=windows)
+    return stats, a, codes, windows
 
 
 def _v(x, stats):
@@ -102,9 +115,16 @@ def _v(x, stats):
 
 
 def _window(x, s, bits, window):
-    """The reference's window for the unit's statistics s: of b, or of v's range (v of x's extremes)."""
-    rows = x.reshape(-1, x.shape[-1])
-    return quant.window_ref(s[3], bits=bits, kind=window, lo=_v(rows.min(axis=0), s), hi=_v(rows.max(axis=0), s))
+    """The reference's window for the unit's statistics s: of b, or of v's range (v of x's extremes):
+    (3, C), or (3, blocks, C) for the block window."""
+    lo, hi = _extremes(x, window)
+    table = quant.window_ref(s[3], bits=bits, kind=window, lo=_v(lo, s), hi=_v(hi, s))
+    return table[:, 0] if window == "range" else table
+
+
+def _row_windows(s, windows, rows):
+    """The window the kernels coded each row through: stats[4:7] (3, C), or the block windows per row."""
+    return s[4:7] if windows is None else quant.row_windows_ref(host(windows), rows)
 
 
 def _cases(bits):
@@ -116,14 +136,16 @@ def _cases(bits):
 @pytest.mark.parametrize("bits", BITS)
 def test_forward_codes_are_quantize_ref_byte_for_byte(bits, window):
     for x, gamma, beta, mean, var in _cases(bits):
-        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
+        stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
         s = host(stats)
+        rows = x.size // x.shape[-1]
         assert np.array_equal(s[3], (beta / np.maximum(gamma, np.float32(layers.GAMMA_MIN))).astype(np.float32))
-        assert np.array_equal(s[4:7], _window(x, s, bits, window))
-        v = _v(x, s)
-        assert np.array_equal(host(codes), quant.quantize_ref(v, s[4:7], bits=bits))
-        # quant_kernels.py's kernels write the same bytes from v
-        assert np.array_equal(host(quant_kernels.quantize(device(v), stats[4:7], bits=bits)), host(codes))
+        got = s[4:7] if windows is None else np.moveaxis(host(windows), 1, 0)
+        assert np.array_equal(got, _window(x, s, bits, window))
+        v = _v(x, s).reshape(rows, -1)
+        assert np.array_equal(host(codes), quant.quantize_ref(v, _row_windows(s, windows, rows), bits=bits))
+        if windows is None:  # quant_kernels.py's kernels (a window per channel) write the same bytes from v
+            assert np.array_equal(host(quant_kernels.quantize(device(v), stats[4:7], bits=bits)), host(codes))
 
 
 @pytest.mark.parametrize("bits", BITS)
@@ -131,7 +153,7 @@ def test_edge_data_reaches_every_hard_case(bits):
     """The edge case is what it claims: values exactly on edges, far values, shifts at both bounds."""
     K = 1 << bits
     x, gamma, beta, mean, var = _edge_case(bits, np.random.default_rng(bits))
-    s = host(_store(x, gamma, beta, bits=bits, mean=mean, var=var)[0])
+    s = host(_store(x, gamma, beta, bits=bits, mean=mean, var=var)[0])  # the fixed window
     v = _v(x, s)
     edges = (np.arange(K + 1, dtype=np.float32)[:, None] - s[4]) * s[5] + quant.MASK_THRESHOLD
     on_edge = [np.isin(edges[:, c], v[:, c]) for c in range(v.shape[1])]
@@ -145,22 +167,24 @@ def test_edge_data_reaches_every_hard_case(bits):
 @pytest.mark.parametrize("bits", BITS)
 def test_masks_are_exact_and_restore_equals_reference(bits, window):
     for x, gamma, beta, mean, var in _cases(bits):
-        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
+        stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
         s = host(stats)
-        xhat, a, mask = quant.dequantize_ref(host(codes), s[4:7], s[3], s[2], bits=bits, shape=x.shape)
+        rows = x.size // x.shape[-1]
+        xhat, a, mask = (t.reshape(x.shape) for t in quant.dequantize_ref(
+            host(codes), _row_windows(s, windows, rows), s[3], s[2], bits=bits, shape=(rows, x.shape[-1])))
         # the mask is the ReLU's sign of v for every b, very negative ones included (shift capped at K-1)
         assert np.array_equal(mask.astype(bool), _v(x, s) >= quant.MASK_THRESHOLD)
         restored = device(np.full(x.shape, np.nan, np.float32))
-        layers.batchnorm_relu_restore(stats, device(beta), restored, bits=bits, codes=codes)
+        layers.batchnorm_relu_restore(stats, device(beta), restored, bits=bits, codes=codes, windows=windows)
         assert np.array_equal(host(restored), a)
         assert np.array_equal(host(restored) > 0, mask.astype(bool))
         # the naive forward feeds the same a~ forward
-        _, a_naive, _ = _store(x, gamma, beta, bits=bits, mean=mean, var=var, naive=True, window=window)
+        _, a_naive, _, _ = _store(x, gamma, beta, bits=bits, mean=mean, var=var, naive=True, window=window)
         assert np.array_equal(host(a_naive), a)
-        # and quant_kernels.py's kernels decode the codes the same way
-        decoded = quant_kernels.dequantize(codes, stats[4:7], stats[3], stats[2], bits=bits, shape=x.shape)
-        for name, got, want in zip(("xhat", "a", "mask"), decoded, (xhat, a, mask)):
-            assert np.array_equal(host(got), want), name
+        if windows is None:  # and quant_kernels.py's kernels decode the codes the same way
+            decoded = quant_kernels.dequantize(codes, stats[4:7], stats[3], stats[2], bits=bits, shape=x.shape)
+            for name, got, want in zip(("xhat", "a", "mask"), decoded, (xhat, a, mask)):
+                assert np.array_equal(host(got), want), name
 
 
 def _assert_close(got, want, scale, name):
@@ -178,7 +202,7 @@ def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits, win
     + residual_grad, with xhat~ and the mask of the reference's dequantize of the forward's codes."""
     rng = np.random.default_rng(100 + bits)
     for x, gamma, beta, mean, var in _cases(bits):
-        stats, _, codes = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
+        stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
         s = host(stats)
         C = x.shape[-1]
         M = x.size // C
@@ -190,11 +214,12 @@ def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits, win
                              device(dbeta0.copy()))
         partial = device(np.zeros(2 * layers.reduction_chunks(M) * C, np.float32))
         sums = device(np.zeros((2, C), np.float32))
-        layers.batchnorm_relu_backward(device(da), stats, device(beta), dx, bits=bits, codes=codes, dgamma=dgamma,
-                                       dbeta=dbeta, partial=partial, sums=sums, residual_grad=device(residual))
+        layers.batchnorm_relu_backward(device(da), stats, device(beta), dx, bits=bits, codes=codes, windows=windows,
+                                       dgamma=dgamma, dbeta=dbeta, partial=partial, sums=sums,
+                                       residual_grad=device(residual))
 
-        xhat, _, mask = (t.astype(np.float64) for t in quant.dequantize_ref(host(codes), s[4:7], s[3], s[2], bits=bits,
-                                                                            shape=x.shape))
+        xhat, _, mask = (t.astype(np.float64).reshape(x.shape) for t in quant.dequantize_ref(
+            host(codes), _row_windows(s, windows, M), s[3], s[2], bits=bits, shape=(M, C)))
         sigma, g = s[1].astype(np.float64), s[2].astype(np.float64)
         want_dx, want_dgamma, want_dbeta = layers.batchnorm_relu_backward_ref(da.astype(np.float64), xhat, mask,
                                                                              g, sigma)
