@@ -4,7 +4,7 @@
     python bench/accumulation.py --depths 20,164,1001 --batch 32
     python bench/accumulation.py --quick               # seconds, random data, plot to a temporary folder
 
-For every depth, nets in modes exact, 8 and 4 bits through both windows (gradients.py) and naive
+For every depth, nets in modes exact, 8 and 4 bits through the windows (gradients.py) and naive
 share their initial weights and see the same batch; the relative error ||g - g_exact|| / ||g_exact||
 of each unit's weight gradient is taken. Prints mean and first-unit error per depth and mode, and
 plots error against depth, and along the deepest net, to --plot.
@@ -16,7 +16,7 @@ import numpy as np
 
 from gradients import compile_modes, label, out_path, pyplot_or_none, relative_error, sample_batch, weight_gradients
 
-MODES = "8:fixed,8:range,4:fixed,4:range,naive"
+MODES = "8:fixed,8:range,4:fixed,4:range,4:block,naive"
 
 
 def main(argv=None):

@@ -24,7 +24,7 @@ from gradients import label, store_options
 from minibp import train
 
 DEFAULT_SCHEDULE = "0:0.02,50:0.1,400:0.01,650:0.001"  # warm-up, then steps at 1/2 and 13/16 of 800
-MODES = "exact,4:fixed,4:range,2:fixed,2:range"
+MODES = "exact,4:fixed,4:range,4:block,2:fixed,2:range,2:block"
 
 
 def last_validation(run):

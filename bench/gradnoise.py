@@ -7,7 +7,7 @@
 
 An exact-mode net trains with SGD on bench/accuracy.py's schedule (800 iterations: the last point is the
 end of that schedule); at each point its weights are copied into nets of every mode (k bits through
-the fixed or the range window: gradients.py). Per layer (each unit's conv weights): the error
+the fixed, range or block window: gradients.py). Per layer (each unit's conv weights): the error
 ||g_k - g_exact|| of the approximate gradient on one batch, and the SGD noise: the spread
 sqrt(mean_i ||g_i - mean g||^2) of exact gradients over --batches other batches. The paper reports the
 error one to two orders of magnitude below the noise. Prints, per point and mode, the median and worst
@@ -25,7 +25,7 @@ from minibp import data, quant
 from minibp.optim import SGD
 from minibp.runconfig import learning_rate, parse_schedule
 
-MODES = "8:fixed,8:range,4:fixed,4:range,2:fixed,2:range"
+MODES = "8:fixed,8:range,8:block,4:fixed,4:range,4:block,2:fixed,2:range,2:block"
 
 
 def main(argv=None):

@@ -6,7 +6,9 @@
 //     stats[0] = mean_c      stats[1] = sigma_c = sqrt(var_c + eps)
 //     stats[2] = gamma_c, gamma clamped to >= 1e-8      stats[3] = b_c = beta_c / gamma_c
 //     stats[4:7] = shift_c, width_c, scale_c: the window of channel c's k-bit code (quant.cuh)
-// The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh).
+// The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh), coded
+// through windows (blocks, 3, C): a window per channel for each block of block_rows rows. The fixed and
+// range windows are one block, stats[4:7] (block_rows >= rows); the block window is the unit's own.
 //
 // Layout: blocks walk rows, the threads of a block walk a row's channels. Rows are dealt out in chunks
 // of rows_per_chunk consecutive rows: a block has blockDim.y row lanes (threadIdx.y), the grid

@@ -411,7 +411,8 @@ def batchnorm_relu_forward_ref(x, gamma, beta, *, eps):
 
 
 def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
-    """(dx, dgamma, dbeta) from da, given xhat and the ReLU mask (docs/method.md, "What a unit keeps and its backward pass")."""
+    """(dx, dgamma, dbeta) from da, given xhat and the ReLU mask (docs/method.md, "What a unit keeps and its
+    backward pass")."""
     axes = tuple(range(da.ndim - 1))
     dy = da * mask
     dbeta, dgamma = dy.sum(axis=axes), (dy * xhat).sum(axis=axes)

@@ -113,7 +113,7 @@ class Net(Chain):
     def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, seed=0, training=True, input_grad=False,
                 conv="gemm"):
         """Allocate the arena for a step at this batch and store; `window` is the k-bit codes' window
-        ("range" or "fixed", quant.py; the naive ablation's is fixed). The first compile initialises the
+        ("range", "block" or "fixed", quant.py; the naive ablation's is fixed). The first compile initialises the
         parameters (initialize(seed=...)); a later one keeps the trained state. conv="gemm" (both devices)
         or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier; cudnn_conv.py)."""
         if conv not in ("gemm", "cudnn"):

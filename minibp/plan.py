@@ -22,7 +22,7 @@ import sys
 from . import backend, models
 from .arena import format_bytes
 from .params import key
-from .quant import BITS
+from .quant import BITS, DEFAULT_WINDOW, WINDOWS
 
 SHAPES = {"cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100), "fashion-mnist": ((28, 28, 1), 10),
           "imagenet": ((224, 224, 3), 1000)}
@@ -55,14 +55,15 @@ def check_budget(budget):
     return int(budget)
 
 
-def largest_batch(net, *, bits, budget, training=True):
+def largest_batch(net, *, bits, budget, training=True, window=DEFAULT_WINDOW):
     """The largest batch (at most MAX_BATCH) whose arena fits the budget; 0 if not even one image fits.
 
     The arena grows with the batch, monotonically and nearly linearly (alignment padding and reduction
     chunks aside): plans at batch 1 and FAR predict the answer, a bracket widened from the prediction by
     doubling steps and then a bisection pin it down in O(log(error)) more plans, whatever the budget."""
     budget = check_budget(budget)
-    allocation = lambda batch: net.plan(batch=batch, bits=bits, training=training).allocation_bytes  # noqa: E731
+    allocation = lambda batch: net.plan(batch=batch, bits=bits, window=window,  # noqa: E731
+                                        training=training).allocation_bytes
     fits = lambda batch: allocation(batch) <= budget  # noqa: E731
     one = allocation(1)
     if one > budget:
@@ -92,15 +93,15 @@ def unit_rows(net, plan):
             if key(u.index, "store") in plan]
 
 
-def report(net, *, model, batch, bits, budget=None):
-    plan = net.plan(batch=batch, bits=bits)
+def report(net, *, model, batch, bits, window=DEFAULT_WINDOW, budget=None):
+    plan = net.plan(batch=batch, bits=bits, window=window)
     result = dict(model=model, batch=batch, bits=bits, units=len(net.units), parameters=net.num_parameters,
                   categories=plan.bytes_by_category(), total_bytes=plan.total_bytes,
                   allocation_bytes=plan.allocation_bytes,
                   unit_stores=[dict(unit=i, input_shape=list(s), bytes=b) for i, s, b in unit_rows(net, plan)])
     if budget is not None:
         result["budget_bytes"] = budget
-        result["largest_batch"] = {m: largest_batch(net, bits=m, budget=budget) for m in BITS}
+        result["largest_batch"] = {m: largest_batch(net, bits=m, window=window, budget=budget) for m in BITS}
     return plan, result
 
 
@@ -124,6 +125,7 @@ def main(argv=None):
                         help="input shape and classes; imagenet: 224x224x3, 1000 classes and the ImageNet ResNets")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--bits", choices=list(BITS), default="4")
+    parser.add_argument("--window", choices=list(WINDOWS), default=DEFAULT_WINDOW, help="the k-bit codes' window")
     parser.add_argument("--units", action="store_true", help="also list every unit's store")
     parser.add_argument("--budget", help="e.g. 11GiB: print the largest batch that fits, for each store")
     parser.add_argument("--device", choices=["cpu", "gpu"], help="plan for this device's code paths "
@@ -138,7 +140,8 @@ def main(argv=None):
         if args.batch < 1:
             raise ValueError("--batch must be positive")
         with planning_for(args.device or backend.device):
-            plan, result = report(net, model=args.model, batch=args.batch, bits=args.bits, budget=budget)
+            plan, result = report(net, model=args.model, batch=args.batch, bits=args.bits, window=args.window,
+                                  budget=budget)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

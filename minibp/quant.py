@@ -9,7 +9,8 @@ c has a window (shift_c, width_c, scale_c = 1/width_c), shift_c a whole number:
     xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)                  what the backward pass reads
 
 Zero is a bin edge (shift is whole), so the mask is exact: for every v under the fixed window, and for
-the values a range window was taken from (which are the values a unit codes). WINDOWS names the two:
+the values a range or block window was taken from (which are the values a unit codes). WINDOWS names
+the three:
 
   fixed   the paper's: width 6/K, shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1), so v is coded within
           about b +- 3 (xhat within +-3 sigma) and clipped beyond. The paper's code clamps shift only
@@ -23,6 +24,9 @@ the values a range window was taken from (which are the values a unit codes). WI
           outside [1, K-1] (shift <= 0: every mask 1, shift >= K: every mask 0). The width is floored
           at 2^-20 of the largest |u| (and 1e-30), which keeps |u| * scale + K within float32's
           whole numbers (2^24).
+  block   the range window for each block of BLOCK_ROWS consecutive rows (pixels) of a channel, from the
+          block's own least and largest v: a unit keeps (blocks(M), 3, C) windows, row r coded through
+          block r // BLOCK_ROWS's (row_windows_ref).
 
 Codes are packed 8/k to a byte, the first element in the most significant bits (at k = 4: element i
 in the high nibble, i+1 in the low one); C is a multiple of 8/k, so a byte never straddles two rows.

@@ -59,8 +59,8 @@ def build_parser(*, description=None):
     p.add_argument("--bits", choices=list(BITS), default="4",
                    help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)")
     p.add_argument("--window", choices=list(WINDOWS), default=DEFAULT_WINDOW,
-                   help=f"the k-bit codes' window per channel: range (the batch's range of values) or fixed "
-                        f"(the paper's, +-3 sigma); default {DEFAULT_WINDOW}")
+                   help=f"the k-bit codes' window per channel: range (the batch's range of values), block (each "
+                        f"256 pixels' range) or fixed (the paper's, +-3 sigma); default {DEFAULT_WINDOW}")
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--split", type=int, default=1, help="sub-batches a batch is computed in (gradients accumulate)")
     p.add_argument("--iters", type=int, default=64000, help="iterations in all (default 64000)")

@@ -79,10 +79,11 @@ def compile_within_memory(net, *, batch, bits, hint="lower --batch, or compute i
     """net.compile(batch=, bits=, **options), after checking that its plan fits the memory available now;
     the refusal gives the plan's size and the largest batch that fits."""
     training = options.get("training", True)
-    plan = net.plan(batch=batch, bits=bits, training=training)
+    window = options.get("window", DEFAULT_WINDOW)
+    plan = net.plan(batch=batch, bits=bits, window=window, training=training)
     available = backend.available_memory()
     if available is not None and plan.allocation_bytes > available:
-        fits = largest_batch(net, bits=bits, budget=available, training=training) if available > 0 else 0
+        fits = largest_batch(net, bits=bits, window=window, budget=available, training=training) if available > 0 else 0
         raise ValueError(f"a batch of {batch} needs {format_bytes(plan.allocation_bytes)} but {backend.device} has "
                          f"{format_bytes(available)} available: the largest batch that fits is {fits} ({hint})")
     return net.compile(batch=batch, bits=bits, **options)

@@ -101,6 +101,20 @@ def test_every_launch_shape_gives_the_same_bytes(bits, rows, C):
                 assert np.array_equal(got[name], want[name]), (name, grid, block, per_chunk)
 
 
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_the_block_window_gives_the_same_bytes_for_every_launch_shape(bits):
+    """Rows read their block's window whatever lane or chunk holds them: 1000 rows, four blocks."""
+    rows, C = 1000, 24
+    arrays = _case(rows, C, bits, window="block")
+    assert arrays["windows"].shape == (4, 3, C) and arrays["block_rows"] == quant.BLOCK_ROWS
+    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))
+    for grid, block in LAUNCHES:
+        for per_chunk in ROWS_PER_CHUNK:
+            got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=per_chunk))
+            for name in want:
+                assert np.array_equal(got[name], want[name]), (name, grid, block, per_chunk)
+
+
 @pytest.mark.parametrize("bits", [4, 2])
 def test_the_naive_forward_is_the_same_for_every_launch_shape(bits):
     rows, C = 5, 24

@@ -2,7 +2,9 @@
 import numpy as np
 import pytest
 
-from minibp import backend, models
+from minibp import backend, layers, models, quant
+from minibp.params import key
+from conftest import device, host
 
 
 def _gradients(bits, window, images, labels):
@@ -33,3 +35,48 @@ def test_window_option_is_checked_and_the_naive_ablation_keeps_the_papers():
         net.compile(batch=4, bits=4, window="sigma")
     assert net.compile(batch=4, bits="naive", window="range").window == "fixed"
     assert net.compile(batch=4, bits=4).window == "range"  # the default
+
+
+def test_the_block_window_fits_each_block_of_rows():
+    """Two blocks of rows, one spread 100x wider than the other: the range window's bins are set by the wide
+    block, the block window's by each block's own, so the narrow block's xhat~ is far closer to exact."""
+    rng = np.random.default_rng(1)
+    rows, C, bits = 2 * quant.BLOCK_ROWS, 8, 4
+    x = rng.standard_normal((rows, C)).astype(np.float32)
+    x[quant.BLOCK_ROWS:] *= 100
+    gamma, beta = np.ones(C, np.float32), np.zeros(C, np.float32)
+    error = {}
+    for window in ("range", "block"):
+        stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
+        windows = device(np.zeros((quant.blocks(rows), 3, C), np.float32)) if window == "block" else None
+        extremes = layers.batchnorm_statistics(device(x), stats, partial=device(np.zeros(4 * rows * C, np.float32)),
+                                               window=window)
+        layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window,
+                                      extremes=extremes, windows=windows)
+        codes = device(np.zeros(rows * C * bits // 8, np.uint8))
+        layers.batchnorm_relu_forward(device(x), stats, device(beta), device(np.zeros((rows, C), np.float32)),
+                                      bits=bits, codes=codes, windows=windows)
+        s = host(stats)
+        table = s[4:7] if windows is None else quant.row_windows_ref(host(windows), rows)
+        xhat_t = quant.dequantize_ref(host(codes), table, s[3], s[2], bits=bits, shape=(rows, C))[0]
+        xhat = (x - s[0]) / s[1]
+        narrow = slice(0, quant.BLOCK_ROWS)
+        error[window] = np.linalg.norm(xhat_t[narrow] - xhat[narrow]) / np.linalg.norm(xhat[narrow])
+    assert error["block"] < error["range"] / 10, error
+
+
+def test_the_plan_holds_the_block_windows_with_the_store():
+    """(blocks, 3, C) windows a unit, in the activation stores: at most 0.375/k more than the codes."""
+    net = models.preact_resnet(11, input_shape=(8, 8, 1), classes=10)
+    plans = {w: net.plan(batch=16, bits=4, window=w) for w in ("range", "block")}
+    extra = (plans["block"].bytes_by_category()["activation stores"]
+             - plans["range"].bytes_by_category()["activation stores"])
+    units = [u for u in net.units if key(u.index, "windows") in plans["block"]]
+    windows = [plans["block"][key(u.index, "windows")] for u in units]
+    assert len(units) == sum(key(u.index, "store") in plans["block"] for u in net.units) > 0
+    for u, w in zip(units, windows):
+        H, W, C = u.in_shape
+        assert w.shape == (quant.blocks(16 * H * W), 3, C), (u.index, w.shape)
+    assert extra == sum(w.nbytes for w in windows) > 0
+    assert net.compile(batch=16, bits=4, window="block").window == "block"
+    assert net.compile(batch=16, bits="exact", window="block").window == "fixed"  # exact codes nothing
