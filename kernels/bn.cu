@@ -170,10 +170,11 @@ extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chun
 // the code's windows (blocks, 3, C) (none when bits = 0): fixed, or (range) from extremes (2, blocks, C), the least
 // and largest x of each block of rows, narrowed to b +- clip. One thread per channel. The range window's [lo, hi]
 // is v of those x computed as the forward pass computes v, so that every v of the block lies within it.
-// (extremes and windows may overlap: a thread reads its channel's extremes before it writes its windows.)
+// (stats, extremes and windows may overlap, hence no __restrict__: the range window's are rows of stats, and
+// a thread reads its channel's extremes before it writes its windows.)
 extern "C" __global__ void batchnorm_coefficients(int C, int blocks, int bits, int range, float clip, real_t eps,
                                                   const real_t* __restrict__ gamma, const real_t* __restrict__ beta,
-                                                  real_t* __restrict__ stats, const real_t* extremes, real_t* windows) {
+                                                  real_t* stats, const real_t* extremes, real_t* windows) {
     GRID_STRIDE_LOOP(c, C) {
         SIGMA(c) = sqrt(SIGMA(c) + eps);
         const real_t g = gamma[c] < (real_t)1e-8 ? (real_t)1e-8 : gamma[c];  // (NaN passes through)

@@ -55,3 +55,14 @@ def test_quick_runs_write_no_committed_result():
         written = out.split("wrote ")[-1].strip()
         assert written and Path(written).exists() and results not in Path(written).resolve().parents
     assert {p: p.read_bytes() for p in results.glob("*.png")} == before
+
+
+def test_bounds_bench_quick():
+    """The floor it prints holds: no quantizer below the rate-distortion bound, Lloyd-Max at or below the
+    best uniform one, which is at or below the paper's window."""
+    out = run("bench/bounds.py", "--quick")
+    for k in (2, 4):
+        line = next(l for l in out.splitlines() if l.split()[:1] == [str(k)])
+        tokens = line.split()  # k, fixed, then each error followed by its "(ratio)"
+        fixed, uniform, lloyd, bound = (float(tokens[i]) for i in (1, 2, 4, 6))
+        assert bound == 2.0 ** -k < lloyd <= uniform * 1.001 <= fixed * 1.001, line
