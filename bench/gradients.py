@@ -25,6 +25,13 @@ def label(mode):
     return options["bits"] if options["bits"] in ("exact", "naive") else f"{options['bits']} {options['window']}"
 
 
+def line_style(mode):
+    """Plot style of a mode: a colour per store precision, a line style per window."""
+    options = store_options(mode)
+    color = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}[options["bits"]]
+    return dict(color=color, ls={"fixed": ":", "range": "--", "block": "-"}[options["window"]])
+
+
 def sample_batch(data_name, data_dir, *, quick, batch, seed=0):
     """(images float32 (N, H, W, C) normalised, labels (N,), classes): a random batch of a real training
     split, or random 8x8 data when quick (so the smoke run needs no data set)."""

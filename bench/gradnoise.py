@@ -20,7 +20,7 @@ import sys
 import numpy as np
 
 from accuracy import DEFAULT_SCHEDULE
-from gradients import compile_modes, copy_weights, label, out_path, pyplot_or_none, weight_gradients
+from gradients import compile_modes, copy_weights, label, line_style, out_path, pyplot_or_none, weight_gradients
 from minibp import data, quant
 from minibp.optim import SGD
 from minibp.runconfig import learning_rate, parse_schedule
@@ -98,9 +98,8 @@ def main(argv=None):
     if plt is not None:
         fig, axes = plt.subplots(1, len(points), figsize=(4 * len(points), 3.6), sharey=True, squeeze=False)
         for ax, point in zip(axes[0], points):
-            for i, mode in enumerate(modes):
-                ax.plot(ratios[point, mode], "-" if mode.endswith("range") else "--", color=f"C{i // 2}",
-                        label=f"{label(mode)}")
+            for mode in modes:
+                ax.plot(ratios[point, mode], label=f"{label(mode)}", **line_style(mode))
             ax.axhline(1.0, color="k", lw=0.8)
             ax.axhline(0.1, color="k", lw=0.5, ls=":")
             ax.set(title=f"iteration {point}", xlabel="layer (unit)", yscale="log")
