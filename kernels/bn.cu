@@ -166,31 +166,37 @@ extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chun
     else channel_sums_rows<0>(rows, C, rows_per_chunk, extremes != 0, x, shift, partial);
 }
 
-// Given the batch mean and variance in stats[0], stats[1]: sigma, the clamped gamma and b into stats[1:4], and
-// the code's windows (blocks, 3, C) (none when bits = 0): fixed, or (range) from extremes (2, blocks, C), the least
-// and largest x of each block of rows, narrowed to b +- clip. One thread per channel. The range window's [lo, hi]
-// is v of those x computed as the forward pass computes v, so that every v of the block lies within it.
-// (stats, extremes and windows may overlap, hence no __restrict__: the range window's are rows of stats, and
-// a thread reads its channel's extremes before it writes its windows.)
-extern "C" __global__ void batchnorm_coefficients(int C, int blocks, int bits, int range, float clip, real_t eps,
-                                                  const real_t* __restrict__ gamma, const real_t* __restrict__ beta,
-                                                  real_t* stats, const real_t* extremes, real_t* windows) {
+// Given the batch mean and variance in stats[0], stats[1]: sigma, the clamped gamma and b into stats[1:4].
+// One thread per channel.
+extern "C" __global__ void batchnorm_coefficients(int C, real_t eps, const real_t* __restrict__ gamma,
+                                                  const real_t* __restrict__ beta, real_t* __restrict__ stats) {
     GRID_STRIDE_LOOP(c, C) {
         SIGMA(c) = sqrt(SIGMA(c) + eps);
         const real_t g = gamma[c] < (real_t)1e-8 ? (real_t)1e-8 : gamma[c];  // (NaN passes through)
         GAMMA(c) = g;
         B(c) = beta[c] / g;
-        for (int i = 0; bits && i < blocks; ++i) {
-            float shift, width, scale;
-            if (range)
-                quant_window_range((float)(xhat_of(extremes[i * C + c], c, C, stats) + B(c)),
-                                   (float)(xhat_of(extremes[(blocks + i) * C + c], c, C, stats) + B(c)), (float)B(c),
-                                   clip, bits, &shift, &width, &scale);
-            else
-                quant_window_fixed((float)B(c), bits, &shift, &width, &scale);
-            real_t* win = windows + i * 3 * C;
-            SHIFT(c) = shift, WIDTH(c) = width, SCALE(c) = scale;
-        }
+    }
+}
+
+// The code's windows (blocks, 3, C) from stats[0:4] (batchnorm_coefficients): fixed, or (range) from extremes
+// (2, blocks, C), the least and largest x of each block of rows, narrowed to b +- clip. One thread per block
+// and channel. The range window's [lo, hi] is v of those x computed as the forward pass computes v, so that
+// every v of the block lies within it. (extremes and windows may overlap, hence no __restrict__: the range
+// window's are rows of stats, and a thread reads its extremes before it writes its window.)
+extern "C" __global__ void code_windows(int C, int blocks, int bits, int range, float clip,
+                                        const real_t* __restrict__ stats, const real_t* extremes, real_t* windows) {
+    GRID_STRIDE_LOOP(i, (long long)blocks * C) {
+        const int c = (int)(i % C);
+        const long long block = i / C;
+        float shift, width, scale;
+        if (range)
+            quant_window_range((float)(xhat_of(extremes[block * C + c], c, C, stats) + B(c)),
+                               (float)(xhat_of(extremes[(blocks + block) * C + c], c, C, stats) + B(c)), (float)B(c),
+                               clip, bits, &shift, &width, &scale);
+        else
+            quant_window_fixed((float)B(c), bits, &shift, &width, &scale);
+        real_t* win = windows + block * 3 * C;
+        SHIFT(c) = shift, WIDTH(c) = width, SCALE(c) = scale;
     }
 }
 

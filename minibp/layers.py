@@ -318,17 +318,19 @@ def batchnorm_statistics(x, stats, *, partial, window="fixed"):
 def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None):
     """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:4], gamma clamped
     to >= 1e-8 and b = beta / gamma, and at k bits the code's windows (_windows: stats[4:7] or the block
-    windows), fixed or from the extremes that batchnorm_statistics returned. One kernel."""
+    windows), fixed or from the extremes that batchnorm_statistics returned. Two kernels."""
     C = gamma.shape[0]
     _check_stats(stats, C)
     windows = _windows(stats, windows)
     if check_window(window) != "fixed" and (extremes is None or extremes.shape != (2, windows.shape[0], C)):
         raise ValueError(f"the {window} window needs the extremes of {windows.shape[0]} block(s) of {C} channels "
                          f"(batchnorm_statistics), got {getattr(extremes, 'shape', None)}")
-    clip = quant.RANGE_CLIP.get(bits, np.inf)
-    _k("bn.cu", gamma.dtype).batchnorm_coefficients(C=C, blocks=windows.shape[0], bits=bits, range=window != "fixed",
-                                                     clip=clip, eps=eps, gamma=gamma, beta=beta, stats=stats,
-                                                     extremes=extremes, windows=windows, threads=C)
+    module = _k("bn.cu", gamma.dtype)
+    module.batchnorm_coefficients(C=C, eps=eps, gamma=gamma, beta=beta, stats=stats, threads=C)
+    if bits:
+        blocks = windows.shape[0]
+        module.code_windows(C=C, blocks=blocks, bits=bits, range=window != "fixed", clip=quant.RANGE_CLIP[bits],
+                            stats=stats, extremes=extremes, windows=windows, threads=blocks * C)
 
 
 def _windows(stats, windows):
