@@ -216,11 +216,7 @@ __device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __r
             const float v = (float)(xhat_of(x_row[c], c, C, stats) + B(c));
             a_row[c] = quant_code(v, (float)SHIFT(c), (float)SCALE(c), BITS);
         }
-        GROUP_LOOP(j, C / PER) {
-            int byte = 0;
-            for (int t = 0; t < PER; ++t) byte |= (int)a_row[j * PER + t] << quant_offset<BITS>(t);
-            row_codes[j] = (unsigned char)byte;
-        }
+        GROUP_LOOP(j, C / PER) row_codes[j] = quant_pack_byte<BITS>(a_row + j * PER);
     }
     if (BITS && naive) {  // a~ goes forward instead of a (a NaN still does, so divergence shows)
         CHANNEL_LOOP(c, C) {

@@ -103,15 +103,12 @@ __device__ __forceinline__ int quant_slot(int byte, int t) {
     return (byte >> quant_offset<BITS>(t)) & ((1 << BITS) - 1);
 }
 
-// codes[0 .. C*BITS/8) <- the codes held as numbers in q[0 .. C).
+// The byte of the 8/BITS codes held as numbers in q[0 .. 8/BITS).
 template <int BITS>
-__device__ void quant_pack_row(const real_t* q, unsigned char* codes, int C) {
-    constexpr int per_byte = 8 / BITS;
-    for (int j = 0; j < C / per_byte; ++j) {
-        int byte = 0;
-        for (int t = 0; t < per_byte; ++t) byte |= (int)q[j * per_byte + t] << quant_offset<BITS>(t);
-        codes[j] = (unsigned char)byte;
-    }
+__device__ __forceinline__ unsigned char quant_pack_byte(const real_t* q) {
+    int byte = 0;
+    for (int t = 0; t < 8 / BITS; ++t) byte |= (int)q[t] << quant_offset<BITS>(t);
+    return (unsigned char)byte;
 }
 
 // q[0 .. C) <- the codes of a packed row, as numbers.
@@ -120,10 +117,4 @@ __device__ void quant_unpack_row(const unsigned char* codes, real_t* q, int C) {
     constexpr int per_byte = 8 / BITS;
     for (int j = 0; j < C / per_byte; ++j)
         for (int t = 0; t < per_byte; ++t) q[j * per_byte + t] = (real_t)quant_slot<BITS>(codes[j], t);
-}
-
-// The code of element c of a packed row, for loops with no row of scratch to unpack into.
-template <int BITS>
-__device__ __forceinline__ float quant_code_at(const unsigned char* codes, int c) {
-    return (float)quant_slot<BITS>(codes[c / (8 / BITS)], c % (8 / BITS));
 }
