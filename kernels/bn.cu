@@ -33,7 +33,8 @@
 #define WIDTH(c) win[C + (c)]
 #define SCALE(c) win[2 * C + (c)]
 // The window of row r: windows is (blocks, 3, C), a window per channel for each block of block_rows rows.
-#define ROW_WINDOW(r) (BITS ? windows + (r) / block_rows * 3 * C : nullptr)
+// (One block, the fixed and range windows', costs no division.)
+#define ROW_WINDOW(r) (!BITS ? nullptr : block_rows >= rows ? windows : windows + (r) / block_rows * 3 * C)
 
 // The loops over a row's groups and channels that are this thread's. STEP is a template parameter of
 // the functions below: 1 when a block has one thread (the CPU's launch), so that g++ sees a unit step
@@ -68,6 +69,21 @@ __device__ __forceinline__ real_t xhat_of(real_t x, int c, int C, const real_t* 
     return (x - MEAN(c)) / SIGMA(c);
 }
 
+// xhat and the ReLU mask (as 0 or 1) of element c as the backward pass reads them: from x (exact mode) ...
+__device__ __forceinline__ real_t xhat_from_x(real_t x, int c, int C, const real_t* stats, const real_t* beta,
+                                              real_t* on) {
+    const real_t xhat = xhat_of(x, c, C, stats);
+    *on = GAMMA(c) * xhat + beta[c] > 0 ? (real_t)1 : (real_t)0;  // a select: g++ does not vectorise bool -> float
+    return xhat;
+}
+
+// ... and from the code q (k bits) through its row's window.
+__device__ __forceinline__ real_t xhat_from_code(float q, int c, int C, const real_t* stats, const real_t* win,
+                                                 real_t* on) {
+    *on = quant_mask(q, (float)SHIFT(c)) ? (real_t)1 : (real_t)0;
+    return quant_xhat(q, (float)SHIFT(c), (float)WIDTH(c), B(c));
+}
+
 // body(q, c) for each of this thread's channels c of a row of codes, q the code as a number.
 constexpr int SCRATCH = 128;  // channels a CPU thread decodes at a time
 template <int BITS, int STEP, class Body>
@@ -88,26 +104,6 @@ __device__ __forceinline__ void for_codes(int C, const unsigned char* __restrict
             for (int t = 0; t < PER; ++t) body((float)quant_slot<BITS>(byte, t), j * PER + t);
         }
     }
-}
-
-// body(xhat, on, c) for each of this thread's channels c of a row of the store: xhat and the ReLU mask
-// (on = 0 or 1) as the backward pass reads them, from x (exact mode) or from the codes (k bits).
-template <int BITS, int STEP, class Body>
-__device__ __forceinline__ void for_store(int C, const real_t* __restrict__ x_row,
-                                          const unsigned char* __restrict__ row_codes,
-                                          const real_t* __restrict__ stats, const real_t* __restrict__ win,
-                                          const real_t* __restrict__ beta, Body body) {
-    constexpr int PER = group_size<BITS>();
-    if constexpr (BITS == 0)
-        CHANNEL_LOOP(c, C) {
-            const real_t xhat = xhat_of(x_row[c], c, C, stats);
-            body(xhat, GAMMA(c) * xhat + beta[c] > 0 ? (real_t)1 : (real_t)0, c);  // a select: vectorises
-        }
-    else
-        for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
-            body(quant_xhat(q, (float)SHIFT(c), (float)WIDTH(c), B(c)),
-                 quant_mask(q, (float)SHIFT(c)) ? (real_t)1 : (real_t)0, c);
-        });
 }
 
 // ----------------------------------------------------------------------------- statistics
@@ -293,11 +289,21 @@ __device__ __forceinline__ void backward_sums_row(int C, const real_t* __restric
                                                   const real_t* __restrict__ stats, const real_t* __restrict__ win,
                                                   const real_t* __restrict__ beta, real_t* __restrict__ dbeta,
                                                   real_t* __restrict__ dgamma) {
-    for_store<BITS, STEP>(C, x_row, row_codes, stats, win, beta, [&](real_t xhat, real_t on, int c) {
-        const real_t dy = da_row[c] * on;
-        dbeta[c] += dy;
-        dgamma[c] += dy * xhat;
-    });
+    constexpr int PER = group_size<BITS>();
+    if constexpr (BITS == 0)  // (the two loops spelled out: a shared helper taking a lambda stopped g++ vectorising)
+        CHANNEL_LOOP(c, C) {
+            real_t on;
+            const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on), dy = da_row[c] * on;
+            dbeta[c] += dy;
+            dgamma[c] += dy * xhat;
+        }
+    else
+        for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
+            real_t on;
+            const real_t xhat = xhat_from_code(q, c, C, stats, win, &on), dy = da_row[c] * on;
+            dbeta[c] += dy;
+            dgamma[c] += dy * xhat;
+        });
 }
 
 template <int BITS, int STEP>
@@ -339,11 +345,19 @@ __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict_
                                                 const real_t* __restrict__ beta,
                                                 const real_t* __restrict__ sums, real_t inv_count,
                                                 const real_t* __restrict__ residual_row, real_t* __restrict__ dx_row) {
-    constexpr int PER = group_size<BITS>();  // the residual's loop: the channels this thread wrote
-    for_store<BITS, STEP>(C, x_row, row_codes, stats, win, beta, [&](real_t xhat, real_t on, int c) {
-        const real_t dy = da_row[c] * on;
-        dx_row[c] = GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
-    });
+    constexpr int PER = group_size<BITS>();
+    if constexpr (BITS == 0)
+        CHANNEL_LOOP(c, C) {
+            real_t on;
+            const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on), dy = da_row[c] * on;
+            dx_row[c] = GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
+        }
+    else
+        for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
+            real_t on;
+            const real_t xhat = xhat_from_code(q, c, C, stats, win, &on), dy = da_row[c] * on;
+            dx_row[c] = GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
+        });
     if (residual_row)  // in a loop of its own, which keeps the one above simple enough for g++ to vectorise
         CHANNEL_LOOP(c, C) dx_row[c] += residual_row[c];
 }
