@@ -244,6 +244,8 @@ GPU_MAX_BLOCKS = 4096  # more rows than that covers: the lanes stride over them
 CPU_BLOCKS = 64        # one-thread blocks the CPU's OpenMP threads share: a contiguous run of rows each
 SHIFT_ROWS = 32        # rows, spread over the batch, whose mean is the statistics' shift
 STATS_ROWS = 7         # a unit's statistics table: (7, C), as above
+STATS_CHUNK = 2 * ROWS_PER_CHUNK  # rows a chunk of the statistics' sums; a block window's block is whole chunks
+assert quant.BLOCK_ROWS % STATS_CHUNK == 0
 
 
 def reduction_chunks(rows):
@@ -251,7 +253,7 @@ def reduction_chunks(rows):
     the backward's two sums over chunks of ROWS_PER_CHUNK rows, or the statistics' four (two sums and
     the range window's least and largest x) over chunks twice as long, their count rounded up to an even
     one so that the four fit where two do."""
-    return 2 * -(-rows // (2 * ROWS_PER_CHUNK))
+    return 2 * -(-rows // STATS_CHUNK)
 
 
 def _launch(rows, C, *, bits=0, rows_per_chunk=None):
@@ -302,17 +304,25 @@ def batchnorm_statistics(x, stats, *, partial, window="fixed"):
     rows = x.size // C
     _check_stats(stats, C)
     extremes = check_window(window) != "fixed"
+    # the sums over chunks of STATS_CHUNK rows whatever the window, so that every store's forward pass is the same
+    per_block = quant.BLOCK_ROWS // STATS_CHUNK if window == "block" else 1
     xp.mean(x.reshape(rows, C)[:: -(-rows // SHIFT_ROWS)], axis=0, out=stats[0])
     moments, part = _chunk_sums(_k("bn.cu", x.dtype).channel_sums, rows=rows, C=C, partial=partial,
-                                rows_per_chunk=quant.BLOCK_ROWS if window == "block" else 2 * ROWS_PER_CHUNK,
+                                rows_per_chunk=STATS_CHUNK, chunks_per_block=per_block,
                                 values=4 if extremes else 2, extremes=extremes, x=x, shift=stats[0])
+    if not extremes:
+        least_most = None
+    else:  # (2, blocks, C) after the (2, chunks, C) sums
+        chunks = part.shape[1]
+        blocks = -(-chunks // per_block)
+        least_most = part.reshape(-1)[2 * chunks * C: (2 * chunks + 2 * blocks) * C].reshape(2, blocks, C)
     if window == "range":
-        xp.min(part[2], axis=0, out=stats[5])
-        xp.max(part[3], axis=0, out=stats[6])
+        xp.min(least_most[0], axis=0, out=stats[5])
+        xp.max(least_most[1], axis=0, out=stats[6])
     moments /= rows  # mean(d), mean(d^2)
     stats[0] += moments[0]
     xp.maximum(moments[1] - moments[0] * moments[0], 0, out=stats[1])
-    return {"fixed": None, "range": stats[5:7].reshape(2, 1, C), "block": part[2:4]}[window]
+    return {"fixed": None, "range": stats[5:7].reshape(2, 1, C), "block": least_most}[window]
 
 
 def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None):

@@ -43,7 +43,7 @@ SUPPORTED_BITS = (2, 4, 8)
 BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 # The windows a k-bit store can code through (the API's and CLI's `window`), and the kernels' flag for each.
 WINDOWS = {"fixed": 0, "range": 1, "block": 2}
-DEFAULT_WINDOW = "range"
+DEFAULT_WINDOW = "block"
 # The range (and block) window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
 # (README, RQ4).
 RANGE_CLIP = {8: np.inf, 4: 4.5, 2: 3.0}

@@ -4,7 +4,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from minibp import backend
+from minibp import backend, quant
 from minibp.models import preact_resnet
 from minibp.net import Net
 from minibp.optim import SGD
@@ -59,18 +59,20 @@ def test_exact_mode_equals_ordinary_backprop(rng):
 
 
 def test_forward_in_approximate_modes_is_bit_identical_to_exact(rng):
-    x, y = batch(rng)
+    x, y = batch(rng, n=12)  # 768 rows at 8 x 8: three block windows
     results = {}
-    for mode in ("exact", "8", "4", "2"):
-        net = small_net().compile(batch=4, bits=mode, seed=1)
+    modes = ["exact"] + [f"{k}:{w}" for k in ("8", "4", "2") for w in quant.WINDOWS]  # every store and window
+    for mode in modes:
+        bits, _, window = mode.partition(":")
+        net = small_net().compile(batch=12, bits=bits, window=window or "fixed", seed=1)
         loss, accuracy = net.forward(device(x), y)
         results[mode] = (loss, accuracy, host(net.arena["logits"]).copy(),
                          [host(net.arena["running"]).copy()])
-    for mode in ("8", "4", "2"):
+    for mode in modes[1:]:
         assert results[mode][:2] == results["exact"][:2]
         assert np.array_equal(results[mode][2], results["exact"][2])
         assert all(np.array_equal(a, b) for a, b in zip(results[mode][3], results["exact"][3]))
-    naive = small_net().compile(batch=4, bits="naive", seed=1)
+    naive = small_net().compile(batch=12, bits="naive", seed=1)
     assert naive.forward(device(x), y)[0] != results["exact"][0]  # the ablation does feed a~ forward
 
 
@@ -142,7 +144,7 @@ def test_error_does_not_compound_with_depth_as_naive_quantization_does(rng):
 
 def test_plan_stores_cost_k_over_32_of_exact():
     net = preact_resnet(20)
-    stores = {mode: net.plan(batch=32, bits=mode).bytes_by_category()["activation stores"]
+    stores = {mode: net.plan(batch=32, bits=mode, window="range").bytes_by_category()["activation stores"]
               for mode in ("exact", "8", "4", "2")}
     for bits in (8, 4, 2):
         assert stores[str(bits)] * 32 == stores["exact"] * bits

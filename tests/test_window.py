@@ -34,7 +34,7 @@ def test_window_option_is_checked_and_the_naive_ablation_keeps_the_papers():
     with pytest.raises(ValueError, match="window must be one of"):
         net.compile(batch=4, bits=4, window="sigma")
     assert net.compile(batch=4, bits="naive", window="range").window == "fixed"
-    assert net.compile(batch=4, bits=4).window == "range"  # the default
+    assert net.compile(batch=4, bits=4).window == "block"  # the default
 
 
 def test_the_block_window_fits_each_block_of_rows():
