@@ -132,41 +132,34 @@ __device__ __forceinline__ void channel_extremes_row(int C, const real_t* __rest
 }
 
 template <int STEP>
-__device__ void channel_sums_rows(long long rows, int C, int rows_per_chunk, int chunks_per_block, bool extremes,
+__device__ void channel_sums_rows(long long rows, int C, int rows_per_chunk, bool extremes,
                                   const real_t* __restrict__ x, const real_t* __restrict__ shift,
                                   real_t* __restrict__ partial) {
     constexpr int PER = 1;
     const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
-    const long long blocks = (chunks + chunks_per_block - 1) / chunks_per_block;
-    CHUNK_LOOP(block, blocks) {  // a lane takes a block of chunks: one row of extremes, a row of sums a chunk
-        real_t* least = partial + (2 * chunks + block) * C;
-        real_t* most = partial + (2 * chunks + blocks + block) * C;
-        if (extremes) CHANNEL_LOOP(c, C) least[c] = most[c] = x[block * chunks_per_block * rows_per_chunk * C + c];
-        for (long long chunk = block * chunks_per_block; chunk < chunks && chunk < (block + 1) * chunks_per_block;
-             ++chunk) {
-            real_t* sum = partial + chunk * C;
-            real_t* sum_sq = partial + (chunks + chunk) * C;
-            CHANNEL_LOOP(c, C) sum[c] = sum_sq[c] = 0;
-            CHUNK_ROWS(r, chunk, rows, rows_per_chunk) {
-                channel_sums_row<STEP>(C, x + r * C, shift, sum, sum_sq);
-                if (extremes) channel_extremes_row<STEP>(C, x + r * C, least, most);
-            }
+    CHUNK_LOOP(chunk, chunks) {
+        real_t* sum = partial + chunk * C;
+        real_t* sum_sq = partial + (chunks + chunk) * C;
+        real_t* least = partial + (2 * chunks + chunk) * C;
+        real_t* most = partial + (3 * chunks + chunk) * C;
+        CHANNEL_LOOP(c, C) sum[c] = sum_sq[c] = 0;
+        if (extremes) CHANNEL_LOOP(c, C) least[c] = most[c] = x[chunk * rows_per_chunk * C + c];
+        CHUNK_ROWS(r, chunk, rows, rows_per_chunk) {
+            channel_sums_row<STEP>(C, x + r * C, shift, sum, sum_sq);
+            if (extremes) channel_extremes_row<STEP>(C, x + r * C, least, most);
         }
     }
 }
 
-// partial[0, chunk, c] = sum over the chunk's rows of x - shift, partial[1, chunk, c] of (x - shift)^2: the
-// (2, chunks, C) sums. With extremes they are followed by the (2, blocks, C) least and largest x of each block
-// of chunks_per_block chunks (for the range windows), so that the sums are those of any other window. With the
-// shift near the mean (layers.py: the mean of rows spread over the batch) one pass gives the variance without
-// the cancellation of a large mean.
-extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, int chunks_per_block,
-                                        int extremes, const real_t* __restrict__ x, const real_t* __restrict__ shift,
+// partial[0, chunk, c] = sum over the chunk's rows of x - shift, partial[1, chunk, c] of (x - shift)^2,
+// and with extremes partial[2, chunk, c], partial[3, chunk, c] the chunk's least and largest x (for the
+// range windows): partial is (2 or 4, chunks, C). With the shift near the mean (layers.py: the mean of
+// rows spread over the batch) one pass gives the variance without the cancellation of a large mean.
+extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, int extremes,
+                                        const real_t* __restrict__ x, const real_t* __restrict__ shift,
                                         real_t* __restrict__ partial) {
-    if (blockDim.x == 1)
-        channel_sums_rows<1>(rows, C, rows_per_chunk, chunks_per_block, extremes != 0, x, shift, partial);
-    else
-        channel_sums_rows<0>(rows, C, rows_per_chunk, chunks_per_block, extremes != 0, x, shift, partial);
+    if (blockDim.x == 1) channel_sums_rows<1>(rows, C, rows_per_chunk, extremes != 0, x, shift, partial);
+    else channel_sums_rows<0>(rows, C, rows_per_chunk, extremes != 0, x, shift, partial);
 }
 
 // Given the batch mean and variance in stats[0], stats[1]: sigma, the clamped gamma and b into stats[1:4].
@@ -182,22 +175,31 @@ extern "C" __global__ void batchnorm_coefficients(int C, real_t eps, const real_
 }
 
 // The code's windows (blocks, 3, C) from stats[0:4] (batchnorm_coefficients): fixed, or (range) from extremes
-// (2, blocks, C), the least and largest x of each block of rows, narrowed to b +- clip. One thread per block
-// and channel. The range window's [lo, hi] is v of those x computed as the forward pass computes v, so that
-// every v of the block lies within it. (extremes and windows may overlap, hence no __restrict__: the range
-// window's are rows of stats, and a thread reads its extremes before it writes its window.)
-extern "C" __global__ void code_windows(int C, int blocks, int bits, int range, float clip,
-                                        const real_t* __restrict__ stats, const real_t* extremes, real_t* windows) {
+// (2, chunks, C), the least and largest x of each chunk of rows, a block being chunks_per_block chunks, its
+// [lo, hi] narrowed to b +- clip. One thread per block and channel. [lo, hi] is v of those x computed as the
+// forward pass computes v, so that every v of the block lies within it. (extremes and windows may overlap,
+// hence no __restrict__: the range window's are rows of stats, and a thread reads its extremes before it
+// writes its window.)
+extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunks_per_block, int bits, int range,
+                                        float clip, const real_t* __restrict__ stats, const real_t* extremes,
+                                        real_t* windows) {
     GRID_STRIDE_LOOP(i, (long long)blocks * C) {
         const int c = (int)(i % C);
         const long long block = i / C;
         float shift, width, scale;
-        if (range)
-            quant_window_range((float)(xhat_of(extremes[block * C + c], c, C, stats) + B(c)),
-                               (float)(xhat_of(extremes[(blocks + block) * C + c], c, C, stats) + B(c)), (float)B(c),
-                               clip, bits, &shift, &width, &scale);
-        else
+        if (range) {
+            const long long first = block * chunks_per_block;
+            real_t least = extremes[first * C + c], most = extremes[(chunks + first) * C + c];
+            for (long long k = first + 1; k < chunks && k < first + chunks_per_block; ++k) {
+                const real_t lo = extremes[k * C + c], hi = extremes[(chunks + k) * C + c];
+                least = lo < least ? lo : least;
+                most = hi > most ? hi : most;
+            }
+            quant_window_range((float)(xhat_of(least, c, C, stats) + B(c)), (float)(xhat_of(most, c, C, stats) + B(c)),
+                               (float)B(c), clip, bits, &shift, &width, &scale);
+        } else {
             quant_window_fixed((float)B(c), bits, &shift, &width, &scale);
+        }
         real_t* win = windows + block * 3 * C;
         SHIFT(c) = shift, WIDTH(c) = width, SCALE(c) = scale;
     }

@@ -8,13 +8,14 @@
 //     mask  = q >= shift                                       (= v >= 1e-6, the ReLU's sign)
 //     xhat~ = vhat - b,   a~ = relu(gamma*vhat)                what the backward pass reads
 // shift is a whole number, so zero is a bin edge and the mask is exact (under a range window, for the values
-// it was taken from: the batch the unit codes). Two windows:
+// it was taken from: the block of the batch it codes). The windows:
 //   fixed (the paper's): width 6/K, shift = clamp(K/2 - floor(b*K/6), 1, K-1): v within about b +- 3,
 //     values beyond clipped to the end bins. The paper's code clamps shift only at 1; the cap at K-1
 //     keeps zero inside the code range, so a channel with very negative b keeps its positive values' mask.
 //   range: the batch's own [lo, hi] of v in the channel (from its min and max of x), narrowed to
 //     b +- clip (per k: minibp/quant.py's RANGE_CLIP); zero may fall outside the codes when the whole
-//     channel has one sign (shift <= 0: every mask 1; shift >= K: every mask 0).
+//     channel has one sign (shift <= 0: every mask 1; shift >= K: every mask 0). The block window is the
+//     range window of each block of 256 rows (bn.cu's windows).
 // All float32 arithmetic that CPU, GPU and NumPy round alike (no FMA contraction, no fast math).
 //
 // A row of C channels (C a multiple of 8/k) packs into C*k/8 bytes, 8/k codes a byte, the row's first

@@ -233,7 +233,8 @@ def col2im_ref(col, x_shape, kh, kw, stride, pad_top, pad_left, Ho, Wo):
 # ----------------------------------------------------------------------------- batch norm + ReLU
 #
 # stats is a unit's (7, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma, and
-# the window (shift, width, scale) of channel c's k-bit code (kernels/bn.cu, minibp/quant.py).
+# the window (shift, width, scale) of channel c's k-bit code (kernels/bn.cu, minibp/quant.py) under the
+# fixed and range windows; the block window's are the unit's own (blocks, 3, C) windows (_windows).
 # The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b.
 #
 # The kernels' layout (kernels/bn.cu): blocks walk rows in chunks, a block's threads walk a row's groups
@@ -251,8 +252,8 @@ assert quant.BLOCK_ROWS % STATS_CHUNK == 0
 def reduction_chunks(rows):
     """The scratch `partial` of a reduction over `rows` rows holds 2 * reduction_chunks(rows) * C values:
     the backward's two sums over chunks of ROWS_PER_CHUNK rows, or the statistics' four (two sums and
-    the range window's least and largest x) over chunks twice as long, their count rounded up to an even
-    one so that the four fit where two do."""
+    the range windows' least and largest x) over chunks twice as long (STATS_CHUNK), their count rounded
+    up to an even one so that the four fit where two do."""
     return 2 * -(-rows // STATS_CHUNK)
 
 
@@ -293,8 +294,8 @@ def _check_stats(stats, C):
 def batchnorm_statistics(x, stats, *, partial, window="fixed"):
     """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1]; partial is
     (>= 2 * reduction_chunks(rows) * C,) scratch. Returns the extremes a window is taken from, the least and
-    largest x per channel as (2, blocks, C): the batch's (range: in stats[5:7], blocks = 1), each block's of
-    quant.BLOCK_ROWS rows (block: in partial, read before partial is used again), or None (fixed).
+    largest x per channel as (2, chunks, C): the batch's (range: in stats[5:7], chunks = 1), each chunk's of
+    STATS_CHUNK rows (block: in partial, read before partial is used again), or None (fixed).
 
     One pass over x: the sums of d = x - s and d^2, with s the mean of SHIFT_ROWS rows spread over the
     batch (other images: a shift near the mean), so that var = mean(d^2) - mean(d)^2 keeps its digits.
@@ -304,43 +305,38 @@ def batchnorm_statistics(x, stats, *, partial, window="fixed"):
     rows = x.size // C
     _check_stats(stats, C)
     extremes = check_window(window) != "fixed"
-    # the sums over chunks of STATS_CHUNK rows whatever the window, so that every store's forward pass is the same
-    per_block = quant.BLOCK_ROWS // STATS_CHUNK if window == "block" else 1
     xp.mean(x.reshape(rows, C)[:: -(-rows // SHIFT_ROWS)], axis=0, out=stats[0])
-    moments, part = _chunk_sums(_k("bn.cu", x.dtype).channel_sums, rows=rows, C=C, partial=partial,
-                                rows_per_chunk=STATS_CHUNK, chunks_per_block=per_block,
-                                values=4 if extremes else 2, extremes=extremes, x=x, shift=stats[0])
-    if not extremes:
-        least_most = None
-    else:  # (2, blocks, C) after the (2, chunks, C) sums
-        chunks = part.shape[1]
-        blocks = -(-chunks // per_block)
-        least_most = part.reshape(-1)[2 * chunks * C: (2 * chunks + 2 * blocks) * C].reshape(2, blocks, C)
+    moments, part = _chunk_sums(_k("bn.cu", x.dtype).channel_sums, rows=rows, C=C, rows_per_chunk=STATS_CHUNK,
+                                partial=partial, values=4 if extremes else 2, extremes=extremes, x=x, shift=stats[0])
     if window == "range":
-        xp.min(least_most[0], axis=0, out=stats[5])
-        xp.max(least_most[1], axis=0, out=stats[6])
+        xp.min(part[2], axis=0, out=stats[5])
+        xp.max(part[3], axis=0, out=stats[6])
     moments /= rows  # mean(d), mean(d^2)
     stats[0] += moments[0]
     xp.maximum(moments[1] - moments[0] * moments[0], 0, out=stats[1])
-    return {"fixed": None, "range": stats[5:7].reshape(2, 1, C), "block": least_most}[window]
+    return {"fixed": None, "range": stats[5:7].reshape(2, 1, C), "block": part[2:4]}[window]
 
 
 def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None):
     """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:4], gamma clamped
     to >= 1e-8 and b = beta / gamma, and at k bits the code's windows (_windows: stats[4:7] or the block
-    windows), fixed or from the extremes that batchnorm_statistics returned. Two kernels."""
+    windows), fixed or from the extremes that batchnorm_statistics returned. A kernel for the coefficients, and
+    at k bits one for the windows, a thread per block and channel."""
     C = gamma.shape[0]
     _check_stats(stats, C)
     windows = _windows(stats, windows)
-    if check_window(window) != "fixed" and (extremes is None or extremes.shape != (2, windows.shape[0], C)):
-        raise ValueError(f"the {window} window needs the extremes of {windows.shape[0]} block(s) of {C} channels "
+    blocks, per_block = windows.shape[0], quant.BLOCK_ROWS // STATS_CHUNK if window == "block" else 1
+    chunks = 0 if extremes is None else extremes.shape[1]  # (2, chunks, C): a block is per_block chunks
+    if check_window(window) != "fixed" and (extremes is None or extremes.shape != (2, chunks, C)
+                                            or -(-chunks // per_block) != blocks):
+        raise ValueError(f"the {window} window needs the extremes of {blocks} block(s) of {C} channels "
                          f"(batchnorm_statistics), got {getattr(extremes, 'shape', None)}")
     module = _k("bn.cu", gamma.dtype)
     module.batchnorm_coefficients(C=C, eps=eps, gamma=gamma, beta=beta, stats=stats, threads=C)
     if bits:
-        blocks = windows.shape[0]
-        module.code_windows(C=C, blocks=blocks, bits=bits, range=window != "fixed", clip=quant.RANGE_CLIP[bits],
-                            stats=stats, extremes=extremes, windows=windows, threads=blocks * C)
+        module.code_windows(C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits,
+                            range=window != "fixed", clip=quant.RANGE_CLIP[bits], stats=stats, extremes=extremes,
+                            windows=windows, threads=blocks * C)
 
 
 def _windows(stats, windows):

@@ -31,7 +31,7 @@ from .quant import DEFAULT_WINDOW, check_window, parse_bits
 from .units import Step
 
 
-# The net's own buffers, beside the units' (each unit's store and statistics, units.py):
+# The net's own buffers, beside the units' (each unit's store, block windows and statistics, units.py):
 #   input (N, H, W, C), labels (N,), logits / dlogits (N, classes)       the batch and the loss
 #   act0, act1 (max unit output or input)                                 unit outputs, then gradients, in turn
 #   residual (max saved input or projection output)                      the outstanding residual (and its grad)
@@ -71,7 +71,8 @@ class Net(Chain):
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
         _, k, naive = parse_bits(bits)
-        window = check_window(window) if k and not naive else "fixed"  # exact codes nothing; naive is the paper's
+        check_window(window)
+        window = window if k and not naive else "fixed"  # exact codes nothing; naive is the paper's
         N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
         checks.check_channels(units, k)
         plan = Plan()

@@ -1,10 +1,11 @@
 """Units: the links of a net's chain, each owning its forward and backward pass.
 
 A unit declares, once, what it needs: its parameters (`parameters()`), its own buffers (`own_buffers()`:
-the activation store and the batch-norm statistics) and how much of each shared buffer it uses
-(`shared_sizes()`). The net turns these declarations into the one plan table (net.py's `key()` names
-them "unit<i>.<role>"), allocates it, and hands every unit its views (`bind()`); a unit reads its
-arrays by role, as `self.p["w"]`, `self.own["store"]`. Nothing else spells a buffer name.
+the activation store, the block window's windows and the batch-norm statistics) and how much of each
+shared buffer it uses (`shared_sizes()`). The net turns these declarations into the one plan table
+(net.py's `key()` names them "unit<i>.<role>"), allocates it, and hands every unit its views (`bind()`);
+a unit reads its arrays by role, as `self.p["w"]`, `self.own["store"]` (the roles a unit may own:
+params.OWN_ROLES). Nothing else spells a buffer name.
 
     ConvUnit      [BN -> ReLU, writing the k-bit store] -> [pool] -> conv [-> projection into the residual]
     ReluConvUnit  ReLU -> conv + bias, no batch norm: its input is stored in full precision

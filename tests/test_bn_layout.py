@@ -72,7 +72,7 @@ def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None):
     per_chunk = reduction_rows or 2 * layers.ROWS_PER_CHUNK
     chunks = -(-rows // per_chunk)
     part = out["partial"][: 4 * chunks * C]
-    module.channel_sums(rows=rows, C=C, rows_per_chunk=per_chunk, chunks_per_block=1, extremes=True, x=arrays["x"],
+    module.channel_sums(rows=rows, C=C, rows_per_chunk=per_chunk, extremes=True, x=arrays["x"],
                         shift=arrays["stats"][0], partial=part, **shape)
     result["statistics_partial"] = host(part).copy()
     part = part.reshape(4, chunks, C)

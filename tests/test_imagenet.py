@@ -86,7 +86,7 @@ def test_imagenet_resnets_have_the_standard_shapes_and_parameters(depth):
     assert projected == [1 + 3 * sum(blocks[:s]) for s in range(4)]
     assert [net.units[i].projection.stride for i in projected] == [1, 2, 2, 2]
     assert net.units[-1].in_shape == (7, 7, 2048) and net.classes == 1000
-    stores = net.plan(batch=256, bits="4", window="range").bytes_by_category()["activation stores"]  # planned, not allocated
+    stores = net.plan(batch=256, bits="4", window="range").bytes_by_category()["activation stores"]  # planned only
     assert stores == sum(256 * h * w * c // 2 for h, w, c in inputs)
 
 

@@ -60,8 +60,8 @@ def _edge_case(bits, rng):
 
 
 def _training_case(bits, rng):
-    """Activations as a unit sees them: (N, H, W, C), its statistics taken from x."""
-    x = (rng.standard_normal((3, 5, 7, 16)) * 2 + 0.5).astype(np.float32)
+    """Activations as a unit sees them: (N, H, W, C), its statistics taken from x (297 rows: two blocks)."""
+    x = (rng.standard_normal((3, 11, 9, 16)) * 2 + 0.5).astype(np.float32)
     gamma = (np.abs(rng.standard_normal(16)) + 0.2).astype(np.float32)
     beta = (rng.standard_normal(16) * 2).astype(np.float32)
     return x, gamma, beta, None, None
@@ -76,10 +76,11 @@ def _one_sign_case(bits, rng):
     return x, gamma, beta, None, None
 
 
-def _extremes(x, window):
-    """The least and largest x per channel, (2, blocks, C): the batch's, or each block's (block window)."""
+def _extremes(x, window, *, per=None):
+    """The least and largest x per channel, (2, n, C): the batch's, or (block window) each run of `per` rows'
+    (default a block's; the statistics pass hands over each chunk's of layers.STATS_CHUNK rows)."""
     rows = x.reshape(-1, x.shape[-1])
-    starts = np.arange(0, len(rows), quant.BLOCK_ROWS if window == "block" else len(rows))
+    starts = np.arange(0, len(rows), (per or quant.BLOCK_ROWS) if window == "block" else len(rows))
     return np.stack([np.minimum.reduceat(rows, starts), np.maximum.reduceat(rows, starts)])
 
 
@@ -95,10 +96,10 @@ def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fi
         partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
         extremes = layers.batchnorm_statistics(device(x), stats, partial=partial, window=window)
         if extremes is not None:
-            assert np.array_equal(host(extremes), _extremes(x, window))
+            assert np.array_equal(host(extremes), _extremes(x, window, per=layers.STATS_CHUNK))
     else:
         stats[0], stats[1] = device(mean), device(var)
-        extremes = None if window == "fixed" else device(_extremes(x, window))
+        extremes = None if window == "fixed" else device(_extremes(x, window, per=layers.STATS_CHUNK))
     layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5 if mean is None else 0.0, bits=bits,
                                   window=window, extremes=extremes, windows=windows)
     a = device(np.zeros(x.shape, np.float32))

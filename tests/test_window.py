@@ -31,8 +31,9 @@ def test_the_range_window_removes_the_clipping_error_of_heavy_tails():
 
 def test_window_option_is_checked_and_the_naive_ablation_keeps_the_papers():
     net = models.preact_resnet(11, input_shape=(8, 8, 1), classes=10)
-    with pytest.raises(ValueError, match="window must be one of"):
-        net.compile(batch=4, bits=4, window="sigma")
+    for bits in (4, "exact", "naive"):  # checked even where it would not be used
+        with pytest.raises(ValueError, match="window must be one of"):
+            net.compile(batch=4, bits=bits, window="sigma")
     assert net.compile(batch=4, bits="naive", window="range").window == "fixed"
     assert net.compile(batch=4, bits=4).window == "block"  # the default
 
