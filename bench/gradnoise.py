@@ -39,8 +39,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--clip", help="K:SIGMA,...: the range window's clip at k bits for this run, in place of "
-                        f"minibp's choice (quant.RANGE_CLIP: {quant.RANGE_CLIP})")
+    parser.add_argument("--clip", help="K:SIGMA,...: the range and block windows' clip at k bits for this run, in "
+                        f"place of minibp's choice (quant.RANGE_CLIP: {quant.RANGE_CLIP})")
     parser.add_argument("--plot", help="default bench/results/gradnoise.png (--quick: a temporary folder)")
     parser.add_argument("--quick", action="store_true",
                         help="resnet11, batch 8, points 0 and 2, 3 batches, random data")

@@ -1,6 +1,6 @@
 """Time per training iteration in each mode, interleaved in one process, and the convolution GFLOP/s.
 
-    python bench/speed.py --model resnet164 --batch 128   # exact, 8, 4 (range window), 4:fixed; 1 warm-up + 5 rounds
+    python bench/speed.py --model resnet164 --batch 128   # exact, 8, 4 (default window), 4:fixed; 1 warm-up + 5 rounds
     python bench/speed.py --model resnet20 --batch 64 --rounds 3
 
 Every mode gets its own compiled net (same weights); after one warm-up iteration each, the modes
