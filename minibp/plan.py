@@ -88,14 +88,15 @@ def largest_batch(net, *, bits, budget, training=True, window=DEFAULT_WINDOW):
 
 
 def unit_rows(net, plan):
-    """[(unit index, input shape, store bytes)] of the units that keep a store."""
-    return [(u.index, u.in_shape, plan[key(u.index, "store")].nbytes) for u in net.units
-            if key(u.index, "store") in plan]
+    """[(unit index, input shape, store bytes)] of the units that keep a store (with the block window's windows)."""
+    return [(u.index, u.in_shape, sum(plan[key(u.index, role)].nbytes for role in ("store", "windows")
+                                      if key(u.index, role) in plan))
+            for u in net.units if key(u.index, "store") in plan]
 
 
 def report(net, *, model, batch, bits, window=DEFAULT_WINDOW, budget=None):
     plan = net.plan(batch=batch, bits=bits, window=window)
-    result = dict(model=model, batch=batch, bits=bits, units=len(net.units), parameters=net.num_parameters,
+    result = dict(model=model, batch=batch, bits=bits, window=window, units=len(net.units), parameters=net.num_parameters,
                   categories=plan.bytes_by_category(), total_bytes=plan.total_bytes,
                   allocation_bytes=plan.allocation_bytes,
                   unit_stores=[dict(unit=i, input_shape=list(s), bytes=b) for i, s, b in unit_rows(net, plan)])
@@ -151,7 +152,7 @@ def main(argv=None):
         print(json.dumps(result, indent=1))
         return 0
     print(f"{args.model} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
-          f"batch {args.batch}, bits {args.bits}")
+          f"batch {args.batch}, bits {args.bits}" + (f", {args.window} window" if BITS[args.bits] else ""))
     print(plan.summary())
     print(f"(one allocation of {format_bytes(plan.allocation_bytes)} with alignment)")
     if args.units:

@@ -81,3 +81,14 @@ def test_the_plan_holds_the_block_windows_with_the_store():
     assert extra == sum(w.nbytes for w in windows) > 0
     assert net.compile(batch=16, bits=4, window="block").window == "block"
     assert net.compile(batch=16, bits="exact", window="block").window == "fixed"  # exact codes nothing
+
+
+def test_the_planner_names_the_window_and_its_unit_rows_add_up(capsys):
+    """python -m minibp.plan --window W: the per-unit rows hold the windows too, so they sum to the stores."""
+    import json
+    from minibp import plan
+    for window in ("block", "range"):
+        assert plan.main(["--model", "resnet20", "--batch", "8", "--window", window, "--units", "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["window"] == window
+        assert sum(u["bytes"] for u in result["unit_stores"]) == result["categories"]["activation stores"]
