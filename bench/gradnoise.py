@@ -40,7 +40,8 @@ def main(argv=None):
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clip", help="K:SIGMA,...: the range and block windows' clip at k bits for this run, in "
-                        f"place of minibp's choice (quant.RANGE_CLIP: {quant.RANGE_CLIP})")
+                        f"place of minibp's choices (quant.RANGE_CLIP: {quant.RANGE_CLIP}, "
+                        f"quant.BLOCK_CLIP: {quant.BLOCK_CLIP})")
     parser.add_argument("--plot", help="default bench/results/gradnoise.png (--quick: a temporary folder)")
     parser.add_argument("--quick", action="store_true",
                         help="resnet11, batch 8, points 0 and 2, 3 batches, random data")
@@ -49,7 +50,7 @@ def main(argv=None):
     modes = args.modes.split(",")
     for item in args.clip.split(",") if args.clip else []:  # an experiment: the kernels read the table each step
         k, clip = item.split(":")
-        quant.RANGE_CLIP[int(k)] = float(clip)
+        quant.RANGE_CLIP[int(k)] = quant.BLOCK_CLIP[int(k)] = float(clip)
     if args.quick:
         args.model, args.batch, args.batches, points = "resnet11", 8, 3, [0, 2]
         images = rng.standard_normal((64, 8, 8, 1)).astype(np.float32)

@@ -15,7 +15,7 @@
 //   range: the batch's own [lo, hi] of v in the channel (from its min and max of x), narrowed to
 //     b +- clip (per k: minibp/quant.py's RANGE_CLIP); zero may fall outside the codes when the whole
 //     channel has one sign (shift <= 0: every mask 1; shift >= K: every mask 0). The block window is the
-//     range window of each block of 256 rows (bn.cu's windows).
+//     range window of each block of 256 rows (bn.cu's windows), its clip BLOCK_CLIP.
 // All float32 arithmetic that CPU, GPU and NumPy round alike (no FMA contraction, no fast math).
 //
 // A row of C channels (C a multiple of 8/k) packs into C*k/8 bytes, 8/k codes a byte, the row's first

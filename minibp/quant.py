@@ -44,9 +44,10 @@ BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 # The windows a k-bit store can code through (the API's and CLI's `window`), and the kernels' flag for each.
 WINDOWS = {"fixed": 0, "range": 1, "block": 2}
 DEFAULT_WINDOW = "block"
-# The range (and block) window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
-# (README, RQ4).
+# The range and the block window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
+# (README, RQ4). A block's range needs none at 4 bits, where the batch's does.
 RANGE_CLIP = {8: np.inf, 4: 4.5, 2: 3.0}
+BLOCK_CLIP = {8: np.inf, 4: np.inf, 2: 3.0}
 # Rows (pixels) that share a block window: its windows are (blocks(rows), 3, C), 96 bits a channel per block,
 # 0.375 bits a value on top of the k.
 BLOCK_ROWS = 256
@@ -83,7 +84,8 @@ def check_bits(bits):
 def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
     """The (3, C) float32 window (shift, width, scale) of each channel: the fixed window of b, or the
     range window of the channel's smallest and largest v, lo and hi (C,), narrowed to b +- clip
-    (default RANGE_CLIP[bits]); the block window: lo and hi (blocks, C), each block's, give (3, blocks, C)."""
+    (default RANGE_CLIP[bits]); the block window: lo and hi (blocks, C), each block's, give (3, blocks, C)
+    (default clip BLOCK_CLIP[bits])."""
     K = np.float32(1 << bits)
     f32 = np.float32
     b = np.asarray(b, f32)
@@ -91,7 +93,7 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
         with np.errstate(over="ignore"):
             shift = np.fmin(np.fmax(K * f32(0.5) - np.floor(b * (K / f32(6))), f32(1)), K - 1)
         return np.stack([shift, np.full_like(b, f32(6) / K), np.full_like(b, K / f32(6))])
-    clip = f32(RANGE_CLIP[bits] if clip is None else clip)
+    clip = f32((BLOCK_CLIP if kind == "block" else RANGE_CLIP)[bits] if clip is None else clip)
     with np.errstate(all="ignore"):  # NaN and Inf windows of a diverged net go through as the kernel's do
         # selects written as the kernel's, so that a NaN b (a diverged net) gives the kernel's window too
         lo_clip = np.where(b - clip < 0, b - clip, f32(0))
