@@ -404,12 +404,13 @@ def tiny_family(monkeypatch):
 
 
 def test_an_imagenet_run_learns_resumes_bit_identically_and_evaluates(tree, tmp_path, tiny_family, capsys):
-    common = dict(iters=24, lr_schedule="0:0.05", log_every=6, val_every=24, checkpoint_every=12)
+    # 36 iterations: at 24 the 4-bit store's noise alone could move the 16 validation images across 0.75
+    common = dict(iters=36, lr_schedule="0:0.05", log_every=6, val_every=36, checkpoint_every=12)
     assert train.main(imagenet_args(tree, tmp_path / "straight", **common)) == 0
     assert train.main(imagenet_args(tree, tmp_path / "resumed", **dict(common, iters=12))) == 0
-    assert train.main(["--out", str(tmp_path / "resumed"), "--resume", "--iters", "24", "--workers", "1"]) == 0
+    assert train.main(["--out", str(tmp_path / "resumed"), "--resume", "--iters", "36", "--workers", "1"]) == 0
     a, b = (checkpoint.load(tmp_path / run / "checkpoint.h5") for run in ("straight", "resumed"))
-    assert a.iteration == b.iteration == 24 and all(np.array_equal(a.state[k], b.state[k]) for k in a.state)
+    assert a.iteration == b.iteration == 36 and all(np.array_equal(a.state[k], b.state[k]) for k in a.state)
     validation = [r for r in read_metrics(tmp_path / "straight") if r["kind"] == "val"]
     assert validation[-1]["accuracy"] >= 0.75  # each class has its colour: chance is 0.25
     capsys.readouterr()
