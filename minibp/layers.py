@@ -331,12 +331,11 @@ def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", ext
                                             or -(-chunks // per_block) != blocks):
         raise ValueError(f"the {window} window needs the extremes of {blocks} block(s) of {C} channels "
                          f"(batchnorm_statistics), got {getattr(extremes, 'shape', None)}")
-    clip_table = quant.BLOCK_CLIP if window == "block" else quant.RANGE_CLIP
     module = _k("bn.cu", gamma.dtype)
     module.batchnorm_coefficients(C=C, eps=eps, gamma=gamma, beta=beta, stats=stats, threads=C)
     if bits:
         module.code_windows(C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits,
-                            range=window != "fixed", clip=clip_table[bits], stats=stats, extremes=extremes,
+                            range=window != "fixed", clip=quant.clip_of(window, bits), stats=stats, extremes=extremes,
                             windows=windows, threads=blocks * C)
 
 

@@ -27,7 +27,7 @@ from .arena import Arena, Plan
 from .chain import Chain
 from .checks import positive_int
 from .params import key
-from .quant import DEFAULT_WINDOW, check_window, parse_bits
+from .quant import DEFAULT_WINDOW, parse_bits, store_window
 from .units import Step
 
 
@@ -71,8 +71,7 @@ class Net(Chain):
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
         _, k, naive = parse_bits(bits)
-        check_window(window)
-        window = window if k and not naive else "fixed"  # exact codes nothing; naive is the paper's
+        window = store_window(window, k=k, naive=naive)
         N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
         checks.check_channels(units, k)
         plan = Plan()
@@ -123,7 +122,7 @@ class Net(Chain):
         plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
         self.bits, self.k, self.naive = parse_bits(bits)
-        self.window = window if self.k and not self.naive else "fixed"  # as plan() decided
+        self.window = store_window(window, k=self.k, naive=self.naive)
         self.batch, self.training = positive_int(batch, "batch"), training
         engines = cudnn_conv.net_graphs(self.units, batch=self.batch, dtype=self.dtype) if conv == "cudnn" else {}
         if engines:

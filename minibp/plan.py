@@ -88,7 +88,8 @@ def largest_batch(net, *, bits, budget, training=True, window=DEFAULT_WINDOW):
 
 
 def unit_rows(net, plan):
-    """[(unit index, input shape, store bytes)] of the units that keep a store (with the block window's windows)."""
+    """[(unit index, input shape, store bytes)] of the units that keep a store (the block window's windows
+    included)."""
     return [(u.index, u.in_shape, sum(plan[key(u.index, role)].nbytes for role in ("store", "windows")
                                       if key(u.index, role) in plan))
             for u in net.units if key(u.index, "store") in plan]
@@ -96,8 +97,8 @@ def unit_rows(net, plan):
 
 def report(net, *, model, batch, bits, window=DEFAULT_WINDOW, budget=None):
     plan = net.plan(batch=batch, bits=bits, window=window)
-    result = dict(model=model, batch=batch, bits=bits, window=window, units=len(net.units), parameters=net.num_parameters,
-                  categories=plan.bytes_by_category(), total_bytes=plan.total_bytes,
+    result = dict(model=model, batch=batch, bits=bits, window=window, units=len(net.units),
+                  parameters=net.num_parameters, categories=plan.bytes_by_category(), total_bytes=plan.total_bytes,
                   allocation_bytes=plan.allocation_bytes,
                   unit_stores=[dict(unit=i, input_shape=list(s), bytes=b) for i, s, b in unit_rows(net, plan)])
     if budget is not None:

@@ -41,8 +41,8 @@ SUPPORTED_BITS = (2, 4, 8)
 # The stores a net can keep, by the name the API, the CLI and checkpoints give them ("bits"): exact keeps
 # the float input; naive is the 4-bit store fed forward too (the ablation).
 BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
-# The windows a k-bit store can code through (the API's and CLI's `window`), and the kernels' flag for each.
-WINDOWS = {"fixed": 0, "range": 1, "block": 2}
+# The windows a k-bit store can code through (the API's and CLI's `window`).
+WINDOWS = ("fixed", "range", "block")
 DEFAULT_WINDOW = "block"
 # The range and the block window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
 # (README, RQ4). A block's range needs none at 4 bits, where the batch's does.
@@ -66,6 +66,18 @@ def check_window(window):
     if window not in WINDOWS:
         raise ValueError(f"window must be one of {', '.join(WINDOWS)}, got {window!r}")
     return window
+
+
+def store_window(window, *, k, naive):
+    """The window a store codes through: `window` (checked) at k bits; exact mode codes nothing and the
+    naive ablation is the paper's, so both are "fixed"."""
+    check_window(window)
+    return window if k and not naive else "fixed"
+
+
+def clip_of(window, bits):
+    """The range or block window's clip at k = bits, in standard deviations."""
+    return (BLOCK_CLIP if window == "block" else RANGE_CLIP)[bits]
 
 
 def blocks(rows):
@@ -93,7 +105,7 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
         with np.errstate(over="ignore"):
             shift = np.fmin(np.fmax(K * f32(0.5) - np.floor(b * (K / f32(6))), f32(1)), K - 1)
         return np.stack([shift, np.full_like(b, f32(6) / K), np.full_like(b, K / f32(6))])
-    clip = f32((BLOCK_CLIP if kind == "block" else RANGE_CLIP)[bits] if clip is None else clip)
+    clip = f32(clip_of(kind, bits) if clip is None else clip)
     with np.errstate(all="ignore"):  # NaN and Inf windows of a diverged net go through as the kernel's do
         # selects written as the kernel's, so that a NaN b (a diverged net) gives the kernel's window too
         lo_clip = np.where(b - clip < 0, b - clip, f32(0))

@@ -10,7 +10,7 @@ training never calls them.
 import numpy as np
 
 from . import backend, kernels
-from .quant import RANGE_CLIP, check_bits, check_window
+from .quant import check_bits, check_window, clip_of
 
 
 def _check_values(name, values, channels=None):
@@ -52,7 +52,7 @@ def window(b, *, bits, kind="fixed", v=None):
         rows = v.reshape(-1, C)
         lo, hi = rows.min(axis=0), rows.max(axis=0)
     table = backend.xp.empty((3, C), b.dtype)
-    kernels.load("quant.cu", b.dtype).channel_window(C=C, bits=bits, range=kind == "range", clip=RANGE_CLIP[bits],
+    kernels.load("quant.cu", b.dtype).channel_window(C=C, bits=bits, range=kind == "range", clip=clip_of(kind, bits),
                                                      b=b, lo=lo, hi=hi, window=table, threads=C)
     return table
 

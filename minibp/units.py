@@ -134,7 +134,7 @@ class ConvUnit:
                 self._update_running(stats, n, momentum=s.bn_momentum, deferred=s.deferred_running.get(self.index))
             else:
                 stats[0], stats[1] = self.running[0], self.running[1]
-            windows = self._windows(n) if window == "block" else None
+            windows = self._windows(n, window)
             layers.batchnorm_coefficients(self.p["gamma"], self.p["beta"], stats, eps=s.eps, bits=s.k, window=window,
                                           extremes=extremes, windows=windows)
             # the store is written in training, and read forward by the naive net in evaluation too
@@ -169,9 +169,9 @@ class ConvUnit:
             return store[:values].reshape((n,) + self.in_shape), None
         return None, store[: values * k // 8]
 
-    def _windows(self, n):
-        """The block window's (blocks, 3, C) windows for a batch of n."""
-        return self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2]))]
+    def _windows(self, n, window):
+        """The block window's (blocks, 3, C) windows for a batch of n; None for the others (stats[4:7])."""
+        return self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2]))] if window == "block" else None
 
     # ------------------------------------------------------------------ backward
 
@@ -181,7 +181,7 @@ class ConvUnit:
         if self.batchnorm:  # restore a~ (or recompute a exactly) from the store
             x_copy, codes = self._store(n, k=s.k)
             a = s.shared("a", self.in_shape)
-            windows = self._windows(n) if s.k and s.window == "block" else None
+            windows = self._windows(n, s.window)
             layers.batchnorm_relu_restore(self.own["stats"], self.p["beta"], a, bits=s.k, x_copy=x_copy, codes=codes,
                                           windows=windows)
         else:
