@@ -4,6 +4,7 @@
     python bench/gradnoise.py --model resnet56 --points 0,1000,4000 --batches 16
     python bench/gradnoise.py --quick               # seconds, random data, plot to a temporary folder
     python bench/gradnoise.py --modes 4:range,2:range --points 0,100,400 --clip 4:3,2:2.5   # other clips
+    python bench/gradnoise.py --modes 4:block,2:block,2:fixed --points 0,400 --systematic   # is the error a bias?
 
 An exact-mode net trains with SGD on bench/accuracy.py's schedule (800 iterations: the last point is the
 end of that schedule); at each point its weights are copied into nets of every mode (k bits through
@@ -13,6 +14,11 @@ sqrt(mean_i ||g_i - mean g||^2) of exact gradients over --batches other batches.
 error one to two orders of magnitude below the noise. Prints, per point and mode, the median and worst
 ratio error/noise over the layers as norms and as variances (the squares: the share of gradient
 variance the approximation adds), and plots the ratio along the net to --plot.
+
+--systematic also takes each mode's error e_i on every one of the batches (the noise's and the first) and
+prints, per layer, the share of it that every batch repeats: ||mean_i e_i|| / sqrt(mean_i ||e_i||^2), which is
+1 for an error that is the same on every batch (a bias, which SGD does not average away) and
+1/sqrt(batches + 1) for errors independent from batch to batch.
 """
 import argparse
 import sys
@@ -26,6 +32,20 @@ from minibp.optim import SGD
 from minibp.runconfig import learning_rate, parse_schedule
 
 MODES = "8:fixed,8:range,8:block,4:fixed,4:range,4:block,2:fixed,2:range,2:block"
+
+
+def repeated_share(errors):
+    """||mean_i e_i|| / sqrt(mean_i ||e_i||^2) of the errors e_i (vectors) of one layer on several batches."""
+    errors = np.asarray(errors, np.float64)
+    return float(np.linalg.norm(errors.mean(axis=0)) / max(np.sqrt(np.mean(np.sum(errors ** 2, axis=1))), 1e-300))
+
+
+def print_table(title, values, columns):
+    """A row per (point, mode) of values {(point, mode): per-layer array}: columns are (name, f, format)."""
+    print(title)
+    print(f"{'iteration':>9}  {'mode':>8}  " + "  ".join(f"{name:>9}" for name, _, _ in columns))
+    for (point, mode), r in values.items():
+        print(f"{point:9d}  {label(mode):>8}  " + "  ".join(f"{f(r):9{spec}}" for _, f, spec in columns))
 
 
 def main(argv=None):
@@ -42,6 +62,9 @@ def main(argv=None):
     parser.add_argument("--clip", help="K:SIGMA,...: the range and block windows' clip at k bits for this run, in "
                         f"place of minibp's choices (quant.RANGE_CLIP: {quant.RANGE_CLIP}, "
                         f"quant.BLOCK_CLIP: {quant.BLOCK_CLIP})")
+    parser.add_argument("--systematic", action="store_true",
+                        help="also the share of the error that repeats from batch to batch (--batches + 1 more "
+                        "approximate gradients a mode and point)")
     parser.add_argument("--plot", help="default bench/results/gradnoise.png (--quick: a temporary folder)")
     parser.add_argument("--quick", action="store_true",
                         help="resnet11, batch 8, points 0 and 2, 3 batches, random data")
@@ -67,7 +90,7 @@ def main(argv=None):
     optimizer = SGD(exact)
     train_batches = data.Batches(split, batch=args.batch, mean=mean, augment=True, seed=args.seed)
     probe_batches = data.Batches(split, batch=args.batch, mean=mean, augment=False, seed=args.seed + 1)
-    iteration, ratios = 0, {}  # (point, mode) -> error/noise of each layer
+    iteration, ratios, repeats = 0, {}, {}  # (point, mode) -> error/noise, and the repeated share, of each layer
     for point in points:
         while iteration < point:  # train the exact net up to this point
             exact.zero_grad()
@@ -85,16 +108,20 @@ def main(argv=None):
             copy_weights(exact, nets[mode])
             approx = weight_gradients(nets[mode], *batches[0])
             ratios[point, mode] = np.array([np.linalg.norm(approx[u] - reference[u]) for u in units]) / noise
+            if args.systematic:
+                approximations = [approx] + [weight_gradients(nets[mode], *b) for b in batches[1:]]
+                repeats[point, mode] = np.array([repeated_share([a[u] - g[u] for a, g in zip(
+                    approximations, [reference] + others)]) for u in units])
         print(f"iteration {point}: " + "  ".join(
             f"{label(m)}: median {np.median(ratios[point, m]):.4f}" for m in modes), flush=True)
-    print(f"\n{args.model}, batch {args.batch}: ||g_approx - g_exact|| / SGD noise per layer, over {len(units)} "
-          f"layers ({args.batches} batches for the noise); as norms, and squared (variances)")
-    print(f"{'iteration':>9}  {'mode':>8}  {'median':>8}  {'max':>8}  {'median^2':>9}  {'max^2':>8}")
-    for point in points:
-        for mode in modes:
-            r = ratios[point, mode]
-            print(f"{point:9d}  {label(mode):>8}  {np.median(r):8.4f}  {r.max():8.4f}  {np.median(r) ** 2:9.5f}  "
-                  f"{r.max() ** 2:8.5f}")
+    print_table(f"\n{args.model}, batch {args.batch}: ||g_approx - g_exact|| / SGD noise per layer, over {len(units)} "
+                f"layers ({args.batches} batches for the noise); as norms, and squared (variances)", ratios,
+                [("median", np.median, ".4f"), ("max", np.max, ".4f"), ("median^2", lambda r: np.median(r) ** 2, ".5f"),
+                 ("max^2", lambda r: np.max(r) ** 2, ".5f")])
+    if args.systematic:
+        print_table(f"\nthe share of the error every batch repeats, ||mean_i e_i|| / rms_i ||e_i|| over "
+                    f"{args.batches + 1} batches, per layer (independent errors: {1 / np.sqrt(args.batches + 1):.3f}; "
+                    "a bias: 1)", repeats, [("median", np.median, ".3f"), ("min", np.min, ".3f"), ("max", np.max, ".3f")])
     plt = pyplot_or_none()
     if plt is not None:
         fig, axes = plt.subplots(1, len(points), figsize=(4 * len(points), 3.6), sharey=True, squeeze=False)

@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pytest
 from test_train import make_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +46,23 @@ def test_accumulation_bench_quick(tmp_path):
 def test_gradnoise_bench_quick(tmp_path):
     out = run("bench/gradnoise.py", "--quick", "--plot", str(tmp_path / "gn.png"))
     assert "g_exact|| / SGD noise" in out and (tmp_path / "gn.png").stat().st_size > 1000
+
+
+def test_gradnoise_systematic_share(tmp_path):
+    """The repeated share is 1 for one error on every batch and 1/sqrt(n) for n orthogonal ones of one size;
+    the bench prints it for every mode and point."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gradnoise import repeated_share
+    rng = np.random.default_rng(0)
+    bias = rng.standard_normal(50)
+    assert repeated_share([bias] * 7) == pytest.approx(1.0)
+    assert repeated_share(np.eye(9) * 3.0) == pytest.approx(1 / 3)
+    assert repeated_share([bias, -bias]) == pytest.approx(0.0, abs=1e-12)
+    out = run("bench/gradnoise.py", "--quick", "--systematic", "--modes", "4:block,2:fixed", "--plot",
+              str(tmp_path / "gn.png"))
+    rows = [line.split() for line in out.split("batch repeats")[1].splitlines()]
+    shares = [float(row[3]) for row in rows if len(row) == 6 and row[0].isdigit()]
+    assert len(shares) == 4 and all(0 < s <= 1 for s in shares)
 
 
 def test_quick_runs_write_no_committed_result():
