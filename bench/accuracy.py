@@ -27,9 +27,22 @@ DEFAULT_SCHEDULE = "0:0.02,50:0.1,400:0.01,650:0.001"  # warm-up, then steps at 
 MODES = "exact,4:fixed,4:range,4:block,2:fixed,2:range,2:block"
 
 
+def validations(run):
+    """The run's validation records, oldest first (none before its first)."""
+    path = Path(run) / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [r for r in records if r["kind"] == "val"]
+
+
 def last_validation(run):
-    records = [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [r for r in records if r["kind"] == "val"][-1]
+    return validations(run)[-1]
+
+
+def mean_minutes(minutes, mode, seeds):
+    """The mean minutes of the mode's runs that trained in this call ("-" when every one had finished before:
+    resuming a finished run takes no time). A run interrupted and resumed counts its last part only."""
+    trained = [minutes[mode, s] for s in seeds if (mode, s) in minutes]
+    return f"{np.mean(trained):.1f}" if trained else "-"
 
 
 def main(argv=None):
@@ -48,7 +61,7 @@ def main(argv=None):
     if args.quick:
         args.model, args.iters, args.batch, args.lr_schedule = "resnet11", 4, 16, "0:0.05"
     modes, seeds = args.modes.split(","), [int(s) for s in args.seeds.split(",")]
-    accuracy, minutes = {}, {}  # (mode, seed) -> final test accuracy, minutes the run took
+    accuracy, minutes = {}, {}  # (mode, seed) -> final test accuracy, minutes the run took (if it trained)
     for mode in modes:
         store = store_options(mode)
         for seed in seeds:
@@ -63,13 +76,15 @@ def main(argv=None):
                                  "--lr-schedule", args.lr_schedule, "--seed", str(seed),
                                  "--val-every", str(max(args.iters // 4, 1)),
                                  "--log-every", str(max(args.iters // 40, 1))]
+            finished = any(r["iter"] >= args.iters for r in validations(run))
             print(f"=== {label(mode)}, seed {seed}: python -m minibp.train {' '.join(argv)}", flush=True)
             start = time.perf_counter()
             status = train.main(argv)
             if status != 0:
                 return status
             accuracy[mode, seed] = last_validation(run)["accuracy"]
-            minutes[mode, seed] = (time.perf_counter() - start) / 60
+            if not finished:  # a run trained before and only resumed at its end says nothing of the time a run takes
+                minutes[mode, seed] = (time.perf_counter() - start) / 60
     exact = np.mean([accuracy["exact", s] for s in seeds]) if "exact" in modes else None
     print(f"\n{args.model} on {args.data}, {args.iters} iterations at batch {args.batch}, seeds "
           f"{', '.join(map(str, seeds))}: test accuracy (%)")
@@ -79,8 +94,7 @@ def main(argv=None):
         values = np.array([100 * accuracy[mode, s] for s in seeds])
         diff = f"{values.mean() - 100 * exact:+8.2f}" if exact is not None else f"{'-':>8}"
         print(f"{label(mode):>8}  " + "  ".join(f"{v:7.2f}" for v in values)
-              + f"  {values.mean():6.2f}  {np.ptp(values):6.2f}  {diff}  "
-              f"{np.mean([minutes[mode, s] for s in seeds]):13.1f}")
+              + f"  {values.mean():6.2f}  {np.ptp(values):6.2f}  {diff}  {mean_minutes(minutes, mode, seeds):>13}")
     return 0
 
 
