@@ -85,14 +85,14 @@ def main(argv=None):
             accuracy[mode, seed] = last_validation(run)["accuracy"]
             if not finished:  # a run trained before and only resumed at its end says nothing of the time a run takes
                 minutes[mode, seed] = (time.perf_counter() - start) / 60
-    exact = np.mean([accuracy["exact", s] for s in seeds]) if "exact" in modes else None
+    exact = np.mean([100 * accuracy["exact", s] for s in seeds]) if "exact" in modes else None
     print(f"\n{args.model} on {args.data}, {args.iters} iterations at batch {args.batch}, seeds "
           f"{', '.join(map(str, seeds))}: test accuracy (%)")
     print(f"{'mode':>8}  " + "  ".join(f"{'seed ' + str(s):>7}" for s in seeds)
           + f"  {'mean':>6}  {'spread':>6}  {'vs exact':>8}  {'minutes a run':>13}")
     for mode in modes:
         values = np.array([100 * accuracy[mode, s] for s in seeds])
-        diff = f"{values.mean() - 100 * exact:+8.2f}" if exact is not None else f"{'-':>8}"
+        diff = f"{values.mean() - exact:+8.2f}" if exact is not None else f"{'-':>8}"
         print(f"{label(mode):>8}  " + "  ".join(f"{v:7.2f}" for v in values)
               + f"  {values.mean():6.2f}  {np.ptp(values):6.2f}  {diff}  {mean_minutes(minutes, mode, seeds):>13}")
     return 0
