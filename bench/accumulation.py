@@ -27,7 +27,7 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--modes", default=MODES)
-    parser.add_argument("--plot", help="default bench/results/accumulation.png (--quick: a temporary folder)")
+    parser.add_argument("--plot", help="default bench/results/accumulation.png (other settings: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="depths 11 and 20, batch 8, random 8x8 data")
     args = parser.parse_args(argv)
     depths = [11, 20] if args.quick else [int(d) for d in args.depths.split(",")]
@@ -63,7 +63,7 @@ def main(argv=None):
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out_path(args.plot, default="bench/results/accumulation.png", quick=args.quick)
+        path = out_path(args.plot, default="bench/results/accumulation.png", parser=parser, args=args)
         fig.savefig(path, dpi=90)
         print(f"wrote {path}")
     return 0

@@ -78,10 +78,14 @@ def pyplot_or_none():
         return None
 
 
-def out_path(path, *, default, quick):
-    """Where to write a figure: the path given (its folder made), else the committed default, except for
-    a --quick run, which writes to a temporary folder: a smoke run never overwrites a committed result."""
+def out_path(path, *, default, parser, args):
+    """Where to write a result: the path given (its folder made), else the committed default, but only for
+    the run that made it, with every option at its default (--data-dir aside). Any other run (--quick,
+    other modes, points, depths, clips...) writes to a temporary folder: it never overwrites a committed
+    result with one that its command beside it in the README would not give."""
     if path is None:
-        path = Path(tempfile.mkdtemp(prefix="minibp-quick-")) / Path(default).name if quick else default
+        made_it = all(getattr(args, name) == parser.get_default(name) for name in vars(args)
+                      if name not in ("plot", "out", "data_dir"))
+        path = default if made_it else Path(tempfile.mkdtemp(prefix="minibp-bench-")) / Path(default).name
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return str(path)

@@ -65,7 +65,7 @@ def main(argv=None):
     parser.add_argument("--systematic", action="store_true",
                         help="also the share of the error that repeats from batch to batch (--batches + 1 more "
                         "approximate gradients a mode and point)")
-    parser.add_argument("--plot", help="default bench/results/gradnoise.png (--quick: a temporary folder)")
+    parser.add_argument("--plot", help="default bench/results/gradnoise.png (other settings: a temporary folder)")
     parser.add_argument("--quick", action="store_true",
                         help="resnet11, batch 8, points 0 and 2, 3 batches, random data")
     args = parser.parse_args(argv)
@@ -135,7 +135,7 @@ def main(argv=None):
         axes[0][0].set(ylabel="approximation error / SGD noise")
         axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
-        path = out_path(args.plot, default="bench/results/gradnoise.png", quick=args.quick)
+        path = out_path(args.plot, default="bench/results/gradnoise.png", parser=parser, args=args)
         fig.savefig(path, dpi=90)
         print(f"wrote {path}")
     return 0

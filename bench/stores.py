@@ -164,8 +164,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="the tables (default bench/results/stores.txt; --quick: a "
-                                                    "temporary directory)")
+    parser.add_argument("--out", default=None, help="the tables (default bench/results/stores.txt; other settings: a "
+                                                    "temporary folder)")
     parser.add_argument("--quick", action="store_true", help="resnet11, batch 8, points 0 and 2, random 8x8 data")
     args = parser.parse_args(argv)
     rng = np.random.default_rng(args.seed)
@@ -208,7 +208,7 @@ def main(argv=None):
              f"and max over {units} units x points {','.join(map(str, points))}; da from the exact backward")
     text = "\n".join(table(k, rows[k], title) for k in bits)
     print("\n" + text)
-    out = out_path(args.out, default="bench/results/stores.txt", quick=args.quick)
+    out = out_path(args.out, default="bench/results/stores.txt", parser=parser, args=args)
     Path(out).write_text(text)
     print(f"wrote {out}")
     return 0

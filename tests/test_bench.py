@@ -71,6 +71,24 @@ def test_gradnoise_systematic_share(tmp_path):
     assert len(shares) == 4 and all(0 < s <= 1 for s in shares)
 
 
+def test_only_the_default_run_writes_the_committed_result():
+    """A bench run with any option off its default (--data-dir aside) writes to a temporary folder."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import argparse
+    from gradients import out_path
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--modes", default="4:block")
+    parser.add_argument("--data-dir", default="data")
+    parser.add_argument("--plot")
+    parser.add_argument("--quick", action="store_true")
+    default = "bench/results/x.png"
+    assert out_path(None, default=default, parser=parser, args=parser.parse_args([])) == default
+    assert out_path(None, default=default, parser=parser, args=parser.parse_args(["--data-dir", "d"])) == default
+    for argv in (["--modes", "2:block"], ["--quick"]):
+        written = Path(out_path(None, default=default, parser=parser, args=parser.parse_args(argv)))
+        assert written.name == "x.png" and (ROOT / "bench") not in written.resolve().parents
+
+
 def test_quick_runs_write_no_committed_result():
     """--quick without --plot writes its figure to a temporary folder, never over bench/results."""
     results = ROOT / "bench" / "results"
