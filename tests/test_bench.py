@@ -1,4 +1,5 @@
 """Every script in bench/ runs (tiny settings: seconds), so none rots between the long runs."""
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 from test_train import make_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))  # the benches' own helpers, tested directly below
 
 
 def run(*argv):
@@ -57,7 +59,6 @@ def test_gradnoise_bench_quick(tmp_path):
 def test_gradnoise_systematic_share(tmp_path):
     """The repeated share is 1 for one error on every batch and 1/sqrt(n) for n orthogonal ones of one size;
     the bench prints it for every mode and point."""
-    sys.path.insert(0, str(ROOT / "bench"))
     from gradnoise import repeated_share
     rng = np.random.default_rng(0)
     bias = rng.standard_normal(50)
@@ -73,8 +74,6 @@ def test_gradnoise_systematic_share(tmp_path):
 
 def test_only_the_default_run_writes_the_committed_result():
     """A bench run with any option off its default (--data-dir aside) writes to a temporary folder."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import argparse
     from gradients import out_path
     parser = argparse.ArgumentParser()
     parser.add_argument("--modes", default="4:block")
