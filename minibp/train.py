@@ -33,7 +33,7 @@ from .kernels import KernelError
 from .optim import SGD
 from .plan import largest_batch
 from .quant import DEFAULT_WINDOW
-from .rundir import MetricsLog, RunDir
+from .rundir import MetricsLog, RunDir, read_metrics
 from .runconfig import (apply_data_defaults, build_parser, check_config, given_options, learning_rate, new_config,
                         parse_schedule, resumed_config)
 from .step import TrainStep
@@ -232,6 +232,24 @@ def _train(args, given, run, out, group=None):
                 f"{last_saved[0]}). Resume it with a lower learning rate: {command} --out {out} "
                 f"--resume --lr-schedule {lower}")
 
+    def due(every, at, cfg=config):  # a log, checkpoint or validation point: every `every` iterations, and the last
+        return at % cfg[every] == 0 or at == cfg["iters"]
+
+    def validate():
+        val_loss, val_accuracy = evaluate(net, test_split, mean, group=group, workers=config.get("workers"))
+        print(f"iter {iteration:6d}  validation loss {val_loss:.4f}  accuracy {val_accuracy:.4f}", flush=True)
+        metrics.write(kind="val", iter=iteration, loss=val_loss, accuracy=val_accuracy)
+
+    def unvalidated():
+        return not any(r.get("kind") == "val" and r.get("iter") == iteration for r in read_metrics(run.metrics_path))
+
+    # A checkpoint is saved before its validation, so a kill between the two leaves the validation undone:
+    # the resumed run does it first. (A validation point of the run as saved or as resumed: --iters may have
+    # moved the last one.)
+    if saved is not None and iteration > 0 and any(due("val_every", iteration, c) for c in (config, saved.config)):
+        if unvalidated() if group is None else group.on_rank_0(unvalidated):
+            validate()
+
     stop = []
 
     def on_signal(number, _frame):
@@ -259,7 +277,7 @@ def _train(args, given, run, out, group=None):
                 raise Diverged(diverged_message(f"at iteration {iteration + 1} ({e})")) from None
             iteration += 1
             window_images += config["batch"]
-            if iteration % config["log_every"] == 0 or iteration == config["iters"]:
+            if due("log_every", iteration):
                 loss, accuracy = step.result()  # (a graph's step: the first host read since the last log)
                 if not np.isfinite(loss):
                     raise Diverged(diverged_message(f"by iteration {iteration} (the loss is {loss})"))
@@ -269,12 +287,10 @@ def _train(args, given, run, out, group=None):
                 metrics.write(kind="train", iter=iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
                               planned_bytes=planned)
                 window_start, window_images = time.perf_counter(), 0
-            if iteration % config["checkpoint_every"] == 0 or iteration == config["iters"]:
+            if due("checkpoint_every", iteration):
                 save()  # before the validation, so a failing validation loses no training
-            if iteration % config["val_every"] == 0 or iteration == config["iters"]:
-                val_loss, val_accuracy = evaluate(net, test_split, mean, group=group, workers=config.get("workers"))
-                print(f"iter {iteration:6d}  validation loss {val_loss:.4f}  accuracy {val_accuracy:.4f}", flush=True)
-                metrics.write(kind="val", iter=iteration, loss=val_loss, accuracy=val_accuracy)
+            if due("val_every", iteration):
+                validate()
                 window_start = time.perf_counter()
         if stopping():
             if last_saved[0] != iteration:

@@ -95,11 +95,15 @@ def test_a_checkpoint_resumes_on_the_other_number_of_ranks(work):
     assert train(options(work, "from-two", iters=3), ranks=2).returncode == 0
     assert train(["--out", str(work / "from-two"), "--resume", "--iters", "6", "--split", "2"]).returncode == 0
     assert train(options(work, "from-one", iters=3, split=2)).returncode == 0
+    # as if killed between the iteration-3 checkpoint and its validation: the 2 ranks validate it first
+    metrics = work / "from-one" / "metrics.jsonl"
+    metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines() if '"val"' not in line))
     assert train(["--out", str(work / "from-one"), "--resume", "--iters", "6"], ranks=2).returncode == 0
     for run in ("from-two", "from-one"):
         assert same_state(work / "one", work / run), run
-        assert [r["loss"] for r in read_metrics(work / run) if r["kind"] == "train"] == \
-            [r["loss"] for r in read_metrics(work / "one") if r["kind"] == "train"]
+        for kind, key in (("train", "loss"), ("val", "accuracy")):
+            assert [(r["iter"], r[key]) for r in read_metrics(work / run) if r["kind"] == kind] == \
+                [(r["iter"], r[key]) for r in read_metrics(work / "one") if r["kind"] == kind], (run, kind)
     # 2 ranks x 2 sub-batches is another run than 2 sub-batches in all
     refused = train(["--out", str(work / "from-one"), "--resume", "--iters", "7", "--split", "2"], ranks=2)
     assert refused.returncode == 2

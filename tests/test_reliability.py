@@ -105,6 +105,24 @@ def test_the_final_checkpoint_is_saved_before_the_final_validation(tmp_path, dat
     assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").iteration == 4
 
 
+@pytest.mark.parametrize("iters", [4, 6], ids=["same-iters", "more-iters"])
+def test_a_validation_cut_off_after_its_checkpoint_runs_on_resume(tmp_path, data_dir, monkeypatch, iters):
+    """Killed between the iteration-4 checkpoint and its validation: the resumed run validates iteration 4
+    first, also when --iters moves the end (4 was a validation point only as the old last iteration)."""
+    real = train.evaluate
+    monkeypatch.setattr(train, "evaluate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    # (a second Ctrl-C quits at once, as a kill would: nothing more is written)
+    assert train.main(base_args(tmp_path, iters=4, val_every=100, checkpoint_every=100)) == 130
+    run = tmp_path / "run"
+    assert checkpoint.load(run / "checkpoint.h5").iteration == 4
+    assert not [r for r in read_metrics(run) if r["kind"] == "val"]
+    monkeypatch.setattr(train, "evaluate", real)
+    assert train.main(["--out", str(run), "--resume", "--iters", str(iters)]) == 0
+    assert [r["iter"] for r in read_metrics(run) if r["kind"] == "val"] == sorted({4, iters})
+    assert train.main(["--out", str(run), "--resume"]) == 0  # a finished run validates nothing twice
+    assert [r["iter"] for r in read_metrics(run) if r["kind"] == "val"] == sorted({4, iters})
+
+
 def test_a_broken_test_split_is_found_before_training(tmp_path, capsys):
     path = make_dataset(tmp_path / "data")
     with h5py.File(path, "r+") as f:
