@@ -4,6 +4,7 @@
     python bench/gradnoise.py --model resnet56 --points 0,1000,4000 --batches 16
     python bench/gradnoise.py --quick               # seconds, random data, plot to a temporary folder
     python bench/gradnoise.py --modes 4:range,2:range --points 0,100,400 --clip 4:3,2:2.5   # other clips
+    python bench/gradnoise.py --modes 4:block --points 0,400 --below-weight 1     # half the bins below zero
     python bench/gradnoise.py --modes 4:block,2:block,2:fixed --points 0,400 --systematic   # is the error a bias?
 
 An exact-mode net trains with SGD on bench/accuracy.py's schedule (800 iterations: the last point is the
@@ -62,6 +63,9 @@ def main(argv=None):
     parser.add_argument("--clip", help="K:SIGMA,...: the range and block windows' clip at k bits for this run, in "
                         f"place of minibp's choices (quant.RANGE_CLIP: {quant.RANGE_CLIP}, "
                         f"quant.BLOCK_CLIP: {quant.BLOCK_CLIP})")
+    parser.add_argument("--below-weight", type=float, help="the range and block windows' weight of the coding error "
+                        f"below zero for this run, in place of quant.BELOW_WEIGHT ({quant.BELOW_WEIGHT:.4g}; 1 splits "
+                        "a symmetric channel's bins in half)")
     parser.add_argument("--systematic", action="store_true",
                         help="also the share of the error that repeats from batch to batch (--batches + 1 more "
                         "approximate gradients a mode and point)")
@@ -74,6 +78,8 @@ def main(argv=None):
     for item in args.clip.split(",") if args.clip else []:  # an experiment: the kernels read the table each step
         k, clip = item.split(":")
         quant.RANGE_CLIP[int(k)] = quant.BLOCK_CLIP[int(k)] = float(clip)
+    if args.below_weight is not None:
+        quant.BELOW_WEIGHT = args.below_weight
     if args.quick:
         args.model, args.batch, args.batches, points = "resnet11", 8, 3, [0, 2]
         images = rng.standard_normal((64, 8, 8, 1)).astype(np.float32)

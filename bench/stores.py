@@ -66,7 +66,7 @@ def fixed(v, b, k):
     codes = quant.codes_ref(v, table, bits=k)
     xhat, _, mask = quant.dequantize_ref(quant.pack_ref(codes, bits=k), table, b, np.ones_like(b), bits=k,
                                          shape=v.shape)
-    raw = np.floor((v - quant.MASK_THRESHOLD) * table[2]) + table[0]  # before the clamp
+    raw = np.floor((v - quant.MASK_THRESHOLD) * (np.float32(1) / table[1])) + table[0]  # before the clamp
     outside = (raw < 0) | (raw > (1 << k) - 1)
     return xhat, mask.astype(bool), 0.0, outside
 

@@ -5,7 +5,7 @@
 // forward pass and read by the backward pass:
 //     stats[0] = mean_c      stats[1] = sigma_c = sqrt(var_c + eps)
 //     stats[2] = gamma_c, gamma clamped to >= 1e-8      stats[3] = b_c = beta_c / gamma_c
-//     stats[4:7] = shift_c, width_c, scale_c: the window of channel c's k-bit code (quant.cuh)
+//     stats[4:7] = shift_c, below_c, above_c: the window of channel c's k-bit code (quant.cuh)
 // The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh), coded
 // through windows (blocks, 3, C): a window per channel for each block of block_rows rows. The fixed and
 // range windows are one block, stats[4:7] (block_rows >= rows); the block window is the unit's own.
@@ -30,8 +30,8 @@
 #define B(c) stats[3 * C + (c)]
 // A k-bit code's window: win is the (3, C) window of the row's block (windows below).
 #define SHIFT(c) win[(c)]
-#define WIDTH(c) win[C + (c)]
-#define SCALE(c) win[2 * C + (c)]
+#define BELOW(c) win[C + (c)]
+#define ABOVE(c) win[2 * C + (c)]
 // The window of row r: windows is (blocks, 3, C), a window per channel for each block of block_rows rows.
 // (One block, the fixed and range windows', costs no division.)
 #define ROW_WINDOW(r) (!BITS ? nullptr : block_rows >= rows ? windows : windows + (r) / block_rows * 3 * C)
@@ -81,7 +81,7 @@ __device__ __forceinline__ real_t xhat_from_x(real_t x, int c, int C, const real
 __device__ __forceinline__ real_t xhat_from_code(float q, int c, int C, const real_t* stats, const real_t* win,
                                                  real_t* on) {
     *on = quant_mask(q, (float)SHIFT(c)) ? (real_t)1 : (real_t)0;
-    return quant_xhat(q, (float)SHIFT(c), (float)WIDTH(c), B(c));
+    return quant_xhat(q, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), B(c));
 }
 
 // body(q, c) for each of this thread's channels c of a row of codes, q the code as a number.
@@ -176,17 +176,17 @@ extern "C" __global__ void batchnorm_coefficients(int C, real_t eps, const real_
 
 // The code's windows (blocks, 3, C) from stats[0:4] (batchnorm_coefficients): fixed, or (range) from extremes
 // (2, chunks, C), the least and largest x of each chunk of rows, a block being chunks_per_block chunks, its
-// [lo, hi] narrowed to b +- clip. One thread per block and channel. [lo, hi] is v of those x computed as the
-// forward pass computes v, so that every v of the block lies within it. (extremes and windows may overlap,
-// hence no __restrict__: the range window's are rows of stats, and a thread reads its extremes before it
-// writes its window.)
+// [lo, hi] narrowed to b +- clip, its bins split at zero by below_weight. One thread per block and channel.
+// [lo, hi] is v of those x computed as the forward pass computes v, so that every v of the block lies
+// within it. (extremes and windows may overlap, hence no __restrict__: the range window's are rows of
+// stats, and a thread reads its extremes before it writes its window.)
 extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunks_per_block, int bits, int range,
-                                        float clip, const real_t* __restrict__ stats, const real_t* extremes,
-                                        real_t* windows) {
+                                        float clip, float below_weight, const real_t* __restrict__ stats,
+                                        const real_t* extremes, real_t* windows) {
     GRID_STRIDE_LOOP(i, (long long)blocks * C) {
         const int c = (int)(i % C);
         const long long block = i / C;
-        float shift, width, scale;
+        float shift, below, above;
         if (range) {
             const long long first = block * chunks_per_block;
             real_t least = extremes[first * C + c], most = extremes[(chunks + first) * C + c];
@@ -196,12 +196,12 @@ extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunk
                 most = hi > most ? hi : most;
             }
             quant_window_range((float)(xhat_of(least, c, C, stats) + B(c)), (float)(xhat_of(most, c, C, stats) + B(c)),
-                               (float)B(c), clip, bits, &shift, &width, &scale);
+                               (float)B(c), clip, bits, below_weight, &shift, &below, &above);
         } else {
-            quant_window_fixed((float)B(c), bits, &shift, &width, &scale);
+            quant_window_fixed((float)B(c), bits, &shift, &below, &above);
         }
         real_t* win = windows + block * 3 * C;
-        SHIFT(c) = shift, WIDTH(c) = width, SCALE(c) = scale;
+        SHIFT(c) = shift, BELOW(c) = below, ABOVE(c) = above;
     }
 }
 
@@ -219,14 +219,15 @@ __device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __r
     } else {  // the codes as numbers into a_row (scratch: a is written below), then packed
         CHANNEL_LOOP(c, C) {
             const float v = (float)(xhat_of(x_row[c], c, C, stats) + B(c));
-            a_row[c] = quant_code(v, (float)SHIFT(c), (float)SCALE(c), BITS);
+            a_row[c] = quant_code(v, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), BITS);
         }
         GROUP_LOOP(j, C / PER) row_codes[j] = quant_pack_byte<BITS>(a_row + j * PER);
     }
     if (BITS && naive) {  // a~ goes forward instead of a (a NaN still does, so divergence shows)
         CHANNEL_LOOP(c, C) {
             const real_t exact = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
-            const real_t restored = quant_restore((float)a_row[c], (float)SHIFT(c), (float)WIDTH(c), GAMMA(c));
+            const real_t restored =
+                quant_restore((float)a_row[c], (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), GAMMA(c));
             a_row[c] = exact == exact ? restored : exact;
         }
         return;
@@ -267,7 +268,7 @@ __device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_
         CHANNEL_LOOP(c, C) a_row[c] = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
     else
         for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
-            a_row[c] = quant_restore(q, (float)SHIFT(c), (float)WIDTH(c), GAMMA(c));
+            a_row[c] = quant_restore(q, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), GAMMA(c));
         });
 }
 

@@ -1,6 +1,6 @@
 // The k-bit store of (M, C) values v, through quant.cuh's functions, the ones the training kernels
 // (bn.cu) use: minibp/quant_kernels.py's wrappers, for the tests and bench/quant.py.
-// window is (3, C): each channel's shift, width and scale, as bn.cu's stats[4:7].
+// window is (3, C): each channel's shift, below and above, as bn.cu's stats[4:7].
 // n_bytes = M*C*k/8, the size of the codes. A thread takes one row at a time, in blocks of up to
 // BLOCK_C channels whose codes go through a local scratch block as numbers, as bn.cu's go through a
 // row of its output: the loops over a block vectorise on the CPU.
@@ -10,14 +10,17 @@
 constexpr int BLOCK_C = 64;  // a multiple of 8/k, as C is: blocks are whole bytes
 
 // window (3, C) of each channel: the fixed window of b (range = 0) or the range window of [lo, hi] narrowed
-// to b +- clip (range = 1).
-extern "C" __global__ void channel_window(int C, int bits, int range, float clip, const real_t* b,
-                                          const real_t* lo, const real_t* hi, real_t* window) {
+// to b +- clip, its bins split at zero by below_weight (range = 1).
+extern "C" __global__ void channel_window(int C, int bits, int range, float clip, float below_weight,
+                                          const real_t* b, const real_t* lo, const real_t* hi, real_t* window) {
     GRID_STRIDE_LOOP(c, C) {
-        float shift, width, scale;
-        if (range) quant_window_range((float)lo[c], (float)hi[c], (float)b[c], clip, bits, &shift, &width, &scale);
-        else quant_window_fixed((float)b[c], bits, &shift, &width, &scale);
-        window[c] = shift, window[C + c] = width, window[2 * C + c] = scale;
+        float shift, below, above;
+        if (range)
+            quant_window_range((float)lo[c], (float)hi[c], (float)b[c], clip, bits, below_weight, &shift, &below,
+                               &above);
+        else
+            quant_window_fixed((float)b[c], bits, &shift, &below, &above);
+        window[c] = shift, window[C + c] = below, window[2 * C + c] = above;
     }
 }
 
@@ -29,7 +32,8 @@ __device__ void quantize_rows(long long rows, int C, const real_t* v, const real
             const real_t* v_block = v + r * C + c0;
             real_t q[BLOCK_C];
             for (int c = 0; c < n; ++c)
-                q[c] = quant_code((float)v_block[c], (float)window[c0 + c], (float)window[2 * C + c0 + c], BITS);
+                q[c] = quant_code((float)v_block[c], (float)window[c0 + c], (float)window[C + c0 + c],
+                                  (float)window[2 * C + c0 + c], BITS);
             for (int j = 0; j < n / (8 / BITS); ++j)
                 codes[(r * C + c0) / (8 / BITS) + j] = quant_pack_byte<BITS>(q + j * (8 / BITS));
         }
@@ -55,9 +59,10 @@ __device__ void dequantize_rows(long long rows, int C, const unsigned char* code
             real_t q[BLOCK_C];
             quant_unpack_row<BITS>(codes + e0 / (8 / BITS), q, n);
             for (int c = 0; c < n; ++c) {
-                const float shift = (float)window[c0 + c], width = (float)window[C + c0 + c];
-                if (xhat) xhat[e0 + c] = quant_xhat((float)q[c], shift, width, b[c0 + c]);
-                if (a) a[e0 + c] = quant_restore((float)q[c], shift, width, gamma[c0 + c]);
+                const float shift = (float)window[c0 + c], below = (float)window[C + c0 + c],
+                            above = (float)window[2 * C + c0 + c];
+                if (xhat) xhat[e0 + c] = quant_xhat((float)q[c], shift, below, above, b[c0 + c]);
+                if (a) a[e0 + c] = quant_restore((float)q[c], shift, below, above, gamma[c0 + c]);
                 if (mask) mask[e0 + c] = (unsigned char)quant_mask((float)q[c], shift);
             }
         }

@@ -2,20 +2,23 @@
 // and quant.cu (the same functions behind minibp/quant_kernels.py). NumPy reference: minibp/quant.py.
 //
 // Each element's v = xhat + b (b = beta/gamma of its channel) is kept as a code q of K = 2^k bins
-// (k = BITS = 2, 4, 8) through its channel's window (shift, width, scale = 1/width):
-//     q     = clamp(floor((v - 1e-6)*scale) + shift, 0, K-1)   the code (NaN -> 0)
-//     vhat  = (q - shift + 0.5)*width                          the bin's midpoint
+// (k = BITS = 2, 4, 8) through its channel's window (shift, below, above): shift bins lie below zero,
+// `below` and `above` wide. With u = v - 1e-6 and w = below if u < 0, else above:
+//     q     = clamp(floor(u*(1/w)) + shift, 0, K-1)            the code (NaN -> 0)
+//     vhat  = (q - shift + 0.5)*(q < shift ? below : above)    the bin's midpoint
 //     mask  = q >= shift                                       (= v >= 1e-6, the ReLU's sign)
 //     xhat~ = vhat - b,   a~ = relu(gamma*vhat)                what the backward pass reads
 // shift is a whole number, so zero is a bin edge and the mask is exact (under a range window, for the values
-// it was taken from: the block of the batch it codes). The windows:
-//   fixed (the paper's): width 6/K, shift = clamp(K/2 - floor(b*K/6), 1, K-1): v within about b +- 3,
+// it was taken from: the block of the batch it codes). u*(1/w) rather than u/w: for a window of one width,
+// the paper's multiplication by its scale, code for code. The windows:
+//   fixed (the paper's): one width 6/K, shift = clamp(K/2 - floor(b*K/6), 1, K-1): v within about b +- 3,
 //     values beyond clipped to the end bins. The paper's code clamps shift only at 1; the cap at K-1
 //     keeps zero inside the code range, so a channel with very negative b keeps its positive values' mask.
 //   range: the batch's own [lo, hi] of v in the channel (from its min and max of x), narrowed to
-//     b +- clip (per k: minibp/quant.py's RANGE_CLIP); zero may fall outside the codes when the whole
-//     channel has one sign (shift <= 0: every mask 1; shift >= K: every mask 0). The block window is the
-//     range window of each block of 256 rows (bn.cu's windows), its clip BLOCK_CLIP.
+//     b +- clip (per k: minibp/quant.py's RANGE_CLIP), fewer bins below zero than above (quant.py's
+//     BELOW_WEIGHT: why); zero may fall outside the codes when the whole channel has one sign (shift <= 0:
+//     every mask 1; shift >= K: every mask 0). The block window is the range window of each block of 256
+//     rows (bn.cu's windows), its clip BLOCK_CLIP.
 // All float32 arithmetic that CPU, GPU and NumPy round alike (no FMA contraction, no fast math).
 //
 // A row of C channels (C a multiple of 8/k) packs into C*k/8 bytes, 8/k codes a byte, the row's first
@@ -35,20 +38,20 @@ __device__ __forceinline__ float clampf(float x, float lo, float hi) {
 
 // ----------------------------------------------------------------------------- a channel's window
 
-__device__ __forceinline__ void quant_window_fixed(float b, int bits, float* shift, float* width, float* scale) {
+__device__ __forceinline__ void quant_window_fixed(float b, int bits, float* shift, float* below, float* above) {
     const float K = (float)(1 << bits);
     *shift = clampf(K * 0.5f - floorf(b * (K / 6.0f)), 1.0f, K - 1.0f);
-    *width = 6.0f / K;
-    *scale = K / 6.0f;
+    *below = *above = 6.0f / K;
 }
 
 // [lo, hi]: the channel's smallest and largest v, first narrowed to b +- clip (xhat within +-clip; clip
 // may be infinite), but never across zero, so that the channel's sign (one sign or both) stays what
 // the data says and the mask exact. With u = v - 1e-6 (what the code floors), a channel of one sign
 // spreads K-1 widths over [u_lo, u_hi] (K bins whatever the grid's offset from zero); one straddling
-// zero puts j of the K bins below zero, j chosen for the narrowest width.
-__device__ __forceinline__ void quant_window_range(float lo, float hi, float b, float clip, int bits, float* shift,
-                                                   float* width, float* scale) {
+// zero puts j of the K bins below zero and K-j above, j for the least weight*below^2 + above^2 (weight:
+// quant.py's BELOW_WEIGHT), the first such j.
+__device__ __forceinline__ void quant_window_range(float lo, float hi, float b, float clip, int bits, float weight,
+                                                   float* shift, float* below, float* above) {
     const float K = (float)(1 << bits);
     // not across zero: lo stays below 1e-6 (the mask's threshold) if it was, hi at or above it if it was
     const float lo_clip = b - clip < 0.0f ? b - clip : 0.0f, hi_clip = b + clip > 1e-6f ? b + clip : 1e-6f;
@@ -56,41 +59,47 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
     hi = hi < hi_clip ? hi : hi_clip;
     const float u_lo = lo - 1e-6f, u_hi = hi - 1e-6f;
     const bool one_sign = u_lo >= 0.0f || u_hi < 0.0f;
-    float w = (u_hi - u_lo) / (K - 1.0f), j_best = 1.0f;
+    float wb = (u_hi - u_lo) / (K - 1.0f), wa = wb, j_best = 1.0f;
     if (!one_sign) {
-        w = -u_lo > u_hi / (K - 1.0f) ? -u_lo : u_hi / (K - 1.0f);  // j = 1
-        for (float j = 2.0f; j < K; j += 1.0f) {
-            const float below = -u_lo / j, above = u_hi / (K - j), w_j = below > above ? below : above;
-            if (w_j < w) w = w_j, j_best = j;
+        float least_cost = 0.0f;
+        for (float j = 1.0f; j < K; j += 1.0f) {
+            const float b_j = -u_lo / j, a_j = u_hi / (K - j), cost = weight * b_j * b_j + a_j * a_j;
+            if (j == 1.0f || cost < least_cost) least_cost = cost, j_best = j, wb = b_j, wa = a_j;
         }
     }
-    // a floor keeps |u|*scale + K within float32's whole numbers, 2^24 (a constant channel has no spread)
+    // a floor keeps |u|/w + K within float32's whole numbers, 2^24 (a constant channel has no spread)
     const float magnitude = -u_lo > u_hi ? -u_lo : u_hi, least = magnitude * 9.5367431640625e-7f;  // 2^-20
-    w = w > least ? w : least;
-    w = w > 1e-30f ? w : 1e-30f;
-    *width = w;
-    *scale = 1.0f / w;
-    *shift = !one_sign ? j_best : u_lo >= 0.0f ? -floorf(u_lo * *scale) : K - 1.0f - floorf(u_hi * *scale);
+    wb = wb > least ? wb : least;
+    wb = wb > 1e-30f ? wb : 1e-30f;
+    wa = wa > least ? wa : least;
+    wa = wa > 1e-30f ? wa : 1e-30f;
+    *below = wb;
+    *above = wa;
+    const float scale = 1.0f / wb;  // one sign: wb = wa
+    *shift = !one_sign ? j_best : u_lo >= 0.0f ? -floorf(u_lo * scale) : K - 1.0f - floorf(u_hi * scale);
 }
 
 // ----------------------------------------------------------------------------- one value
 
 // q as a float (an exact integer), the form the scratch rows hold.
-__device__ __forceinline__ float quant_code(float v, float shift, float scale, int bits) {
-    return clampf(floorf((v - 1e-6f) * scale) + shift, 0.0f, (float)((1 << bits) - 1));
+__device__ __forceinline__ float quant_code(float v, float shift, float below, float above, int bits) {
+    const float u = v - 1e-6f;
+    return clampf(floorf(u * (1.0f / (u < 0.0f ? below : above))) + shift, 0.0f, (float)((1 << bits) - 1));
 }
 
-__device__ __forceinline__ float quant_vhat(float q, float shift, float width) { return (q - shift + 0.5f) * width; }
+__device__ __forceinline__ float quant_vhat(float q, float shift, float below, float above) {
+    return (q - shift + 0.5f) * (q < shift ? below : above);
+}
 
 __device__ __forceinline__ bool quant_mask(float q, float shift) { return q >= shift; }
 
-__device__ __forceinline__ real_t quant_xhat(float q, float shift, float width, real_t b) {
-    return (real_t)quant_vhat(q, shift, width) - b;
+__device__ __forceinline__ real_t quant_xhat(float q, float shift, float below, float above, real_t b) {
+    return (real_t)quant_vhat(q, shift, below, above) - b;
 }
 
 // a~; zero exactly where the mask is (gamma > 0).
-__device__ __forceinline__ real_t quant_restore(float q, float shift, float width, real_t gamma) {
-    return relu(gamma * (real_t)quant_vhat(q, shift, width));
+__device__ __forceinline__ real_t quant_restore(float q, float shift, float below, float above, real_t gamma) {
+    return relu(gamma * (real_t)quant_vhat(q, shift, below, above));
 }
 
 // ----------------------------------------------------------------------------- packed rows

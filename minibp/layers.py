@@ -233,7 +233,7 @@ def col2im_ref(col, x_shape, kh, kw, stride, pad_top, pad_left, Ho, Wo):
 # ----------------------------------------------------------------------------- batch norm + ReLU
 #
 # stats is a unit's (7, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma, and
-# the window (shift, width, scale) of channel c's k-bit code (kernels/bn.cu, minibp/quant.py) under the
+# the window (shift, below, above) of channel c's k-bit code (kernels/bn.cu, minibp/quant.py) under the
 # fixed and range windows; the block window's are the unit's own (blocks, 3, C) windows (_windows).
 # The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b.
 #
@@ -335,8 +335,9 @@ def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", ext
     module.batchnorm_coefficients(C=C, eps=eps, gamma=gamma, beta=beta, stats=stats, threads=C)
     if bits:
         module.code_windows(C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits,
-                            range=window != "fixed", clip=quant.clip_of(window, bits), stats=stats, extremes=extremes,
-                            windows=windows, threads=blocks * C)
+                            range=window != "fixed", clip=quant.clip_of(window, bits),
+                            below_weight=quant.BELOW_WEIGHT, stats=stats, extremes=extremes, windows=windows,
+                            threads=blocks * C)
 
 
 def _windows(stats, windows):

@@ -1,29 +1,33 @@
 """The k-bit activation store: each unit keeps k-bit codes of v = xhat + b instead of its activations.
 
 For NHWC activations viewed as (M, C), b_c = beta_c / gamma_c per channel and K = 2^k bins, each channel
-c has a window (shift_c, width_c, scale_c = 1/width_c), shift_c a whole number:
+c has a window (shift_c, below_c, above_c): shift_c, a whole number, is the number of bins below zero,
+and below_c and above_c the widths of the bins below and above it. With u = v - 1e-6 and w the width on
+u's side of zero (below_c if u < 0, else above_c):
 
-    q       = clamp(floor((v - 1e-6) * scale_c) + shift_c, 0, K-1)    the stored code (NaN -> 0)
-    vhat    = (q - shift_c + 0.5) * width_c                            the bin's midpoint
+    q       = clamp(floor(u * (1/w)) + shift_c, 0, K-1)               the stored code (NaN -> 0)
+    vhat    = (q - shift_c + 0.5) * (below_c if q < shift_c else above_c)      the bin's midpoint
     mask    = q >= shift_c            (= v >= 1e-6 in float32: the ReLU's mask is exact)
     xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)                  what the backward pass reads
 
 Zero is a bin edge (shift is whole), so the mask is exact: for every v under the fixed window, and for
-the values a range or block window was taken from (which are the values a unit codes). WINDOWS names
-the three:
+the values a range or block window was taken from (which are the values a unit codes). (u * (1/w), not
+u / w: for a window of one width that is the paper's multiplication by its scale, code for code.)
+WINDOWS names the three:
 
-  fixed   the paper's: width 6/K, shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1), so v is coded within
-          about b +- 3 (xhat within +-3 sigma) and clipped beyond. The paper's code clamps shift only
-          at 1; minibp also caps it at K-1, so zero stays a bin edge inside the code range for every b
-          (without the cap a channel with b_c < -(K/2-1)*6/K loses every positive value's mask bit).
+  fixed   the paper's: one width 6/K, shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1), so v is coded
+          within about b +- 3 (xhat within +-3 sigma) and clipped beyond. The paper's code clamps shift
+          only at 1; minibp also caps it at K-1, so zero stays a bin edge inside the code range for
+          every b (without the cap a channel with b_c < -(K/2-1)*6/K loses every positive value's mask).
   range   the batch's own range [lo_c, hi_c] of v (from the minimum and maximum of x that the
           statistics pass also finds), narrowed to b_c +- RANGE_CLIP[k] but never across zero (so
-          the channel keeps its sign pattern and the mask stays exact): u = v - 1e-6 spans [u_lo, u_hi]; a
-          channel straddling zero puts j of the K bins below it, width = max(-u_lo/j, u_hi/(K-j)) for
-          the j giving the narrowest; a channel of one sign gets width (u_hi - u_lo)/(K-1) and a shift
-          outside [1, K-1] (shift <= 0: every mask 1, shift >= K: every mask 0). The width is floored
-          at 2^-20 of the largest |u| (and 1e-30), which keeps |u| * scale + K within float32's
-          whole numbers (2^24).
+          the channel keeps its sign pattern and the mask stays exact): u = v - 1e-6 spans [u_lo, u_hi]. A
+          channel straddling zero puts j of the K bins below it: below = -u_lo/j, above = u_hi/(K-j),
+          j in [1, K-1] the first with the least BELOW_WEIGHT * below^2 + above^2 (the coding errors'
+          variances, those below zero weighted less: BELOW_WEIGHT says why). A channel of one sign gets
+          one width (u_hi - u_lo)/(K-1) and a shift outside [1, K-1] (shift <= 0: every mask 1, shift
+          >= K: every mask 0). Each width is floored at 2^-20 of the largest |u| (and 1e-30), which keeps
+          |u| / w + K within float32's whole numbers (2^24).
   block   the range window for each block of BLOCK_ROWS consecutive rows (pixels) of a channel, from the
           block's own least and largest v: a unit keeps (blocks(M), 3, C) windows, row r coded through
           block r // BLOCK_ROWS's (row_windows_ref).
@@ -48,6 +52,12 @@ DEFAULT_WINDOW = "block"
 # (README, RQ4). A block's range needs none at 4 bits, where the batch's does.
 RANGE_CLIP = {8: np.inf, 4: 4.5, 2: 3.0}
 BLOCK_CLIP = {8: np.inf, 4: np.inf, 2: 3.0}
+# How much a range or block window weighs the coding error of values below zero against those above, when it
+# splits its bins at zero. Values above zero are read twice by the backward pass, as a~ (the next layer's
+# weight gradient) and as xhat~ (batch norm's); those below zero only as xhat~, through xhat~ * mean(dy * xhat~).
+# 1/27 puts a quarter of the bins below zero in a channel symmetric about it, which bench/gradnoise.py measured
+# better than half at 8, 4 and 2 bits (README, RQ4); a channel with little below zero puts fewer there.
+BELOW_WEIGHT = 1 / 27
 # Rows (pixels) that share a block window: its windows are (blocks(rows), 3, C), 96 bits a channel per block,
 # 0.375 bits a value on top of the k.
 BLOCK_ROWS = 256
@@ -94,7 +104,7 @@ def check_bits(bits):
 # ----------------------------------------------------------------------------- NumPy reference
 
 def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
-    """The (3, C) float32 window (shift, width, scale) of each channel: the fixed window of b, or the
+    """The (3, C) float32 window (shift, below, above) of each channel: the fixed window of b, or the
     range window of the channel's smallest and largest v, lo and hi (C,), narrowed to b +- clip
     (default RANGE_CLIP[bits]); the block window: lo and hi (blocks, C), each block's, give (3, blocks, C)
     (default clip BLOCK_CLIP[bits])."""
@@ -104,7 +114,7 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
     if kind == "fixed":
         with np.errstate(over="ignore"):
             shift = np.fmin(np.fmax(K * f32(0.5) - np.floor(b * (K / f32(6))), f32(1)), K - 1)
-        return np.stack([shift, np.full_like(b, f32(6) / K), np.full_like(b, K / f32(6))])
+        return np.stack([shift, np.full_like(b, f32(6) / K), np.full_like(b, f32(6) / K)])
     clip = f32(clip_of(kind, bits) if clip is None else clip)
     with np.errstate(all="ignore"):  # NaN and Inf windows of a diverged net go through as the kernel's do
         # selects written as the kernel's, so that a NaN b (a diverged net) gives the kernel's window too
@@ -115,23 +125,25 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
         u_lo, u_hi = lo - MASK_THRESHOLD, hi - MASK_THRESHOLD
         one_sign = (u_lo >= 0) | (u_hi < 0)
         j = np.arange(1, 1 << bits, dtype=f32).reshape((-1,) + (1,) * u_lo.ndim)
-        w_j = np.maximum(-u_lo / j, u_hi / (K - j))  # (K-1, ..., C): j bins below zero
-        best = np.argmin(w_j, axis=0)
-        width = np.where(one_sign, (u_hi - u_lo) / (K - 1), np.take_along_axis(w_j, best[None], axis=0)[0])
+        below_j, above_j = -u_lo / j, u_hi / (K - j)  # (K-1, ..., C): j bins below zero
+        best = np.argmin(f32(BELOW_WEIGHT) * below_j * below_j + above_j * above_j, axis=0)[None]
+        width = (u_hi - u_lo) / (K - 1)  # one sign
+        below = np.where(one_sign, width, np.take_along_axis(below_j, best, axis=0)[0])
+        above = np.where(one_sign, width, np.take_along_axis(above_j, best, axis=0)[0])
         least = np.where(-u_lo > u_hi, -u_lo, u_hi) * f32(2.0 ** -20)
-        width = np.where(width > least, width, least)
-        width = np.where(width > f32(1e-30), width, f32(1e-30)).astype(f32)
-        scale = f32(1) / width
-        shift = np.where(~one_sign, (best + 1).astype(f32), np.where(u_lo >= 0, -np.floor(u_lo * scale),
-                                                         K - 1 - np.floor(u_hi * scale)))
-    return np.stack([shift, width, scale]).astype(f32)
+        below, above = (np.where(w > least, w, least) for w in (below, above))
+        below, above = (np.where(w > f32(1e-30), w, f32(1e-30)).astype(f32) for w in (below, above))
+        shift = np.where(~one_sign, (best[0] + 1).astype(f32), np.where(u_lo >= 0, -np.floor(u_lo * (f32(1) / below)),
+                                                K - 1 - np.floor(u_hi * (f32(1) / below))))
+    return np.stack([shift, below, above]).astype(f32)
 
 
 def codes_ref(v, window, *, bits):
     """Unpacked codes (uint8, v's shape) of v (..., C) through the (3, C) window."""
-    shift, _, scale = np.asarray(window, np.float32)
-    with np.errstate(over="ignore", invalid="ignore"):  # +-inf and NaN are coded like the kernel does
-        q = np.floor((np.asarray(v, np.float32) - MASK_THRESHOLD) * scale) + shift
+    shift, below, above = np.asarray(window, np.float32)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # +-inf, NaN: coded as the kernel does
+        u = np.asarray(v, np.float32) - MASK_THRESHOLD
+        q = np.floor(u * (np.float32(1) / np.where(u < 0, below, above))) + shift
         return np.fmin(np.fmax(q, np.float32(0)), np.float32((1 << bits) - 1)).astype(np.uint8)  # NaN -> 0
 
 
@@ -166,9 +178,9 @@ def quantize_ref(v, window, *, bits):
 def dequantize_ref(packed, window, b, gamma, *, bits, shape):
     """(xhat~, a~, mask) of the packed codes, in b's dtype (mask as uint8 0/1)."""
     b = np.asarray(b)
-    shift, width, _ = np.asarray(window, np.float32)
+    shift, below, above = np.asarray(window, np.float32)
     q = unpack_ref(np.asarray(packed), bits=bits, shape=shape).astype(np.float32)
-    vhat = ((q - shift + np.float32(0.5)) * width).astype(b.dtype)
+    vhat = ((q - shift + np.float32(0.5)) * np.where(q < shift, below, above)).astype(b.dtype)
     y = np.asarray(gamma, b.dtype) * vhat
     a = np.where(y <= 0, b.dtype.type(0), y)  # relu that lets NaN through, as the kernels'
     return vhat - b, a, (q >= shift).astype(np.uint8)

@@ -3,13 +3,14 @@ functions the training kernels (kernels/bn.cu) write and read the stores with, s
 wrappers against quant.py's NumPy reference tests those. They serve the tests and bench/quant.py;
 training never calls them.
 
-    table = window(b, bits=4, kind="range", v=v)               # (3, C): shift, width, scale per channel
+    table = window(b, bits=4, kind="range", v=v)               # (3, C): shift, below, above per channel
     codes = quantize(v, table, bits=4)                          # (size * 4 / 8,) uint8
     xhat, a, mask = dequantize(codes, table, b, gamma, bits=4, shape=v.shape)
 """
 import numpy as np
 
 from . import backend, kernels
+from . import quant
 from .quant import check_bits, check_window, clip_of
 
 
@@ -36,7 +37,7 @@ def _check_layout(shape, bits):
 
 
 def window(b, *, bits, kind="fixed", v=None):
-    """The (3, C) window (shift, width, scale) of each channel, b's dtype: the fixed window of b (C,), or
+    """The (3, C) window (shift, below, above) of each channel, b's dtype: the fixed window of b (C,), or
     the range window of v (..., C), whose per-channel minimum and maximum it takes."""
     bits = check_bits(bits)
     _check_values("b", b)
@@ -53,7 +54,8 @@ def window(b, *, bits, kind="fixed", v=None):
         lo, hi = rows.min(axis=0), rows.max(axis=0)
     table = backend.xp.empty((3, C), b.dtype)
     kernels.load("quant.cu", b.dtype).channel_window(C=C, bits=bits, range=kind == "range", clip=clip_of(kind, bits),
-                                                     b=b, lo=lo, hi=hi, window=table, threads=C)
+                                                     below_weight=quant.BELOW_WEIGHT, b=b, lo=lo, hi=hi, window=table,
+                                                     threads=C)
     return table
 
 

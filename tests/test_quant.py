@@ -68,6 +68,21 @@ def test_codes_byte_identical_on_hard_cases(bits, b_value, kind):
     assert np.array_equal(*_codes(v, b, bits, kind))
 
 
+
+@pytest.mark.parametrize("bits", BITS)
+def test_the_fixed_window_codes_as_the_papers_scale_does(bits):
+    """One width 6/K: u * (1/w) is the paper's u * K/6 bit for bit (6/K is exact), so the reproduction's codes
+    did not move when the windows got a width on each side of zero."""
+    K = np.float32(1 << bits)
+    for b_value in (0.0, 1.0, -2.9, 5.0):
+        v = _edge_values(bits)[:, None] + np.float32(b_value)
+        b = np.full(1, b_value, np.float32)
+        shift = quant.window_ref(b, bits=bits)[0]
+        with np.errstate(over="ignore", invalid="ignore"):
+            paper = np.floor((v - np.float32(1e-6)) * (K / np.float32(6))) + shift
+        paper = np.fmin(np.fmax(paper, np.float32(0)), K - 1).astype(np.uint8)
+        assert np.array_equal(quant.codes_ref(v, quant.window_ref(b, bits=bits), bits=bits), paper)
+
 def test_b_from_tiny_and_huge_gamma(rng):
     """b = beta / gamma for gamma at the 1e-8 clamp and for huge gamma."""
     gamma = np.array([1e-8, 1e-8, 1e8, 1e8, 1.0, 1e-8], np.float32)
@@ -121,28 +136,46 @@ def test_mask_is_exact_and_error_is_half_a_bin_inside_the_window(rng, bits, kind
     assert np.array_equal(mask.astype(bool), v >= np.float32(1e-6))
     assert np.all((a > 0) == mask.astype(bool))  # a~ is zero exactly where the mask is
     vhat = xhat + b
-    shift, width, _ = ref
-    lo, hi = (0 - shift) * width, ((1 << bits) - shift) * width  # the window of each channel
+    shift, below, above = ref
+    lo, hi = (0 - shift) * below, ((1 << bits) - shift) * above  # the window of each channel
     inside = (v >= lo) & (v < hi - 1e-5)
     unclipped = kind == "range" and quant.RANGE_CLIP[bits] == np.inf
     assert inside.mean() > (0.999 if unclipped else 0.5)  # the unclipped range window clips nothing
+    width = np.where(v < np.float32(1e-6), below, above)  # the bins' width on v's side of zero
     assert np.all((np.abs(vhat - v) <= width / 2 + 1e-5)[inside])
 
 
+@pytest.mark.parametrize("weight", [None, 1.0, 1 / 27])
 @pytest.mark.parametrize("bits", BITS)
-def test_range_window_is_narrower_than_the_spread_allows_and_covers_it(bits):
-    """The range window's width is at most the spread over K-1 bins (one sign) or over K-2 (zero inside
-    it: one bin may be split at zero), and every value of the channel codes within it."""
+def test_range_window_splits_its_bins_at_zero_and_covers_the_spread(monkeypatch, bits, weight):
+    """One width, the spread over K-1 bins, for a channel of one sign; a channel straddling zero puts
+    shift bins below it and K - shift above, each side's range over its own bins, shift the least
+    BELOW_WEIGHT * below^2 + above^2 (a quarter of the bins below zero when the channel is symmetric
+    and the weight 1/27, half at 1). Every value of the channel codes within the window; the kernel's
+    window is the reference's."""
+    if weight is not None:
+        monkeypatch.setattr(quant, "BELOW_WEIGHT", weight)
     K = 1 << bits
-    lo = np.array([-3, -0.5, 1, -9, 0, -7, 2.5], np.float32)
-    hi = np.array([3, 11, 4, -2, 6, 1e-6, 2.5], np.float32)
-    shift, width, _ = quant.window_ref(np.zeros(7, np.float32), bits=bits, kind="range", lo=lo, hi=hi, clip=np.inf)
-    spread = hi - lo
-    assert np.all(width[:-1] <= spread[:-1] / (K - 2) * (1 + 1e-6))
-    assert np.all(width[[2, 3]] <= spread[[2, 3]] / (K - 1) * (1 + 1e-6))
-    assert width[-1] > 0  # a constant channel
+    lo = np.array([-3, -0.5, 1, -9, 0, -7, 2.5, -3], np.float32)
+    hi = np.array([3, 11, 4, -2, 6, 1e-6, 2.5, 3], np.float32)
+    _window(np.stack([lo, hi]), np.zeros(8, np.float32), bits, "range")  # the kernel's is the reference's
+    shift, below, above = quant.window_ref(np.zeros(8, np.float32), bits=bits, kind="range", lo=lo, hi=hi,
+                                           clip=np.inf)
     u_lo, u_hi = lo - np.float32(1e-6), hi - np.float32(1e-6)
-    assert np.all(np.floor(u_lo / width) + shift >= -1e-3) and np.all(np.floor(u_hi / width) + shift <= K)
+    one_sign = [2, 3]
+    assert np.array_equal(below[one_sign], above[one_sign])
+    assert np.all(below[one_sign] <= (hi - lo)[one_sign] / (K - 1) * (1 + 1e-6))
+    straddling = [0, 1, 4, 5]
+    j = np.arange(1, K, dtype=np.float64)[:, None]
+    cost = quant.BELOW_WEIGHT * (-u_lo[straddling] / j) ** 2 + (u_hi[straddling] / (K - j)) ** 2
+    assert np.array_equal(shift[straddling], np.argmin(cost, axis=0) + 1)
+    if quant.BELOW_WEIGHT in (1.0, 1 / 27):  # symmetric
+        assert shift[0] == {1.0: K // 2, 1 / 27: K // 4}[quant.BELOW_WEIGHT]
+    assert shift[5] == K - 1  # nothing above zero
+    np.testing.assert_allclose(below[[0, 1, 5]], -u_lo[[0, 1, 5]] / shift[[0, 1, 5]], rtol=1e-6)
+    np.testing.assert_allclose(above[[0, 1, 4]], u_hi[[0, 1, 4]] / (K - shift[[0, 1, 4]]), rtol=1e-6)
+    assert below[-1] > 0 and above[-1] > 0  # a constant channel
+    assert np.all(np.floor(u_lo / below) + shift >= -1e-3) and np.all(np.floor(u_hi / above) + shift <= K)
 
 
 @pytest.mark.parametrize("clip", [0.5, 2.0, 3.0])
@@ -155,8 +188,8 @@ def test_a_clipped_range_window_keeps_the_mask_exact(monkeypatch, rng, bits, cli
     b[:4] = [5.0, -5.0, 0.3, -0.3]
     v[:, :4] += b[:4]  # v around b: values straddle zero with b +- clip on one side of it
     table, ref = _window(v, b, bits, "range")
-    shift, width, _ = ref
-    assert np.all(width[:2] <= (clip + 5) / ((1 << bits) - 2) * 1.0001)  # narrowed: not the whole spread
+    _, below, above = ref
+    assert np.all(np.maximum(below, above)[:2] <= (clip + 5) / ((1 << bits) - 2) * 1.0001)  # not the whole spread
     codes = quant_kernels.quantize(device(v), table, bits=bits)
     assert np.array_equal(host(codes), quant.quantize_ref(v, ref, bits=bits))
     _, _, mask = quant_kernels.dequantize(codes, table, device(b), device(np.ones(8, np.float32)), bits=bits,

@@ -54,7 +54,9 @@ def read_metrics(run):
 
 
 def test_training_lowers_the_loss_and_writes_metrics(tmp_path, data_dir, capsys):
-    assert train.main(base_args(tmp_path, iters=80, log_every=10, val_every=40, lr_schedule="0:0.05")) == 0
+    # the rate drops for the last 20 iterations, as a schedule's does: at 0.05 this small net's validation
+    # swings between chance and 0.9 from one iteration to the next (in exact training too)
+    assert train.main(base_args(tmp_path, iters=80, log_every=10, val_every=40, lr_schedule="0:0.05,60:0.005")) == 0
     records = read_metrics(tmp_path / "run")
     train_records = [r for r in records if r["kind"] == "train"]
     val_records = [r for r in records if r["kind"] == "val"]
