@@ -49,7 +49,8 @@ __device__ __forceinline__ void quant_window_fixed(float b, int bits, float* shi
 // the data says and the mask exact. With u = v - 1e-6 (what the code floors), a channel of one sign
 // spreads K-1 widths over [u_lo, u_hi] (K bins whatever the grid's offset from zero); one straddling
 // zero puts j of the K bins below zero and K-j above, j for the least weight*below^2 + above^2 (weight:
-// quant.py's BELOW_WEIGHT), the first such j.
+// quant.py's BELOW_WEIGHT): the cost is convex in j, so the scan from j = 1 stops where it stops falling
+// (about K/4 steps, each two divisions, where trying every j made the block window's windows 4% of a step).
 __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, float clip, int bits, float weight,
                                                    float* shift, float* below, float* above) {
     const float K = (float)(1 << bits);
@@ -61,10 +62,12 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
     const bool one_sign = u_lo >= 0.0f || u_hi < 0.0f;
     float wb = (u_hi - u_lo) / (K - 1.0f), wa = wb, j_best = 1.0f;
     if (!one_sign) {
-        float least_cost = 0.0f;
-        for (float j = 1.0f; j < K; j += 1.0f) {
-            const float b_j = -u_lo / j, a_j = u_hi / (K - j), cost = weight * b_j * b_j + a_j * a_j;
-            if (j == 1.0f || cost < least_cost) least_cost = cost, j_best = j, wb = b_j, wa = a_j;
+        wb = -u_lo, wa = u_hi / (K - 1.0f);
+        float cost = weight * wb * wb + wa * wa;
+        for (float j = 2.0f; j < K; j += 1.0f) {
+            const float b_j = -u_lo / j, a_j = u_hi / (K - j), cost_j = weight * b_j * b_j + a_j * a_j;
+            if (!(cost_j < cost)) break;  // (NaN: j = 1)
+            cost = cost_j, j_best = j, wb = b_j, wa = a_j;
         }
     }
     // a floor keeps |u|/w + K within float32's whole numbers, 2^24 (a constant channel has no spread)

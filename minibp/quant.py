@@ -23,8 +23,9 @@ WINDOWS names the three:
           statistics pass also finds), narrowed to b_c +- RANGE_CLIP[k] but never across zero (so
           the channel keeps its sign pattern and the mask stays exact): u = v - 1e-6 spans [u_lo, u_hi]. A
           channel straddling zero puts j of the K bins below it: below = -u_lo/j, above = u_hi/(K-j),
-          j in [1, K-1] the first with the least BELOW_WEIGHT * below^2 + above^2 (the coding errors'
-          variances, those below zero weighted less: BELOW_WEIGHT says why). A channel of one sign gets
+          j in [1, K-1] for the least cost BELOW_WEIGHT * below^2 + above^2 (the coding errors'
+          variances, those below zero weighted less: BELOW_WEIGHT says why). The cost is convex in j:
+          j is the first from 1 up whose next one does not cost less. A channel of one sign gets
           one width (u_hi - u_lo)/(K-1) and a shift outside [1, K-1] (shift <= 0: every mask 1, shift
           >= K: every mask 0). Each width is floored at 2^-20 of the largest |u| (and 1e-30), which keeps
           |u| / w + K within float32's whole numbers (2^24).
@@ -124,16 +125,22 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
         hi = np.where(np.asarray(hi, f32) < hi_clip, hi, hi_clip).astype(f32)
         u_lo, u_hi = lo - MASK_THRESHOLD, hi - MASK_THRESHOLD
         one_sign = (u_lo >= 0) | (u_hi < 0)
-        j = np.arange(1, 1 << bits, dtype=f32).reshape((-1,) + (1,) * u_lo.ndim)
-        below_j, above_j = -u_lo / j, u_hi / (K - j)  # (K-1, ..., C): j bins below zero
-        best = np.argmin(f32(BELOW_WEIGHT) * below_j * below_j + above_j * above_j, axis=0)[None]
+        weight = f32(BELOW_WEIGHT)
+        j_best, below_j, above_j = np.ones_like(u_lo), -u_lo, u_hi / (K - 1)  # j = 1
+        cost, falling = weight * below_j * below_j + above_j * above_j, np.ones(u_lo.shape, bool)
+        for j in np.arange(2, 1 << bits, dtype=f32):  # while the cost falls (the kernel's scan, all at once)
+            b_j, a_j = -u_lo / j, u_hi / (K - j)
+            cost_j = weight * b_j * b_j + a_j * a_j
+            falling &= cost_j < cost
+            cost, j_best = np.where(falling, cost_j, cost), np.where(falling, j, j_best)
+            below_j, above_j = np.where(falling, b_j, below_j), np.where(falling, a_j, above_j)
         width = (u_hi - u_lo) / (K - 1)  # one sign
-        below = np.where(one_sign, width, np.take_along_axis(below_j, best, axis=0)[0])
-        above = np.where(one_sign, width, np.take_along_axis(above_j, best, axis=0)[0])
+        below = np.where(one_sign, width, below_j)
+        above = np.where(one_sign, width, above_j)
         least = np.where(-u_lo > u_hi, -u_lo, u_hi) * f32(2.0 ** -20)
         below, above = (np.where(w > least, w, least) for w in (below, above))
         below, above = (np.where(w > f32(1e-30), w, f32(1e-30)).astype(f32) for w in (below, above))
-        shift = np.where(~one_sign, (best[0] + 1).astype(f32), np.where(u_lo >= 0, -np.floor(u_lo * (f32(1) / below)),
+        shift = np.where(~one_sign, j_best, np.where(u_lo >= 0, -np.floor(u_lo * (f32(1) / below)),
                                                 K - 1 - np.floor(u_hi * (f32(1) / below))))
     return np.stack([shift, below, above]).astype(f32)
 
