@@ -67,8 +67,8 @@ def main(argv=None):
         for seed in seeds:
             run = Path(args.out) / f"{args.data}-{args.model}-{label(mode).replace(' ', '-')}-seed{seed}"
             common = ["--out", str(run), "--iters", str(args.iters)]
-            if (run / "checkpoint.h5").exists():
-                argv = common + ["--resume"]
+            if (run / "checkpoint.h5").exists():  # (the data may have moved since: a run keeps its folder's path)
+                argv = common + ["--resume", "--data-dir", args.data_dir]
             else:
                 argv = common + ["--overwrite",  # a run stopped before its first checkpoint starts again
                                  "--data", args.data, "--data-dir", args.data_dir, "--model", args.model,

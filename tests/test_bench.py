@@ -38,9 +38,11 @@ def test_accuracy_bench_quick(tmp_path):
     out = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
               "--modes", "exact,4:range,naive", "--seeds", "0,1")
     assert "vs exact" in out and "naive" in out and "4 range" in out and "seed 1" in out
-    # run again: every run resumes at its end with the same accuracy, and no time a run is claimed for them
+    # run again, the data moved: every run resumes at its end with the same accuracy, and no time a run is
+    # claimed for them
     table = out.split("test accuracy (%)")[1].splitlines()[2:5]
-    again = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
+    (tmp_path / "data").rename(tmp_path / "moved")
+    again = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "moved"), "--out", str(tmp_path / "runs"),
                 "--modes", "exact,4:range,naive", "--seeds", "0,1").split("test accuracy (%)")[1].splitlines()[2:5]
     assert [row.split()[-1] for row in table] != ["-"] * 3 and [row.split()[-1] for row in again] == ["-"] * 3
     assert [row.split()[:-1] for row in again] == [row.split()[:-1] for row in table]
