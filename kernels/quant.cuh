@@ -90,11 +90,8 @@ __device__ __forceinline__ float quant_code(float v, float shift, float below, f
     return clampf(floorf(u * (1.0f / (u < 0.0f ? below : above))) + shift, 0.0f, (float)((1 << bits) - 1));
 }
 
-// (both products, then a select of values: a select of the widths became a select of their addresses,
-// which g++ does not vectorise)
 __device__ __forceinline__ float quant_vhat(float q, float shift, float below, float above) {
-    const float bins = q - shift + 0.5f, under = bins * below, over = bins * above;
-    return q < shift ? under : over;
+    return (q - shift + 0.5f) * (q < shift ? below : above);
 }
 
 __device__ __forceinline__ bool quant_mask(float q, float shift) { return q >= shift; }
