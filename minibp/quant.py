@@ -57,7 +57,8 @@ BLOCK_CLIP = {8: np.inf, 4: np.inf, 2: 3.0}
 # splits its bins at zero. Values above zero are read twice by the backward pass, as a~ (the next layer's
 # weight gradient) and as xhat~ (batch norm's); those below zero only as xhat~, through xhat~ * mean(dy * xhat~).
 # 1/27 puts a quarter of the bins below zero in a channel symmetric about it, which bench/gradnoise.py measured
-# better than half at 8, 4 and 2 bits (README, RQ4); a channel with little below zero puts fewer there.
+# best at 4 bits (against an eighth, three eighths and half) and better than an even split at 8 and 2 (README,
+# RQ4; bench/results/below_weight.txt); a channel with little below zero puts fewer there.
 BELOW_WEIGHT = 1 / 27
 # Rows (pixels) that share a block window: its windows are (blocks(rows), 3, C), 96 bits a channel per block,
 # 0.375 bits a value on top of the k.
