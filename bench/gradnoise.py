@@ -125,9 +125,10 @@ def main(argv=None):
                 [("median", np.median, ".4f"), ("max", np.max, ".4f"), ("median^2", lambda r: np.median(r) ** 2, ".5f"),
                  ("max^2", lambda r: np.max(r) ** 2, ".5f")])
     if args.systematic:
+        independent = 1 / np.sqrt(args.batches + 1)
         print_table(f"\nthe share of the error every batch repeats, ||mean_i e_i|| / rms_i ||e_i|| over "
-                    f"{args.batches + 1} batches, per layer (independent errors: {1 / np.sqrt(args.batches + 1):.3f}; "
-                    "a bias: 1)", repeats, [("median", np.median, ".3f"), ("min", np.min, ".3f"), ("max", np.max, ".3f")])
+                    f"{args.batches + 1} batches, per layer (independent errors: {independent:.3f}; a bias: 1)",
+                    repeats, [("median", np.median, ".3f"), ("min", np.min, ".3f"), ("max", np.max, ".3f")])
     plt = pyplot_or_none()
     if plt is not None:
         fig, axes = plt.subplots(1, len(points), figsize=(4 * len(points), 3.6), sharey=True, squeeze=False)
