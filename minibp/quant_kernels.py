@@ -9,8 +9,7 @@ training never calls them.
 """
 import numpy as np
 
-from . import backend, kernels
-from . import quant
+from . import backend, kernels, quant
 from .quant import check_bits, check_window, clip_of
 
 
