@@ -133,13 +133,14 @@ class Net(Chain):
         self.param_views, self.grad_views = table.bind(self.units, self.arena)
         if kept is None:
             self.initialize(seed=seed)
-        else:
-            self.load_state(kept)
+        else:  # the net's own state, as it is (a diverged one says so at its next forward)
+            table.set_state(self.units, self.arena, kept, require_finite=False)
         self._n = 0
         return self
 
     def initialize(self, *, seed=0):
         """Fresh parameters, running statistics (0, 1), zero gradients and momentum (params.py)."""
+        self._check_compiled()
         table.initialize(self.units, self.arena, seed=seed, dtype=self.dtype)
 
     def state(self):
@@ -148,7 +149,9 @@ class Net(Chain):
         return table.get_state(self.units, self.arena)
 
     def load_state(self, state):
-        """Set parameters, running statistics and (optional) momentum from named arrays."""
+        """Set parameters, running statistics and (optional) momentum from named arrays; a state that does not
+        fit, or holds values that are not finite, is refused whole (ValueError)."""
+        self._check_compiled()
         table.set_state(self.units, self.arena, state)
 
     # ------------------------------------------------------------------ forward

@@ -90,15 +90,26 @@ def get_state(units, arena):
     return {name: backend.to_host(view).copy() for name, view in _state_views(units, arena).items()}
 
 
-def set_state(units, arena, state):
-    """Copy named arrays into the arena; momentum may be absent (it is then zero), all else must fit."""
+def set_state(units, arena, state, *, require_finite=True):
+    """Copy named arrays into the arena; momentum may be absent (it is then zero), all else must fit. Every
+    array is checked (shape, numbers, finite in the net's dtype) before any is copied, so a refused state
+    leaves the net as it was. require_finite=False: the net's own state, which a recompile keeps as it is."""
     views = _state_views(units, arena)
     missing = [n for n in views if n not in state and not n.startswith("momentum/")]
     unknown = [n for n in state if n not in views and not n.startswith("momentum/")]
     if missing or unknown:
         raise ValueError(f"the state does not fit this net: missing {missing[:3]}, unknown {unknown[:3]}")
+    values = {}
     for name, view in views.items():
         value = np.asarray(state[name]) if name in state else np.zeros(view.shape)
+        if value.dtype.kind not in "iuf":
+            raise TypeError(f"state {name!r} must be an array of numbers, got {value.dtype}")
         if value.shape != view.shape:
             raise ValueError(f"state {name!r} has shape {value.shape}, the net {view.shape}")
-        view[...] = backend.xp.asarray(value.astype(view.dtype, copy=False))
+        with np.errstate(over="ignore"):  # a value beyond the dtype's range becomes infinite, and is refused
+            values[name] = value.astype(view.dtype, copy=False)
+        if require_finite and not np.isfinite(values[name]).all():
+            raise ValueError(f"state {name!r} holds values that are not finite (NaN, infinite or beyond "
+                             f"{view.dtype})")
+    for name, view in views.items():
+        view[...] = backend.xp.asarray(values[name])

@@ -45,6 +45,10 @@ def test_using_the_net_before_compile_is_a_clear_error():
     with pytest.raises(RuntimeError, match="compile"):
         net.zero_grad()
     with pytest.raises(RuntimeError, match="compile"):
+        net.load_state({})
+    with pytest.raises(RuntimeError, match="compile"):
+        net.initialize(seed=1)
+    with pytest.raises(RuntimeError, match="compile"):
         SGD(net)
 
 
@@ -137,3 +141,36 @@ def test_projection_block_then_fewer_channels_matches_finite_differences(rng):
     loss = lambda: net.forward(x, y)[0]  # noqa: E731
     for name, analytic in net.grad_views.items():
         assert relative_error(host(analytic), numerical_gradient(loss, net.param_views[name])) < 1e-6, name
+
+
+@pytest.mark.parametrize("name", ["params/unit1.w", "momentum/unit2.gamma", "running/unit1.bn"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 1e39])  # 1e39: finite as given, infinite as float32
+def test_load_state_refuses_values_that_are_not_finite(rng, name, bad):
+    net = tiny_net().compile(batch=4, bits="4")
+    x, y = tiny_batch(rng)
+    net.forward(x, y)
+    net.backward()
+    SGD(net).step(lr=0.1)  # momentum and running statistics away from zero
+    before = net.state()
+    state = {k: v.astype(np.float64) for k, v in before.items()}
+    state[name].flat[-1] = bad
+    with pytest.raises(ValueError, match=f"state '{name}' holds values that are not finite"):
+        net.load_state(state)
+    after = net.state()
+    assert all(np.array_equal(after[k], before[k]) for k in before)  # nothing of it was loaded
+
+
+def test_load_state_refuses_arrays_that_are_not_numbers():
+    net = tiny_net().compile(batch=4, bits="4")
+    state = net.state()
+    state["params/unit1.gamma"] = np.array(["1"] * 8)
+    with pytest.raises(TypeError, match="state 'params/unit1.gamma' must be an array of numbers, got <U1"):
+        net.load_state(state)
+
+
+def test_a_diverged_net_can_still_be_recompiled():
+    """compile() keeps the net's own state, whatever it holds: the next forward says the loss is NaN."""
+    net = tiny_net().compile(batch=4, bits="4")
+    net.params[0] = np.nan
+    net.compile(batch=2, bits="4")
+    assert np.isnan(host(net.params)[0])
