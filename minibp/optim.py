@@ -7,19 +7,37 @@ arena's `velocity` buffer, so it is planned, checkpointed and allocated with eve
     opt = SGD(net, momentum=0.9, weight_decay=2e-4)
     net.zero_grad(); net.forward(x, y); net.backward(); opt.step(lr=0.1)
 """
+import math
+import numbers
+
 import numpy as np
 
 from . import kernels
 
 
+def hyperparameter(value, name, *, below=math.inf):
+    """value as a float if it is a real number (not a bool, a string or an array) in [0, below), else a
+    TypeError or ValueError naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    if not 0 <= value < below:  # NaN fails too
+        bounds = "finite and >= 0" if below == math.inf else f"in [0, {below:g})"
+        raise ValueError(f"{name} must be {bounds}, got {value!r}")
+    return float(value)
+
+
 class SGD:
     def __init__(self, net, *, momentum=0.9, weight_decay=2e-4):
-        if net.arena is None:
+        self.net = net
+        self._check_net()
+        self.momentum = hyperparameter(momentum, "momentum", below=1)
+        self.weight_decay = hyperparameter(weight_decay, "weight_decay")
+
+    def _check_net(self):
+        if self.net.arena is None:
             raise RuntimeError("compile the net before making its optimizer")
-        if not 0 <= momentum < 1 or not 0 <= weight_decay < np.inf:  # (NaN fails both)
-            raise ValueError(f"momentum must be in [0, 1) and weight_decay finite and >= 0, got {momentum}, "
-                             f"{weight_decay}")
-        self.net, self.momentum, self.weight_decay = net, float(momentum), float(weight_decay)
+        if "velocity" not in self.net.arena:
+            raise RuntimeError("the net was compiled for evaluation (training=False): it has no gradients to step")
 
     @property
     def velocity(self):
@@ -28,8 +46,8 @@ class SGD:
 
     def step(self, *, lr):
         """p -= lr * (velocity = momentum * velocity + grad + weight_decay * p [decayed part])."""
-        if not np.isfinite(lr) or lr < 0:
-            raise ValueError(f"the learning rate must be a finite non-negative number, got {lr}")
+        lr = hyperparameter(lr, "lr")
+        self._check_net()  # a recompile may have made it an evaluation net
         net = self.net
         n = net.params.size
         kernels.load("sgd.cu", net.dtype).sgd_momentum(n=n, n_decay=net.num_decayed, lr=lr, momentum=self.momentum,

@@ -77,11 +77,19 @@ def test_a_whole_float_batch_is_accepted():
     assert tiny_net().compile(batch=4.0, bits="4").batch == 4
 
 
-@pytest.mark.parametrize("options", [dict(weight_decay=float("nan")), dict(weight_decay=float("inf")),
-                                     dict(weight_decay=-1e-4), dict(momentum=float("nan")), dict(momentum=1.0)])
-def test_sgd_refuses_non_finite_or_out_of_range_hyperparameters(options):
+@pytest.mark.parametrize("options,error,match", [
+    (dict(weight_decay=float("nan")), ValueError, "weight_decay must be finite and >= 0, got nan"),
+    (dict(weight_decay=float("inf")), ValueError, "weight_decay must be finite and >= 0"),
+    (dict(weight_decay=-1e-4), ValueError, "weight_decay must be finite and >= 0"),
+    (dict(weight_decay="2e-4"), TypeError, r"weight_decay must be a real number, got '2e-4' \(str\)"),
+    (dict(momentum=float("nan")), ValueError, r"momentum must be in \[0, 1\), got nan"),
+    (dict(momentum=1.0), ValueError, r"momentum must be in \[0, 1\), got 1.0"),
+    (dict(momentum="0.9"), TypeError, "momentum must be a real number"),
+    (dict(momentum=False), TypeError, "momentum must be a real number, got False"),
+])
+def test_sgd_refuses_hyperparameters_that_are_not_numbers_in_range(options, error, match):
     net = tiny_net().compile(batch=2, bits="4")
-    with pytest.raises(ValueError, match="momentum must be"):
+    with pytest.raises(error, match=match):
         SGD(net, **options)
 
 

@@ -1,4 +1,6 @@
 """SGD with momentum: the kernel against its reference, and weight decay on weights only."""
+import re
+
 import numpy as np
 import pytest
 
@@ -44,7 +46,41 @@ def test_bad_options_are_refused():
     net = _net()
     with pytest.raises(ValueError, match="momentum"):
         optim.SGD(net, momentum=1.5)
-    with pytest.raises(ValueError, match="learning rate"):
+    with pytest.raises(ValueError, match="lr must be finite and >= 0, got nan"):
         optim.SGD(net).step(lr=float("nan"))
     with pytest.raises(RuntimeError, match="compile"):
         optim.SGD(Net((4, 4, 2)))
+
+
+@pytest.mark.parametrize("lr,error,match", [
+    ("0.1", TypeError, "lr must be a real number, got '0.1' (str)"),
+    (True, TypeError, "lr must be a real number, got True (bool)"),
+    (None, TypeError, "lr must be a real number, got None (NoneType)"),
+    (np.array([0.1, 0.2]), TypeError, "lr must be a real number, got array"),
+    (-0.1, ValueError, "lr must be finite and >= 0, got -0.1"),
+    (float("inf"), ValueError, "lr must be finite and >= 0, got inf"),
+])
+def test_step_refuses_a_learning_rate_that_is_not_a_finite_number(lr, error, match):
+    net = _net()
+    before = host(net.params).copy()
+    with pytest.raises(error, match=re.escape(match)):
+        optim.SGD(net).step(lr=lr)
+    assert np.array_equal(host(net.params), before)
+
+
+@pytest.mark.parametrize("lr", [0, 0.1, np.float32(0.1), np.float64(0.1), 1])
+def test_step_takes_any_real_learning_rate(lr):
+    net = _net()
+    net.grads[...] = 1
+    optim.SGD(net, momentum=0.0, weight_decay=0.0).step(lr=lr)
+    assert np.allclose(host(net.params), host(_net().params) - float(lr))
+
+
+def test_step_needs_a_net_compiled_for_training():
+    net = _net()
+    opt = optim.SGD(net)
+    net.compile(batch=2, bits="4", training=False)
+    with pytest.raises(RuntimeError, match="compiled for evaluation"):
+        opt.step(lr=0.1)
+    with pytest.raises(RuntimeError, match="compiled for evaluation"):
+        optim.SGD(net)
