@@ -10,7 +10,9 @@ the SHA-256 of each array's bytes as the group's attributes `images_sha256`, `la
 minibp.data checks on reading), and attributes naming the source, its checksum, the class names and the
 number of classes. Archives are checked against the official checksums before anything is read from them
 (CIFAR's are pickles: nothing is unpickled from a file that does not match); the HDF5 file is written to
-a temporary name and renamed, so an interrupted conversion never leaves a half-written file behind.
+a temporary name and renamed, so an interrupted or failed conversion (a full disk) never leaves a
+half-written file behind and keeps the one an earlier conversion wrote. A failure is one line on stderr:
+exit status 2 for a bad archive, input file or --out, 1 for a download or a write that failed.
 
 This is a script, not a package: `datasets` on sys.path is often the Hugging Face package, so nothing
 imports this folder by name.
@@ -55,7 +57,8 @@ FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
 
 
 class DataError(ValueError):
-    """An archive or file that is missing, corrupt, truncated or not the expected one."""
+    """An archive or file that is missing, corrupt, truncated or not the expected one, or an --out that is not
+    a folder: a bad input or option (exit status 2). A download or a write that fails is an OSError (1)."""
 
 
 def file_digest(path, algorithm):
@@ -83,22 +86,26 @@ def download(url, destination):
         print()
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise DataError(f"could not download {url}: {e}") from None
+        raise OSError(f"could not download {url}: {e}") from None
     os.replace(tmp, destination)
     return destination
 
 
 def write_h5(path, splits, attrs):
-    """Write {split: (images, labels)} and attrs to path through a temporary file and a rename."""
-    with atomic_h5(path) as f:
-        for key, value in attrs.items():
-            f.attrs[key] = value
-        for split, (images, labels) in splits.items():
-            images, labels = np.ascontiguousarray(images), labels.astype(np.int64)
-            group = f.create_group(split)
-            group.create_dataset("images", data=images, chunks=(min(len(images), 256),) + images.shape[1:])
-            group.create_dataset("labels", data=labels)
-            group.attrs.update(split_checksums(images, labels))
+    """Write {split: (images, labels)} and attrs to path through a temporary file and a rename: a write that
+    fails (a full disk) leaves the file at path as it was, and raises an OSError that says so in one line."""
+    try:
+        with atomic_h5(path) as f:
+            for key, value in attrs.items():
+                f.attrs[key] = value
+            for split, (images, labels) in splits.items():
+                images, labels = np.ascontiguousarray(images), labels.astype(np.int64)
+                group = f.create_group(split)
+                group.create_dataset("images", data=images, chunks=(min(len(images), 256),) + images.shape[1:])
+                group.create_dataset("labels", data=labels)
+                group.attrs.update(split_checksums(images, labels))
+    except OSError as e:  # the reason alone: h5py's message runs over lines and names the temporary file
+        raise OSError(f"could not write {path}: {os.strerror(e.errno) if e.errno else e}") from None
     return Path(path)
 
 
@@ -195,6 +202,18 @@ def convert_fashion_mnist(source_dir, out, *, verify=True):
 
 # ----------------------------------------------------------------------------- command line
 
+def out_folder(path):
+    """The --out folder, made if it is not there; DataError if it is not a folder or cannot be made."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise DataError(f"--out {path} is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DataError(f"--out {path}: cannot make the folder ({e.strerror})") from None
+    return path
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dataset", choices=["cifar10", "cifar100", "fashion-mnist"])
@@ -205,6 +224,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     out = Path(args.out) / f"{args.dataset}.h5"
     try:
+        out_folder(args.out)  # before any download
         if args.dataset.startswith("cifar"):
             archive = args.archive or Path(args.out) / Path(CIFAR[args.dataset]["url"]).name
             if not Path(archive).is_file():
@@ -219,6 +239,9 @@ def main(argv=None):
                         download(FASHION_MNIST_URL + stem + ".gz", source / f"{stem}.gz")
             convert_fashion_mnist(source, out)
     except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a download or a write that failed
         print(f"error: {e}", file=sys.stderr)
         return 1
     with h5py.File(out, "r") as f:

@@ -1,4 +1,5 @@
 """datasets/prepare.py on small archives in the official formats, built here; corrupt inputs refused."""
+import errno
 import gzip
 import hashlib
 import importlib.util
@@ -164,5 +165,62 @@ def test_script_runs_beside_a_package_named_datasets(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "datasets" / "prepare.py"), "fashion-mnist", "--source",
                            str(tmp_path / "idx"), "--out", str(tmp_path / "out")], env=env, capture_output=True,
                           text=True)
-    # the made-up IDX files fail the official checksum: the script ran and said so
-    assert done.returncode == 1 and "not the official" in done.stderr, done.stderr
+    # the made-up IDX files fail the official checksum: the script ran and said so, as for a bad input file
+    assert done.returncode == 2 and "not the official" in done.stderr, done.stderr
+
+
+def run_main(capsys, *argv):
+    """(exit status, stderr) of prepare.main(argv), stderr checked to be one line."""
+    status = prepare.main(list(argv))
+    err = capsys.readouterr().err
+    assert err == "" if status == 0 else err.startswith("error: ") and err.count("\n") == 1, err
+    return status, err
+
+
+@pytest.fixture
+def cifar_archive(tmp_path, monkeypatch):
+    """A made-up cifar10 archive that main() takes for the official one."""
+    archive, _ = make_cifar_archive(tmp_path / "a.tar.gz", "cifar10")
+    monkeypatch.setitem(prepare.CIFAR["cifar10"], "md5", md5(archive))
+    return archive
+
+
+@pytest.mark.parametrize("out,match", [("a-file", "is a file, not a folder"), ("a-file/below", "cannot make"),
+                                       ("/proc/xx", "cannot make")])
+def test_out_must_be_a_folder(tmp_path, capsys, cifar_archive, out, match):
+    (tmp_path / "a-file").write_text("not a folder")
+    status, err = run_main(capsys, "cifar10", "--archive", str(cifar_archive), "--out", str(tmp_path / out))
+    assert status == 2 and match in err and "--out" in err
+
+
+# what h5py raises on a full disk (its message, two lines, abridged) and what os.fsync raises
+FULL_DISK = {"h5py": ((h5py.Group, "create_dataset"), "Unable to synchronously create dataset (file write failed: "
+                      "time = Tue Dec  1 12:51:47 2026\n, errno = 28, error message = 'No space left on device')"),
+             "fsync": ((os, "fsync"), os.strerror(errno.ENOSPC))}
+
+
+@pytest.mark.parametrize("failing", list(FULL_DISK))
+def test_a_failed_write_says_why_and_keeps_the_existing_file(tmp_path, capsys, monkeypatch, cifar_archive, failing):
+    """A full disk, injected where the HDF5 data is written or where it is synced: one line, exit 1, and the
+    file of an earlier conversion as it was."""
+    out = tmp_path / "out"
+    assert run_main(capsys, "cifar10", "--archive", str(cifar_archive), "--out", str(out))[0] == 0
+    before = (out / "cifar10.h5").read_bytes()
+    (owner, name), message = FULL_DISK[failing]
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, message)
+    monkeypatch.setattr(owner, name, full)
+    status, err = run_main(capsys, "cifar10", "--archive", str(cifar_archive), "--out", str(out))
+    assert status == 1 and f"could not write {out / 'cifar10.h5'}: No space left on device" in err
+    assert (out / "cifar10.h5").read_bytes() == before
+    assert sorted(p.name for p in out.iterdir()) == ["cifar10.h5"]  # no temporary file left
+
+
+def test_a_failed_download_says_why(tmp_path, capsys, monkeypatch):
+    def offline(*args, **kwargs):
+        raise prepare.urllib.error.URLError("no network")
+    monkeypatch.setattr(prepare.urllib.request, "urlopen", offline)
+    status, err = run_main(capsys, "cifar10", "--out", str(tmp_path))
+    assert status == 1 and "could not download https://www.cs.toronto.edu/" in err and "no network" in err
+    assert list(tmp_path.iterdir()) == []  # no partial download
