@@ -16,7 +16,9 @@ import contextlib
 import argparse
 import json
 import math
+import os
 import re
+import signal
 import sys
 
 from . import backend, models
@@ -167,5 +169,17 @@ def main(argv=None):
     return 0
 
 
+def run():
+    """main() as a command: a reader that stops reading (`| head`) ends it quietly, with the status a program
+    killed by SIGPIPE has."""
+    try:
+        status = main()
+        sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit writes there
+        status = 128 + signal.SIGPIPE
+    return status
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -1,6 +1,9 @@
 """The planner: stores sized from the unit shapes, and the largest batch under a budget exact and quick."""
 import json
 import math
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -124,3 +127,12 @@ def test_device_option_plans_the_other_device_without_it(capsys):
     assert sizes["gpu"]["workspace"] > sizes["cpu"]["workspace"]
     assert sizes["gpu"]["activation stores"] == sizes["cpu"]["activation stores"]
     assert backend.device == actual  # put back as it was
+
+
+def test_cli_stops_quietly_when_its_reader_does(tmp_path):
+    """`python -m minibp.plan ... | head`: the pipe closes before the plan is printed; no traceback."""
+    done = subprocess.Popen([sys.executable, "-m", "minibp.plan", "--model", "resnet20", "--units"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    done.stdout.close()  # the reader has gone before the first line
+    err = done.stderr.read().decode()
+    assert done.wait() == 128 + signal.SIGPIPE and err == "", err
