@@ -2,15 +2,20 @@
 
     python bench/speed.py --model resnet164 --batch 128   # exact, 8, 4 (default window), 4:fixed; 1 warm-up + 5 rounds
     python bench/speed.py --model resnet20 --batch 64 --rounds 3
+    python bench/speed.py --cpu avx2                     # as an AVX2-only CPU would run it (on an AVX-512 one)
 
 Every mode gets its own compiled net (same weights); after one warm-up iteration each, the modes
 alternate round by round, so drift of the machine touches them alike. Prints the median, min and max
 of each, the ratio of each median to exact's, and the convolution work's GFLOP/s (forward, data and
 weight gradients: 3x the forward multiply-adds x 2) beside a float32 GEMM measured here and now: per
 iteration ("a step"), and per second spent inside the convolutions ("in convs", timed in one more
-iteration with every conv layer's forward and backward wrapped).
+iteration with every conv layer's forward and backward wrapped). It names the CPU, the instruction
+set minibp's kernels and NumPy's BLAS were limited to, and the convolutions' path (direct at which vector
+width, or im2col + BLAS).
 """
 import argparse
+import os
+import platform
 import statistics
 import sys
 import time
@@ -18,9 +23,46 @@ import time
 import numpy as np
 
 from gradients import store_options
-from minibp import backend, models
+from minibp import backend, conv_direct, kernels, models
 from minibp.optim import SGD
 from minibp.plan import SHAPES
+
+# A narrower CPU imitated on a wider one (--cpu avx2 on an AVX-512 machine): minibp's kernels, NumPy's
+# OpenBLAS and PyTorch's kernels (ATen, oneDNN, MKL) all limited to that instruction set, so that the
+# ratios measured stand for that class of machine. Each library reads its variable when it loads.
+NARROWER_CPU = {
+    "avx2": {kernels.TARGET_VARIABLE: "avx2", "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
+             "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
+
+
+def limit_cpu(target):
+    """Run this process again with every library limited to target (NARROWER_CPU), unless it already is."""
+    if target is None:
+        return
+    if target not in kernels.usable_cpu_targets():
+        sys.exit(f"--cpu {target}: this CPU runs {', '.join(kernels.usable_cpu_targets())}")
+    variables = NARROWER_CPU[target]
+    if any(os.environ.get(k) != v for k, v in variables.items()):
+        sys.stdout.flush()
+        os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **variables})
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def describe_machine():
+    """What a figure was measured on: the CPU, the instruction sets in use and the convolutions' path."""
+    widest = kernels.usable_cpu_targets()[0]
+    limited = [f"{k}={v}" for k, v in NARROWER_CPU.get(kernels.cpu_target()[0], {}).items() if os.environ.get(k) == v]
+    return (f"CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores, widest target {widest}"
+            + (f", limited to {kernels.cpu_target()[0]} ({' '.join(limited)})" if limited else "")
+            + f"; minibp's float32 convolutions: {conv_direct.path()}")
 
 
 def gemm_gflops(size=2048, repeats=5):
@@ -81,7 +123,10 @@ def main(argv=None):
     parser.add_argument("--modes", default="exact,8,4,4:fixed", help="stores as gradients.py names them "
                         "(k bits through the default window, or k:window)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--cpu", choices=list(NARROWER_CPU), help="imitate a CPU of this narrower instruction "
+                        "set (minibp's kernels and NumPy's BLAS limited to it)")
     args = parser.parse_args(argv)
+    limit_cpu(args.cpu)
     shape, classes = SHAPES[args.data]
     rng = np.random.default_rng(0)
     images = rng.standard_normal((args.batch,) + shape).astype(np.float32)  # (N, H, W, C)
@@ -106,6 +151,8 @@ def main(argv=None):
 
     print(f"{args.model}, batch {args.batch}, {args.data}, device {backend.device}: 1 warm-up + {args.rounds} "
           f"interleaved rounds", flush=True)
+    if backend.device == "cpu":
+        print(describe_machine(), flush=True)
     for mode in modes:
         iteration(mode)
     times = {mode: [] for mode in modes}

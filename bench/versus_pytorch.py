@@ -3,6 +3,7 @@
     python bench/versus_pytorch.py                          # ResNet-164, batch 128, 3 rounds
     python bench/versus_pytorch.py --model resnet1001 --rounds 2
     python bench/versus_pytorch.py --quick                  # resnet11, batch 8, 1 round: a smoke test
+    python bench/versus_pytorch.py --cpu avx2               # as an AVX2-only CPU runs both (on an AVX-512 one)
 
 Needs PyTorch (torch==2.13.0, the CPU build: pip install -e '.[bench]'), imported only by the process
 that runs the PyTorch configuration. There, torch.nn builds the net of minibp/models.py: a 3x3 conv to 16
@@ -36,7 +37,7 @@ import time
 import numpy as np
 
 from memory import resident_bytes
-from speed import conv_flops, conv_seconds, gemm_gflops
+from speed import NARROWER_CPU, conv_flops, conv_seconds, describe_machine, gemm_gflops, limit_cpu
 
 INSTALL_HINT = "PyTorch is not installed: pip install torch==2.13.0 (or pip install -e '.[bench]')"
 MISSING_TORCH = 3  # a child's exit status when torch does not import
@@ -187,6 +188,8 @@ def main(argv=None):
     parser.add_argument("--torch-format", choices=["channels_last", "contiguous"], default="channels_last",
                         help="PyTorch's memory format (channels_last: its faster one on the CPU, measured)")
     parser.add_argument("--quick", action="store_true", help="resnet11, batch 8, 1 round of 1 step")
+    parser.add_argument("--cpu", choices=list(NARROWER_CPU), help="imitate a CPU of this narrower instruction "
+                        "set: minibp's kernels, NumPy's BLAS and PyTorch's kernels limited to it")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
@@ -201,6 +204,7 @@ def main(argv=None):
     if args.child:
         child(args, args.child)
         return 0
+    limit_cpu(args.cpu)  # the children inherit the limits
     if "pytorch" in configs and importlib.util.find_spec("torch") is None:
         print(INSTALL_HINT, file=sys.stderr)
         return 2
@@ -208,6 +212,7 @@ def main(argv=None):
     print(f"{args.model}, batch {args.batch}, CPU, {threads()} threads each; PyTorch {args.torch_format}; "
           f"{args.rounds} rounds of {args.warmup} warm-up + {args.steps} timed steps, a process a configuration",
           flush=True)
+    print(describe_machine(), flush=True)
     results, gemm = {c: [] for c in configs}, []
     for round_ in range(args.rounds):
         for config in configs:

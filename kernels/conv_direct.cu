@@ -1,15 +1,55 @@
 // NHWC direct convolutions, the CPU's float32 fast path (minibp/conv_direct.py chooses them): the
 // convolution (and its data gradient) and its weight gradient computed in place from x and dy, with no col
-// matrix, on AVX-512 (checked at run time). Their plain C++ loops run elsewhere (double, other CPUs, the
-// GPU): correct, not meant to be fast. The reference they are tested against is im2col + GEMM (conv.cu).
+// matrix. One source for every CPU: the float loops are written with GCC vector types whose width comes
+// from the instruction set the build targets (kernels.py's CPU target: 16 floats with AVX-512, 8 with
+// AVX2, 4 with SSE or NEON), so the compiler emits that set's instructions. The plain C++ loops run the
+// double instantiation and the GPU: correct, not meant to be fast. Both are tested against im2col + GEMM
+// (conv.cu, tests/test_conv.py).
 #include "common.cuh"
 
-// Weights with the output channel fastest: wt is (kh, kw, C, Cout), w reshaped to (kh*kw*C, Cout).
-// A conv_direct tile is DIRECT_PIXELS output pixels along a row x tile_channels (16 or 32) output
-// channels; a conv_weight_grad task is one tap x DIRECT_LANES input channels x DIRECT_LANES output channels.
+// The vector a build computes with, in bytes.
+#if defined(__CUDACC__) || defined(__AVX512F__)
+#define VEC_BYTES 64
+#elif defined(__AVX__)
+#define VEC_BYTES 32
+#else
+#define VEC_BYTES 16
+#endif
+#define LANES (VEC_BYTES / 4)  // floats a vector
+
+// Register blocking, sized to the register file of the vectors' instruction set so that the
+// accumulators, the vectors they read and a broadcast all stay in registers. A conv_direct tile is
+// TILE_PIXELS output pixels along a row x up to TILE_VECTORS vectors of output channels; a
+// conv_weight_grad task is one tap x GRAD_INPUTS input channels x GRAD_VECTORS vectors of output channels.
 // Channel counts need not be multiples of these: the last block is partial.
-#define DIRECT_PIXELS 8
-#define DIRECT_LANES 16
+#if VEC_BYTES == 64  // AVX-512: 32 registers; 16 accumulators either way
+#define TILE_PIXELS 8
+#define TILE_VECTORS 2
+#define GRAD_INPUTS 16
+#define GRAD_VECTORS 1
+#elif VEC_BYTES == 32  // AVX2: 16 registers; 12 and 8 accumulators
+#define TILE_PIXELS 6
+#define TILE_VECTORS 2
+#define GRAD_INPUTS 4
+#define GRAD_VECTORS 2
+#else  // SSE (16 registers) or NEON (32): 12 and 8 accumulators
+#define TILE_PIXELS 6
+#define TILE_VECTORS 2
+#define GRAD_INPUTS 4
+#define GRAD_VECTORS 2
+#endif
+#define TILE_CHANNELS (TILE_VECTORS * LANES)
+#define GRAD_OUTPUTS (GRAD_VECTORS * LANES)
+
+// The geometry above, for conv_direct.py (which sizes its launches and workspace by it): defined here
+// once. Call with one thread.
+extern "C" __global__ void conv_direct_geometry(int* geometry) {
+    geometry[0] = LANES;
+    geometry[1] = TILE_PIXELS;
+    geometry[2] = TILE_VECTORS;
+    geometry[3] = GRAD_INPUTS;
+    geometry[4] = GRAD_VECTORS;
+}
 
 // dilation: x is read as if dilation - 1 zeros lay between its rows and between its columns (1 but in the
 // data gradient of a strided conv: a stride-1 conv of dy so dilated, with the flipped kernel).
@@ -20,6 +60,7 @@ struct ConvShape {
 // The input index that output index o reads at kernel offset k, or -1 for a zero (padding or dilation).
 __device__ __forceinline__ int input_index(int o, int k, int stride, int dilation, int pad, int size) {
     const int v = o * stride - pad + k;
+    if (dilation == 1) return v < 0 || v >= size ? -1 : v;  // no division: a tile asks for each pixel and tap
     return v < 0 || v % dilation || v / dilation >= size ? -1 : v / dilation;
 }
 
@@ -30,14 +71,14 @@ struct Tile {
 
 __device__ __forceinline__ Tile tile_at(const ConvShape& s, int tile_channels, long long t) {
     const int blocks = (s.Cout + tile_channels - 1) / tile_channels;
-    const int tiles_w = (s.Wo + DIRECT_PIXELS - 1) / DIRECT_PIXELS;
+    const int tiles_w = (s.Wo + TILE_PIXELS - 1) / TILE_PIXELS;
     Tile b;
     b.co0 = (int)(t % blocks) * tile_channels;
-    b.ow0 = (int)((t / blocks) % tiles_w) * DIRECT_PIXELS;
+    b.ow0 = (int)((t / blocks) % tiles_w) * TILE_PIXELS;
     b.row = t / ((long long)blocks * tiles_w);
     b.oh = (int)(b.row % s.Ho);
     b.n = (int)(b.row / s.Ho);
-    b.pixels = min_int(DIRECT_PIXELS, s.Wo - b.ow0);
+    b.pixels = min_int(TILE_PIXELS, s.Wo - b.ow0);
     b.channels = min_int(tile_channels, s.Cout - b.co0);
     return b;
 }
@@ -55,16 +96,16 @@ __device__ __forceinline__ void valid_outputs(int size, int out_size, int stride
 }
 
 __device__ __forceinline__ GradTask grad_task_at(const ConvShape& s, long long t) {
-    const int cblocks = (s.C + DIRECT_LANES - 1) / DIRECT_LANES, oblocks = (s.Cout + DIRECT_LANES - 1) / DIRECT_LANES;
+    const int cblocks = (s.C + GRAD_INPUTS - 1) / GRAD_INPUTS, oblocks = (s.Cout + GRAD_OUTPUTS - 1) / GRAD_OUTPUTS;
     GradTask g;
-    g.co0 = (int)(t % oblocks) * DIRECT_LANES;
-    g.c0 = (int)((t / oblocks) % cblocks) * DIRECT_LANES;
+    g.co0 = (int)(t % oblocks) * GRAD_OUTPUTS;
+    g.c0 = (int)((t / oblocks) % cblocks) * GRAD_INPUTS;
     const int tap = (int)((t / ((long long)oblocks * cblocks)) % (s.kh * s.kw));
     g.chunk = (int)(t / ((long long)oblocks * cblocks * s.kh * s.kw));
     g.i = tap / s.kw;
     g.j = tap % s.kw;
-    g.cn = min_int(DIRECT_LANES, s.C - g.c0);
-    g.kn = min_int(DIRECT_LANES, s.Cout - g.co0);
+    g.cn = min_int(GRAD_INPUTS, s.C - g.c0);
+    g.kn = min_int(GRAD_OUTPUTS, s.Cout - g.co0);
     valid_outputs(s.H, s.Ho, s.stride, s.pad_top, g.i, &g.oh_lo, &g.oh_hi);
     valid_outputs(s.W, s.Wo, s.stride, s.pad_left, g.j, &g.ow_lo, &g.ow_hi);
     return g;
@@ -75,12 +116,14 @@ __device__ __forceinline__ long long grad_offset(const ConvShape& s, const GradT
     return ((((long long)g.chunk * s.kh + g.i) * s.kw + g.j) * s.C + g.c0 + c) * s.Cout + g.co0;
 }
 
-// The plain loops of both kernels; the AVX-512 versions below do the same sums in another order.
+// The plain loops of both kernels. The vector versions below add the same products in the same order
+// (a tile's or a task's sum runs over taps, then input channels, or over images, rows and columns), so
+// only the rounding of a fused multiply-add separates them.
 template <class T>
 __device__ void direct_tile_plain(const ConvShape& s, int tile_channels, int accumulate, const T* x, const T* wt,
                                   T* y, long long t) {
     const Tile b = tile_at(s, tile_channels, t);
-    T acc[DIRECT_PIXELS][2 * DIRECT_LANES] = {};
+    T acc[TILE_PIXELS][TILE_CHANNELS] = {};
     for (int i = 0; i < s.kh; ++i) {
         const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
         if (h < 0) continue;
@@ -105,7 +148,7 @@ template <class T>
 __device__ void weight_grad_task_plain(const ConvShape& s, int images_per_chunk, const T* x, const T* dy, T* partial,
                                        long long t) {
     const GradTask g = grad_task_at(s, t);
-    T acc[DIRECT_LANES][DIRECT_LANES] = {};  // (input channel, output channel)
+    T acc[GRAD_INPUTS][GRAD_OUTPUTS] = {};  // (input channel, output channel)
     const int n_end = min_int((g.chunk + 1) * images_per_chunk, s.N);
     for (int n = g.chunk * images_per_chunk; n < n_end; ++n)
         for (int oh = g.oh_lo; oh < g.oh_hi; ++oh)
@@ -120,101 +163,124 @@ __device__ void weight_grad_task_plain(const ConvShape& s, int images_per_chunk,
         for (int k = 0; k < g.kn; ++k) partial[grad_offset(s, g, c) + k] = acc[c][k];
 }
 
-#if !defined(__CUDACC__) && defined(__x86_64__)
-#include <immintrin.h>
+#ifndef __CUDACC__
+// The vector loops: float only. Fused multiply-adds here (every other kernel is built without
+// contraction, to round as its NumPy reference does): half the instructions, and these kernels are
+// tested to float32 rounding, not bit for bit. The pragma holds only for functions compiled on their
+// own, so the two entry points are noinline: inlined into the launcher (cpu_shim.h flattens it), they
+// would take its options and lose the fusion (1.4x slower).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
 
-static inline bool cpu_has_avx512() {
-    static const bool has = __builtin_cpu_supports("avx512f");
-    return has;
+typedef float vfloat __attribute__((vector_size(VEC_BYTES)));
+typedef float vfloat_u __attribute__((vector_size(VEC_BYTES), aligned(4), may_alias));  // at any float
+
+// The first n (>= 0) floats at p as a vector, zeros after them; all LANES of them when n >= LANES. The
+// partial case names each lane by a constant: indexing a vector by a variable, or going through a
+// copy in memory, makes GCC keep every accumulator of the tile on the stack, not in registers.
+static inline vfloat load_lanes(const float* p, int n) {
+    if (n >= LANES) return *(const vfloat_u*)p;
+    vfloat v = {};
+#pragma GCC unroll 16
+    for (int l = 0; l < LANES; ++l)
+        if (l < n) v[l] = p[l];
+    return v;
 }
 
-__attribute__((target("avx512f"))) static inline __mmask16 lane_mask(int lanes) {
-    return lanes >= DIRECT_LANES ? (__mmask16)0xFFFF : lanes <= 0 ? (__mmask16)0 : (__mmask16)((1u << lanes) - 1);
+static inline void store_lanes(float* p, vfloat v, int n) {
+    if (n >= LANES) {
+        *(vfloat_u*)p = v;
+        return;
+    }
+#pragma GCC unroll 16
+    for (int l = 0; l < LANES; ++l)
+        if (l < n) p[l] = v[l];
 }
 
-// As direct_tile_plain for float, with V 16-channel vectors a pixel: the 8 pixels' sums live in 8V
-// registers; each input value is broadcast against its tap's and channel's weights. Padding taps read 0.
-template <int V>
-__attribute__((target("avx512f"))) static void direct_tile_avx512(const ConvShape& s, int accumulate, const float* x,
-                                                                  const float* wt, float* y, long long t) {
-    static const float zero = 0.0f;
-    const Tile b = tile_at(s, V * DIRECT_LANES, t);
-    // Every loop that indexes acc is unrolled (constant bounds and the pragma): else GCC keeps acc on the
-    // stack and stores all of it each step of the inner loop (2x slower).
-    __mmask16 mask[V];
-    __m512 acc[DIRECT_PIXELS][V];
-    for (int v = 0; v < V; ++v) mask[v] = lane_mask(b.channels - v * DIRECT_LANES);
+// As direct_tile_plain, with V vectors of output channels, the first `lanes` of them holding channels
+// (all of them when WHOLE): the tile's sums live in TILE_PIXELS x V registers; each input value is
+// broadcast against its tap's and channel's weights. A pixel outside x (padding, dilation, past the
+// row's end) reads a row of zeros.
+#define ZERO_ROW 4096  // input channels the row of zeros covers; a conv with more takes the plain loop
+static const float zero_row[ZERO_ROW] = {};
+
+// acc[p][v] += pixel p's value of each input channel c x the tap's weights of channel c: a tile's inner
+// loop. ALONG_ROW: the pixels lie step apart from src[0], which lets GCC address all of them from one
+// register (else it advances a pointer a pixel, and the loop is 1.3x slower on AVX-512).
+template <int V, bool WHOLE, bool ALONG_ROW>
+__attribute__((always_inline)) static inline void add_tap(vfloat (&acc)[TILE_PIXELS][V],
+                                                          const float* const (&src)[TILE_PIXELS], long long step,
+                                                          const float* wk, const ConvShape& s, const int (&lanes)[V]) {
+    for (int c = 0; c < s.C; ++c, wk += s.Cout) {
+        vfloat wv[V];
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) wv[v] = load_lanes(wk + v * LANES, WHOLE ? LANES : lanes[v]);
 #pragma GCC unroll 8
-    for (int p = 0; p < DIRECT_PIXELS; ++p)
-#pragma GCC unroll 2
-        for (int v = 0; v < V; ++v) acc[p][v] = _mm512_setzero_ps();
+        for (int p = 0; p < TILE_PIXELS; ++p) {
+            const float xp = ALONG_ROW ? src[0][p * step + c] : src[p][c];
+#pragma GCC unroll 4
+            for (int v = 0; v < V; ++v) acc[p][v] += xp * wv[v];
+        }
+    }
+}
+
+template <int V, bool WHOLE>
+__attribute__((noinline)) static void direct_tile_vector(const ConvShape& s, const Tile& b, int accumulate, const float* x, const float* wt,
+                               float* y) {
+    int lanes[V];
+    for (int v = 0; v < V; ++v) lanes[v] = b.channels - v * LANES;
+    // Every loop that indexes acc is unrolled (constant bounds and the pragmas): else GCC keeps acc on the
+    // stack and stores all of it each step of the inner loop (2x slower).
+    vfloat acc[TILE_PIXELS][V];
+#pragma GCC unroll 8
+    for (int p = 0; p < TILE_PIXELS; ++p)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[p][v] = vfloat{};
     for (int i = 0; i < s.kh; ++i) {
         const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
         if (h < 0) continue;
         for (int j = 0; j < s.kw; ++j) {
             const float* wk = wt + (long long)(i * s.kw + j) * s.C * s.Cout + b.co0;
-            const int w0 = input_index(b.ow0, j, s.stride, s.dilation, s.pad_left, s.W);
-            const int w_last = input_index(b.ow0 + DIRECT_PIXELS - 1, j, s.stride, s.dilation, s.pad_left, s.W);
-            if (s.dilation == 1 && w0 >= 0 && w_last >= 0 && b.pixels == DIRECT_PIXELS) {
-                // every pixel inside x: one pointer, the pixels at fixed offsets from it
-                const float* src = x + (((long long)b.n * s.H + h) * s.W + w0) * s.C;
-                const long long pixel_step = (long long)s.stride * s.C;
-                for (int c = 0; c < s.C; ++c, wk += s.Cout, ++src) {
-                    __m512 wv[V];
-                    for (int v = 0; v < V; ++v) wv[v] = _mm512_maskz_loadu_ps(mask[v], wk + v * DIRECT_LANES);
-#pragma GCC unroll 8
-                    for (int p = 0; p < DIRECT_PIXELS; ++p) {
-                        const __m512 xv = _mm512_set1_ps(src[p * pixel_step]);
-                        for (int v = 0; v < V; ++v) acc[p][v] = _mm512_fmadd_ps(xv, wv[v], acc[p][v]);
-                    }
-                }
-                continue;
-            }
-            const float* src[DIRECT_PIXELS];
-            long long step[DIRECT_PIXELS];
-            for (int p = 0; p < DIRECT_PIXELS; ++p) {
+            const float* src[TILE_PIXELS];
+            bool along_row = s.dilation == 1 && b.pixels == TILE_PIXELS;  // every pixel inside x
+            for (int p = 0; p < TILE_PIXELS; ++p) {
                 const int w = input_index(b.ow0 + p, j, s.stride, s.dilation, s.pad_left, s.W);
-                const bool inside = w >= 0 && p < b.pixels;
-                src[p] = inside ? x + (((long long)b.n * s.H + h) * s.W + w) * s.C : &zero;
-                step[p] = inside;
+                src[p] = w >= 0 && p < b.pixels ? x + (((long long)b.n * s.H + h) * s.W + w) * s.C : zero_row;
+                along_row = along_row && w >= 0;
             }
-            for (int c = 0; c < s.C; ++c, wk += s.Cout) {
-                __m512 wv[V];
-                for (int v = 0; v < V; ++v) wv[v] = _mm512_maskz_loadu_ps(mask[v], wk + v * DIRECT_LANES);
-#pragma GCC unroll 8
-                for (int p = 0; p < DIRECT_PIXELS; ++p) {
-                    const __m512 xv = _mm512_set1_ps(*src[p]);
-                    src[p] += step[p];
-                    for (int v = 0; v < V; ++v) acc[p][v] = _mm512_fmadd_ps(xv, wv[v], acc[p][v]);
-                }
-            }
+            if (along_row)
+                add_tap<V, WHOLE, true>(acc, src, (long long)s.stride * s.C, wk, s, lanes);
+            else
+                add_tap<V, WHOLE, false>(acc, src, 0, wk, s, lanes);
         }
     }
 #pragma GCC unroll 8
-    for (int p = 0; p < DIRECT_PIXELS; ++p) {
-        if (p >= b.pixels) break;
+    for (int p = 0; p < TILE_PIXELS; ++p) {
+        if (p >= b.pixels) continue;
         float* dst = y + (b.row * s.Wo + b.ow0 + p) * s.Cout + b.co0;
+#pragma GCC unroll 4
         for (int v = 0; v < V; ++v) {
-            float* d = dst + v * DIRECT_LANES;
-            const __m512 sum = accumulate ? _mm512_add_ps(_mm512_maskz_loadu_ps(mask[v], d), acc[p][v]) : acc[p][v];
-            _mm512_mask_storeu_ps(d, mask[v], sum);
+            float* d = dst + v * LANES;
+            store_lanes(d, accumulate ? load_lanes(d, lanes[v]) + acc[p][v] : acc[p][v], lanes[v]);
         }
     }
 }
 
-// As weight_grad_task_plain for float: 16 registers, one per input channel, each holding its 16 output
-// channels. A block of fewer input channels (C = 3) computes the missing ones from its last channel
-// and does not store them.
-__attribute__((target("avx512f"))) static void weight_grad_task_avx512(const ConvShape& s, int images_per_chunk,
-                                                                       const float* x, const float* dy,
-                                                                       float* partial, long long t) {
+// As weight_grad_task_plain: GRAD_INPUTS x GRAD_VECTORS registers, a row per input channel holding its
+// output channels. A block of fewer input channels (C = 3) computes the missing ones from its last
+// channel and does not store them.
+__attribute__((noinline)) static void weight_grad_task_vector(const ConvShape& s, int images_per_chunk, const float* x, const float* dy,
+                                    float* partial, long long t) {
     const GradTask g = grad_task_at(s, t);
-    const __mmask16 mask = lane_mask(g.kn);
-    int offset[DIRECT_LANES];
-    __m512 acc[DIRECT_LANES];  // unrolled wherever indexed, to stay in registers (as in direct_tile_avx512)
-    for (int c = 0; c < DIRECT_LANES; ++c) offset[c] = c < g.cn ? c : g.cn - 1;
+    int offset[GRAD_INPUTS], lanes[GRAD_VECTORS];
+    vfloat acc[GRAD_INPUTS][GRAD_VECTORS];  // unrolled wherever indexed, to stay in registers
+    for (int c = 0; c < GRAD_INPUTS; ++c) offset[c] = c < g.cn ? c : g.cn - 1;
+    for (int v = 0; v < GRAD_VECTORS; ++v) lanes[v] = g.kn - v * LANES;
 #pragma GCC unroll 16
-    for (int c = 0; c < DIRECT_LANES; ++c) acc[c] = _mm512_setzero_ps();
+    for (int c = 0; c < GRAD_INPUTS; ++c)
+#pragma GCC unroll 4
+        for (int v = 0; v < GRAD_VECTORS; ++v) acc[c][v] = vfloat{};
+    const bool whole = g.cn == GRAD_INPUTS && g.kn == GRAD_OUTPUTS;
     const long long x_step = (long long)s.stride * s.C;
     const int n_end = min_int((g.chunk + 1) * images_per_chunk, s.N);
     for (int n = g.chunk * images_per_chunk; n < n_end; ++n)
@@ -222,49 +288,60 @@ __attribute__((target("avx512f"))) static void weight_grad_task_avx512(const Con
             const float* xs = x + (((long long)n * s.H + oh * s.stride - s.pad_top + g.i) * s.W +
                                    g.ow_lo * s.stride - s.pad_left + g.j) * s.C + g.c0;
             const float* ds = dy + (((long long)n * s.Ho + oh) * s.Wo + g.ow_lo) * s.Cout + g.co0;
-            if (g.cn == DIRECT_LANES) {
+            if (whole) {
                 for (int ow = g.ow_lo; ow < g.ow_hi; ++ow, xs += x_step, ds += s.Cout) {
-                    const __m512 dv = _mm512_maskz_loadu_ps(mask, ds);
+                    vfloat dv[GRAD_VECTORS];
+#pragma GCC unroll 4
+                    for (int v = 0; v < GRAD_VECTORS; ++v) dv[v] = *(const vfloat_u*)(ds + v * LANES);
 #pragma GCC unroll 16
-                    for (int c = 0; c < DIRECT_LANES; ++c) acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(xs[c]), dv, acc[c]);
+                    for (int c = 0; c < GRAD_INPUTS; ++c)
+#pragma GCC unroll 4
+                        for (int v = 0; v < GRAD_VECTORS; ++v) acc[c][v] += xs[c] * dv[v];
                 }
             } else {
                 for (int ow = g.ow_lo; ow < g.ow_hi; ++ow, xs += x_step, ds += s.Cout) {
-                    const __m512 dv = _mm512_maskz_loadu_ps(mask, ds);
+                    vfloat dv[GRAD_VECTORS];
+#pragma GCC unroll 4
+                    for (int v = 0; v < GRAD_VECTORS; ++v) dv[v] = load_lanes(ds + v * LANES, lanes[v]);
 #pragma GCC unroll 16
-                    for (int c = 0; c < DIRECT_LANES; ++c)
-                        acc[c] = _mm512_fmadd_ps(_mm512_set1_ps(xs[offset[c]]), dv, acc[c]);
+                    for (int c = 0; c < GRAD_INPUTS; ++c)
+#pragma GCC unroll 4
+                        for (int v = 0; v < GRAD_VECTORS; ++v) acc[c][v] += xs[offset[c]] * dv[v];
                 }
             }
         }
 #pragma GCC unroll 16
-    for (int c = 0; c < DIRECT_LANES; ++c)
-        if (c < g.cn) _mm512_mask_storeu_ps(partial + grad_offset(s, g, c), mask, acc[c]);
+    for (int c = 0; c < GRAD_INPUTS; ++c)
+        if (c < g.cn)
+#pragma GCC unroll 4
+            for (int v = 0; v < GRAD_VECTORS; ++v)
+                store_lanes(partial + grad_offset(s, g, c) + v * LANES, acc[c][v], lanes[v]);
 }
 
-static inline void direct_tile(const ConvShape& s, int tile_channels, int accumulate, const float* x,
-                               const float* wt, float* y, long long t) {
-    if (!cpu_has_avx512())
-        direct_tile_plain(s, tile_channels, accumulate, x, wt, y, t);
-    else if (tile_channels == 2 * DIRECT_LANES)
-        direct_tile_avx512<2>(s, accumulate, x, wt, y, t);
+#pragma GCC pop_options
+
+static inline void direct_tile(const ConvShape& s, int vectors, int accumulate, const float* x, const float* wt,
+                               float* y, long long t) {
+    static_assert(TILE_VECTORS == 2, "direct_tile instantiates the vector tile for 1 and 2 vectors");
+    if (s.C > ZERO_ROW) return direct_tile_plain(s, vectors * LANES, accumulate, x, wt, y, t);
+    const Tile b = tile_at(s, vectors * LANES, t);
+    const bool whole = b.channels == vectors * LANES;  // every lane a channel: all but a last, partial block
+    if (vectors == 1)
+        whole ? direct_tile_vector<1, true>(s, b, accumulate, x, wt, y) : direct_tile_vector<1, false>(s, b, accumulate, x, wt, y);
     else
-        direct_tile_avx512<1>(s, accumulate, x, wt, y, t);
+        whole ? direct_tile_vector<2, true>(s, b, accumulate, x, wt, y) : direct_tile_vector<2, false>(s, b, accumulate, x, wt, y);
 }
 
 static inline void weight_grad_task(const ConvShape& s, int images_per_chunk, const float* x, const float* dy,
                                     float* partial, long long t) {
-    if (cpu_has_avx512())
-        weight_grad_task_avx512(s, images_per_chunk, x, dy, partial, t);
-    else
-        weight_grad_task_plain(s, images_per_chunk, x, dy, partial, t);
+    weight_grad_task_vector(s, images_per_chunk, x, dy, partial, t);
 }
 #endif
 
 template <class T>
-__device__ __forceinline__ void direct_tile(const ConvShape& s, int tile_channels, int accumulate, const T* x,
-                                            const T* wt, T* y, long long t) {
-    direct_tile_plain(s, tile_channels, accumulate, x, wt, y, t);
+__device__ __forceinline__ void direct_tile(const ConvShape& s, int vectors, int accumulate, const T* x, const T* wt,
+                                            T* y, long long t) {
+    direct_tile_plain(s, vectors * LANES, accumulate, x, wt, y, t);
 }
 
 template <class T>
@@ -274,28 +351,28 @@ __device__ __forceinline__ void weight_grad_task(const ConvShape& s, int images_
 }
 
 // y (N, Ho, Wo, Cout) = (or += with accumulate) the convolution of x (N, H, W, C), dilated by dilation,
-// with wt (kh, kw, C, Cout). One thread per tile (tile_channels 16 or 32):
-// N * Ho * ceil(Wo / DIRECT_PIXELS) * ceil(Cout / tile_channels) of them.
+// with wt (kh, kw, C, Cout). One thread per tile of TILE_PIXELS pixels x vectors (1 to TILE_VECTORS)
+// vectors of LANES channels: N * Ho * ceil(Wo / TILE_PIXELS) * ceil(Cout / (vectors * LANES)) of them.
 extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int kw, int stride, int dilation,
-                                       int pad_top, int pad_left, int Ho, int Wo, int Cout, int tile_channels,
+                                       int pad_top, int pad_left, int Ho, int Wo, int Cout, int vectors,
                                        int accumulate, const real_t* x, const real_t* wt, real_t* y) {
     const ConvShape s{N, H, W, C, kh, kw, stride, dilation, pad_top, pad_left, Ho, Wo, Cout};
-    tile_channels = tile_channels > DIRECT_LANES ? 2 * DIRECT_LANES : DIRECT_LANES;  // the two the tiles hold
+    vectors = vectors < 1 ? 1 : vectors > TILE_VECTORS ? TILE_VECTORS : vectors;
     const long long tiles =
-        (long long)N * Ho * ((Wo + DIRECT_PIXELS - 1) / DIRECT_PIXELS) * ((Cout + tile_channels - 1) / tile_channels);
-    GRID_STRIDE_LOOP(t, tiles) direct_tile(s, tile_channels, accumulate, x, wt, y, t);
+        (long long)N * Ho * ((Wo + TILE_PIXELS - 1) / TILE_PIXELS) * ((Cout + vectors * LANES - 1) / (vectors * LANES));
+    GRID_STRIDE_LOOP(t, tiles) direct_tile(s, vectors, accumulate, x, wt, y, t);
 }
 
 // partial (chunks, kh, kw, C, Cout): chunk q's sum, over its images [q * images_per_chunk, ...) and every
 // output pixel, of x[n, oh*stride - pad_top + i, ow*stride - pad_left + j, c] * dy[n, oh, ow, co] (taps
 // outside x add nothing). Summed over the chunks it is dL/dw in wt's layout. One thread per task:
-// chunks * kh * kw * ceil(C / DIRECT_LANES) * ceil(Cout / DIRECT_LANES).
+// chunks * kh * kw * ceil(C / GRAD_INPUTS) * ceil(Cout / GRAD_OUTPUTS).
 extern "C" __global__ void conv_weight_grad(int N, int H, int W, int C, int kh, int kw, int stride, int pad_top,
                                             int pad_left, int Ho, int Wo, int Cout, int images_per_chunk,
                                             const real_t* x, const real_t* dy, real_t* partial) {
     const ConvShape s{N, H, W, C, kh, kw, stride, 1, pad_top, pad_left, Ho, Wo, Cout};
     const long long chunks = (N + images_per_chunk - 1) / images_per_chunk;
-    const long long tasks = chunks * kh * kw * ((C + DIRECT_LANES - 1) / DIRECT_LANES) *
-                            ((Cout + DIRECT_LANES - 1) / DIRECT_LANES);
+    const long long tasks = chunks * kh * kw * ((C + GRAD_INPUTS - 1) / GRAD_INPUTS) *
+                            ((Cout + GRAD_OUTPUTS - 1) / GRAD_OUTPUTS);
     GRID_STRIDE_LOOP(t, tasks) weight_grad_task(s, images_per_chunk, x, dy, partial, t);
 }

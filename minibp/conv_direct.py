@@ -1,34 +1,48 @@
 """The CPU's fast path for float32 convolutions: kernels/conv_direct.cu, not part of the method.
 
-Where the CPU has AVX-512, Conv2D (layers.py) hands its float32 convolutions here: conv_direct and
-conv_weight_grad read x and dy in place (the data gradient is conv_direct of dy, dilated by the stride, with
-the flipped kernel), with no im2col matrix and no BLAS. OpenBLAS's threads spin for a while after each GEMM
-and take the cores from the OpenMP kernels that run between (measured 2x slower kernels after a GEMM, 2
-cores). The results agree with the im2col path (layers.py) to float32 rounding; tests/test_conv.py checks both.
+On the CPU, Conv2D (layers.py) hands its float32 convolutions here: conv_direct and conv_weight_grad read
+x and dy in place (the data gradient is conv_direct of dy, dilated by the stride, with the flipped kernel),
+with no im2col matrix and no BLAS. Why not BLAS: OpenBLAS's threads spin for a while after each GEMM and
+take the cores from the OpenMP kernels that run between (measured 2x slower kernels after a GEMM, 2
+cores). One source serves every CPU: its vectors are as wide as the build's CPU target (kernels.py:
+AVX-512, AVX2, SSE or NEON), and geometry() reads the tile sizes the build chose. The results agree with
+the im2col path (layers.py) to float32 rounding; tests/test_conv.py checks both.
 """
+import functools
+
 import numpy as np
 
 from . import backend, kernels
 
 GRAD_CHUNK_ELEMENTS = 1 << 18  # values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
-DIRECT_PIXELS, DIRECT_LANES = 8, 16  # conv_direct.cu: a conv_direct tile's pixels, a conv_weight_grad block's channels
+
+# The direct kernels run every float32 convolution on the CPU. Tests and benchmarks set it to False to
+# compare with the im2col + BLAS path (which float64 and the GPU take).
+DIRECT_CONV = True
 
 
-def _cpu_has_avx512():
-    """True when /proc/cpuinfo lists avx512f (its first processor's flags line)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "avx512f" in line.split()
-    except OSError:
-        pass
-    return False
+class Geometry:
+    """conv_direct.cu's register blocking in this build, read from the library (defined there once):
+    floats a vector (lanes), a tile's pixels and most vectors of output channels, a weight-gradient
+    task's input channels and vectors of output channels."""
+
+    def __init__(self, lanes, tile_pixels, tile_vectors, grad_inputs, grad_vectors):
+        self.lanes, self.tile_pixels, self.tile_vectors = lanes, tile_pixels, tile_vectors
+        self.grad_inputs, self.grad_outputs = grad_inputs, grad_vectors * lanes
 
 
-# The direct kernels run the CPU's float32 convolutions where the CPU has AVX-512 (elsewhere their plain
-# loops are slower than im2col + BLAS). Tests and benchmarks set it to False to compare the paths.
-DIRECT_CONV = _cpu_has_avx512()
+@functools.lru_cache(maxsize=None)
+def geometry():
+    values = np.zeros(5, np.int32)
+    kernels.load("conv_direct.cu").conv_direct_geometry(geometry=values, grid=(1,), block=(1,))
+    return Geometry(*(int(v) for v in values))
+
+
+def path(dtype=np.float32):
+    """The way Conv2D computes convolutions on arrays of dtype here, in words (the benchmarks print it)."""
+    if not applies(dtype):
+        return f"im2col + {'cuBLAS' if backend.device == 'gpu' else 'BLAS'} GEMM"
+    return f"direct, {kernels.cpu_target()[0]} ({geometry().lanes} floats a vector)"
 
 
 def applies(dtype):
@@ -67,11 +81,11 @@ def _convolve(conv, x, wt, y, *, accumulate, transposed=False):
     else:
         shape = dict(H=conv.H, W=conv.W, C=conv.cin, stride=conv.stride, dilation=1, pad_top=conv.pad_top,
                      pad_left=conv.pad_left, Ho=conv.Ho, Wo=conv.Wo, Cout=conv.cout)
-    n = x.shape[0]
-    tile_channels = 2 * DIRECT_LANES if shape["Cout"] >= 2 * DIRECT_LANES else DIRECT_LANES
-    tiles = n * shape["Ho"] * -(-shape["Wo"] // DIRECT_PIXELS) * -(-shape["Cout"] // tile_channels)
+    n, g = x.shape[0], geometry()
+    vectors = min(g.tile_vectors, -(-shape["Cout"] // g.lanes))  # no tile wider than the output channels
+    tiles = n * shape["Ho"] * -(-shape["Wo"] // g.tile_pixels) * -(-shape["Cout"] // (vectors * g.lanes))
     kernels.load("conv_direct.cu", x.dtype).conv_direct(
-        N=n, kh=conv.kh, kw=conv.kw, **shape, tile_channels=tile_channels, accumulate=accumulate, x=x, wt=wt, y=y,
+        N=n, kh=conv.kh, kw=conv.kw, **shape, vectors=vectors, accumulate=accumulate, x=x, wt=wt, y=y,
         **_tasks(tiles))
 
 
@@ -86,7 +100,8 @@ def backward(conv, x, w, dy, *, dw, dx, accumulate_dx, col):
     n = x.shape[0]
     chunks, images = grad_chunks(conv, n)
     partial = conv._workspace(col, (chunks, conv.kh * conv.kw * conv.cin, conv.cout))
-    tasks = chunks * conv.kh * conv.kw * -(-conv.cin // DIRECT_LANES) * -(-conv.cout // DIRECT_LANES)
+    g = geometry()
+    tasks = chunks * conv.kh * conv.kw * -(-conv.cin // g.grad_inputs) * -(-conv.cout // g.grad_outputs)
     kernels.load("conv_direct.cu", x.dtype).conv_weight_grad(
         **conv._geometry(n), Cout=conv.cout, images_per_chunk=images, x=x, dy=dy, partial=partial, **_tasks(tasks))
     dw += partial.sum(axis=0).T.reshape(dw.shape)

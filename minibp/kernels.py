@@ -14,7 +14,8 @@ Arguments go by name, each checked against the parameter of that name in the sou
 GPU: the source is compiled by NVRTC through cupy.RawModule, once per process.
 CPU: the same source is wrapped in a generated C++ file (kernels/cpu_shim.h supplies the CUDA
 names) that adds one exported launcher per kernel, compiled by g++ with OpenMP, cached on disk
-under $XDG_CACHE_HOME/minibp/kernels keyed by a hash of the sources, flags and compiler, and
+under $XDG_CACHE_HOME/minibp/kernels keyed by the CPU target (the instruction set it is built for:
+the CPU's widest, or MINIBP_CPU_TARGET's) and a hash of the sources, flags and compiler, and
 called through ctypes. A build is published whole (os.replace) with its size and SHA-256 in a
 `<name>.so.sha256` record beside it; a cached build that does not match its record is rebuilt,
 never loaded, and an unwritable cache falls back to a private temporary one.
@@ -28,6 +29,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
 import re
 import shutil
 import signal
@@ -234,17 +236,56 @@ def compile_cubin(filename, *, dtype=np.float32, arch="sm_90"):
 
 # ----------------------------------------------------------------------------- CPU: g++ + shim
 
-def _cpu_arch_flags():
-    """-march for a build cached on disk: a named level the CPU supports, never -march=native."""
+# The instruction sets a CPU build can target, widest first, by the machine's architecture: the
+# /proc/cpuinfo flags each needs and the g++ flags that select it (named levels, never -march=native,
+# whose meaning a cache key could not see). conv_direct.cu's vectors take their width from it.
+_X86_64_V2 = {"sse4_2", "ssse3", "popcnt"}
+_X86_64_V3 = _X86_64_V2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave", "abm"}
+CPU_TARGETS = {
+    "x86_64": {
+        "avx512": (_X86_64_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}, ["-march=x86-64-v4"]),
+        "avx2": (_X86_64_V3, ["-march=x86-64-v3"]),
+        "sse4": (_X86_64_V2, ["-march=x86-64-v2"]),
+        "x86-64": (set(), ["-march=x86-64"]),
+    },
+    "aarch64": {"neon": (set(), ["-march=armv8-a"])},  # NEON is part of the base architecture
+}
+TARGET_VARIABLE = "MINIBP_CPU_TARGET"  # names a narrower target than the CPU's widest, e.g. avx2
+
+
+def _cpu_flags():
     try:
-        flags = set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
+        return set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
     except (OSError, AttributeError):
-        return []
-    if {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave", "abm"} <= flags:
-        return ["-march=x86-64-v3"]
-    if {"sse4_2", "ssse3", "popcnt"} <= flags:
-        return ["-march=x86-64-v2"]
-    return []
+        return set()
+
+
+def _machine_targets():
+    return CPU_TARGETS.get(platform.machine().lower().replace("amd64", "x86_64"), {"generic": (set(), [])})
+
+
+def usable_cpu_targets():
+    """The names of the targets this CPU runs, widest first."""
+    flags = _cpu_flags()
+    return [name for name, (needs, _) in _machine_targets().items() if needs <= flags]
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_target():
+    """(name, g++ flags) of the instruction set this process's CPU builds target: the widest the CPU has,
+    or the one MINIBP_CPU_TARGET names (a KernelError if this CPU lacks it)."""
+    targets, usable = _machine_targets(), usable_cpu_targets()
+    requested = os.environ.get(TARGET_VARIABLE, "").strip()
+    if not requested:
+        return usable[0], targets[usable[0]][1]
+    if requested not in targets:
+        raise KernelError(f"{TARGET_VARIABLE}={requested} is not a CPU target of this {platform.machine()} "
+                          f"machine: its targets are {', '.join(targets)}")
+    if requested not in usable:
+        missing = sorted(targets[requested][0] - _cpu_flags())
+        raise KernelError(f"{TARGET_VARIABLE}={requested}, but this CPU lacks {', '.join(missing)}: "
+                          f"it runs {', '.join(usable)}")
+    return requested, targets[requested][1]
 
 
 def cpu_compile_command(real_name):
@@ -256,7 +297,7 @@ def cpu_compile_command(real_name):
     # the same bytes and its record matches whichever copy lands last. vect-max-version-for-alias-checks:
     # the batch-norm backward's loop over a row of codes reads six arrays and accumulates into two, which
     # takes 11 run-time alias checks; past g++'s default 10 the loop stays scalar (a 1.6x slower backward).
-    return [compiler, "-std=c++20", "-O3", *_cpu_arch_flags(), "-fno-math-errno", "-fno-trapping-math",
+    return [compiler, "-std=c++20", "-O3", *cpu_target()[1], "-fno-math-errno", "-fno-trapping-math",
             "-ffp-contract=off", "--param=vect-max-version-for-alias-checks=16", "-fopenmp", "-fPIC",
             "-fno-semantic-interposition", "-frandom-seed=minibp", "-shared", f"-Dreal_t={real_name}",
             f"-I{KERNEL_DIR}"]
@@ -368,7 +409,9 @@ def _compile_cpu_library(path, signatures, real_name):
     for dependency in sorted(KERNEL_DIR.glob("*")):  # the .cu itself and every header it may include
         if dependency.suffix in (".cu", ".cuh", ".h"):
             digest.update(dependency.name.encode() + dependency.read_bytes())
-    name = f"{path.stem}-{real_name}-{digest.hexdigest()[:20]}.so"
+    # The target in the name as well as in the digest (its flags are in the command): a cache shared by an
+    # AVX-512 machine and an AVX2 one holds a build for each, and each loads its own.
+    name = f"{path.stem}-{real_name}-{cpu_target()[0]}-{digest.hexdigest()[:20]}.so"
     library = _cache_dir() / name
     if os.path.exists(library):
         damage = _damage(library)

@@ -5,8 +5,8 @@ reads (its input x, or the unit's store), so what must be kept is visible in one
 in net.py, which keeps a k-bit (or exact) store per unit and nothing else of size.
 
     Conv2D                  any kernel size and stride, padding "same" or "valid": a 1x1 conv is one GEMM
-                            of the (N*H*W, C) matrix, a k x k conv im2col + GEMM (on AVX-512 CPUs the
-                            direct kernels of conv_direct.py, a fast path with the same results)
+                            of the (N*H*W, C) matrix, a k x k conv im2col + GEMM (in float32 on the CPU
+                            the direct kernels of conv_direct.py, a fast path with the same results)
     batchnorm_relu_*        batch-statistics BN, gamma/beta and ReLU of one unit, fused with its store
     MaxPool, AvgPool, GlobalAvgPool
     ParameterFreeShortcut   the reference's residual shortcut: average-pool by the stride, zero-pad channels
@@ -63,7 +63,7 @@ class Conv2D:
     serves both paths; as a GEMM operand it is the (Cout, kh*kw*Cin) matrix w2, used transposed.
 
     How it is computed (the results agree to float32 rounding):
-      direct   CPU, float32, AVX-512: conv_direct.py's kernels, a fast path that reads x and dy in place.
+      direct   CPU, float32: conv_direct.py's kernels, a fast path that reads x and dy in place.
       GEMM     an unstrided 1x1 conv otherwise: x itself is the GEMM operand.
       im2col   the rest: im2col + GEMM, col2im for the data gradient, a chunk of images at a time in the
                workspace: the whole batch on the GPU (one GEMM, as cuBLAS likes it), COL_ELEMENTS on the CPU.

@@ -17,6 +17,7 @@ CASES = [  # (H, W, Cin, Cout, kernel, stride, padding): odd sizes, channels off
     (5, 7, 3, 16, 3, 1, "same"), (6, 6, 16, 32, 3, 2, "same"), (7, 5, 20, 5, 3, 2, "valid"),
     (9, 9, 17, 40, 5, 1, "same"), (8, 6, 6, 24, 5, 1, "valid"), (6, 6, 16, 16, 1, 1, "same"),
     (7, 7, 24, 9, 1, 2, "same"), (11, 3, 32, 48, 3, 1, "same"), (4, 4, 3, 16, 2, 2, "same"),
+    (2, 3, 4100, 5, 1, 1, "same"),  # more input channels than conv_direct.cu's row of zeros: its plain loop
 ]
 
 
@@ -80,8 +81,8 @@ def test_conv_equals_the_im2col_reference_to_float32_rounding(rng, monkeypatch, 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("images_per_chunk", [1, 2])
 def test_direct_kernels_equal_the_reference_for_both_real_types(rng, case, dtype, images_per_chunk):
-    """conv_direct (both tile widths, written and accumulated) and conv_weight_grad, called directly:
-    float64 runs the kernels' plain loops, float32 the AVX-512 ones where the CPU has them."""
+    """conv_direct (tiles of 1 and 2 vectors, written and accumulated) and conv_weight_grad, called
+    directly: float64 runs the kernels' plain loops, float32 the vector ones of this CPU's target."""
     H, W, cin, cout, k, s, padding = case
     conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding)
     n = 3
@@ -94,19 +95,65 @@ def test_direct_kernels_equal_the_reference_for_both_real_types(rng, case, dtype
     shape = dict(N=n, H=H, W=W, C=cin, kh=k, kw=k, stride=s, pad_top=conv.pad_top, pad_left=conv.pad_left,
                  Ho=conv.Ho, Wo=conv.Wo, Cout=cout)
     wt = device(np.ascontiguousarray(w.reshape(cout, -1).T).astype(dtype))
-    for tile_channels in (16, 32):
+    for vectors in (1, 2):
         for accumulate in (False, True):
             y = device(np.full(dy.shape, 2.0 if accumulate else np.nan, dtype))
-            module.conv_direct(**shape, dilation=1, tile_channels=tile_channels, accumulate=accumulate,
+            module.conv_direct(**shape, dilation=1, vectors=vectors, accumulate=accumulate,
                                x=device(x.astype(dtype)), wt=wt, y=y, grid=(5,), block=(3,))
             err = np.abs(host(y) - (y_ref + 2 * accumulate))
-            assert np.all(err <= tolerance * (y_bound + 2)), (tile_channels, accumulate, err.max())
+            assert np.all(err <= tolerance * (y_bound + 2)), (vectors, accumulate, err.max())
     chunks = -(-n // images_per_chunk)
     partial = device(np.full((chunks, k * k * cin, cout), np.nan, dtype))
     module.conv_weight_grad(**shape, images_per_chunk=images_per_chunk, x=device(x.astype(dtype)),
                             dy=device(dy.astype(dtype)), partial=partial, grid=(4,), block=(2,))
     dw = host(partial).sum(axis=0).T.reshape(w.shape)
     assert np.all(np.abs(dw - dw_ref) <= tolerance * dw_bound), np.abs(dw - dw_ref).max()
+
+
+@pytest.fixture
+def cpu_target(monkeypatch):
+    """Builds the kernels for the CPU target it is called with (MINIBP_CPU_TARGET), then for this CPU's
+    own again: the target, the loaded modules and the direct kernels' geometry are cached per process."""
+    def use(target):
+        monkeypatch.setenv("MINIBP_CPU_TARGET", target)
+        for cache in (kernels.cpu_target, kernels.load, conv_direct.geometry):
+            cache.cache_clear()
+    yield use
+    monkeypatch.delenv("MINIBP_CPU_TARGET")
+    for cache in (kernels.cpu_target, kernels.load, conv_direct.geometry):
+        cache.cache_clear()
+
+
+def test_every_cpu_target_computes_the_same_convolutions(rng, cpu_target):
+    """One source, every vector width this CPU runs (AVX-512's 16 floats, AVX2's 8, SSE's 4): each agrees
+    with the reference to float32 rounding, and those with fused multiply-adds (AVX-512, AVX2) agree bit
+    for bit, as do those without (SSE4, x86-64): every output sums the same products in the same order."""
+    if backend.device != "cpu":
+        pytest.skip("CPU targets")
+    targets = kernels.usable_cpu_targets()
+    cases = [(9, 9, 17, 40, 3, 1, "same"), (8, 8, 16, 32, 3, 2, "same"), (6, 6, 64, 10, 1, 1, "same")]
+    data = []
+    for H, W, cin, cout, k, s, padding in cases:
+        conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding)
+        x = rng.standard_normal((3, H, W, cin)).astype(np.float32)
+        w = rng.standard_normal(conv.weight_shape).astype(np.float32)
+        dy = rng.standard_normal((3,) + conv.out_shape).astype(np.float32)
+        data.append((conv, x, w, dy, *reference(conv, x, w, dy)))
+    results = {}
+    for target in targets:
+        cpu_target(target)
+        assert conv_direct.path() == f"direct, {target} ({conv_direct.geometry().lanes} floats a vector)"
+        results[target] = []
+        for conv, x, w, dy, (y_ref, dw_ref, dx_ref), (y_bound, dw_bound, dx_bound) in data:
+            y, dw, _, dx, _ = run_conv(conv, x, w, np.zeros(conv.cout, np.float32), dy, n=3)
+            for got, want, bound, name in ((y, y_ref, y_bound, "y"), (dw, dw_ref + 1, dw_bound + 1, "dw"),
+                                           (dx, dx_ref, dx_bound, "dx")):
+                assert_float32_close(got, want, bound, f"{target} {name}")
+                results[target].append(host(got))
+    for group in ({"avx512", "avx2"}, {"sse4", "x86-64"}):
+        ran = [t for t in targets if t in group]
+        for other in ran[1:]:
+            assert all(np.array_equal(a, b) for a, b in zip(results[ran[0]], results[other])), (ran[0], other)
 
 
 def test_the_cpu_workspace_is_a_chunk_and_the_gpu_one_the_whole_batch(monkeypatch):

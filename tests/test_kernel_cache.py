@@ -151,3 +151,43 @@ def test_concurrent_builds_of_one_kernel_both_succeed_and_match_the_record(tmp_p
     [library] = cached_builds(tmp_path)
     assert_matches_record(library)
     assert list(library.parent.glob("build-*")) == []
+
+
+def test_a_cache_shared_by_two_cpu_targets_holds_a_build_for_each(tmp_path):
+    """A home folder shared by an AVX-512 machine and an AVX2 one: the target is in the build's name (and
+    key), so each CPU loads its own build and neither runs instructions the other lacks. The narrower
+    target stands in for the other machine (MINIBP_CPU_TARGET)."""
+    from minibp import kernels
+    targets = kernels.usable_cpu_targets()
+    if len(targets) < 2:
+        pytest.skip(f"this CPU runs one target only ({targets[0]})")
+    for target in targets[:2]:
+        assert_ran(load_in_subprocess(tmp_path, MINIBP_CPU_TARGET=target))
+    builds = cached_builds(tmp_path)
+    assert [b.name.split("-")[2] for b in builds] == sorted(targets[:2]), builds
+    for target in targets[:2]:  # again: each finds its own build, and nothing new is compiled
+        assert_ran(load_in_subprocess(tmp_path, MINIBP_CPU_TARGET=target))
+    assert cached_builds(tmp_path) == builds
+
+
+@pytest.mark.parametrize("target, message", [
+    ("avx9000", r"MINIBP_CPU_TARGET=avx9000 is not a CPU target of this \w+ machine: its targets are "),
+    ("avx512", r"MINIBP_CPU_TARGET=avx512, but this CPU lacks avx512bw, avx512cd, avx512dq, avx512f, avx512vl: "
+               r"it runs avx2, sse4, x86-64"),
+])
+def test_a_cpu_target_this_cpu_cannot_run_is_refused_in_one_line(monkeypatch, target, message):
+    """Never SIGILL: a target the CPU lacks is refused before anything is built (here on a CPU made to
+    look like an AVX2-only one)."""
+    from minibp import kernels
+    if kernels.platform.machine().lower() != "x86_64":
+        pytest.skip("the flags below are x86-64's")
+    monkeypatch.setattr(kernels, "_cpu_flags", lambda: set(kernels.CPU_TARGETS["x86_64"]["avx2"][0]))
+    monkeypatch.setenv("MINIBP_CPU_TARGET", target)
+    kernels.cpu_target.cache_clear()
+    try:
+        with pytest.raises(kernels.KernelError, match=message):
+            kernels.cpu_target()
+        monkeypatch.delenv("MINIBP_CPU_TARGET")
+        assert kernels.cpu_target()[0] == "avx2"  # unset: the widest this CPU has
+    finally:
+        kernels.cpu_target.cache_clear()
