@@ -6,8 +6,13 @@ against `backend.xp` and asks `backend.device` ("cpu" or "gpu") when it must dif
     MINIBP_DEVICE=cpu   NumPy, kernels compiled by g++ (see kernels.py)
     MINIBP_DEVICE=gpu   CuPy, kernels compiled by NVRTC; fails loudly without a usable GPU
     unset               gpu when CuPy imports and sees a device, else cpu, silently
+
+A bad MINIBP_DEVICE is a RuntimeError at import; under a command (python -m minibp.train, ...), which
+imports this module before its main() can catch anything, it is instead the command's one-line error
+and exit status 2.
 """
 import os
+import sys
 
 import numpy
 
@@ -41,7 +46,18 @@ def _choose():
     return numpy, "cpu"
 
 
-xp, device = _choose()
+def _choose_for_command():
+    try:
+        return _choose()
+    except RuntimeError as e:
+        command = getattr(sys.modules.get("__main__"), "__spec__", None)
+        if command is None or not command.name.startswith("minibp."):
+            raise
+        print(f"error: {e}", file=sys.stderr)  # the commands' form for a bad option (exit 2)
+        raise SystemExit(2) from None
+
+
+xp, device = _choose_for_command()
 
 
 def to_host(array):
