@@ -4,16 +4,19 @@
     /state/momentum/<name>   its SGD momentum
     /state/running/<unit>    (2, C) that unit's BN running mean and variance
     /data_order  (N,)        the current epoch's order of training images
-    attrs: format, iteration, config (JSON), data_epoch, data_position, data_rng (JSON); every array
-           carries the SHA-256 of its bytes as its attribute sha256
+    /class_names             uint8: the JSON list of the data's class names (ImageNet's folders), or null
+    attrs: format, iteration, config (JSON), data_epoch, data_position, data_rng (JSON), and attrs_sha256,
+           the SHA-256 of those six; every array carries the SHA-256 of its bytes as its attribute sha256
 
-The file is written under a temporary name in the same folder, fsync'd and renamed over the old one,
-so an interruption at any moment leaves either the previous checkpoint or the new one. A checkpoint
-is never written from a net whose state is not all finite, and loading checks the structure, the
-ranges, finiteness and the checksums, so a damaged file is named as such instead of failing later.
+The file is built in memory, written under a temporary name in the same folder, fsync'd and renamed over
+the old one (keeping its mode), so an interruption or a full disk at any moment leaves either the previous
+checkpoint or the new one. A checkpoint is never written from a net whose state is not all finite, and
+loading checks the structure, the ranges, finiteness and the checksums (of the arrays and of the
+attributes), so a damaged file is named as such instead of failing later.
 """
 import contextlib
 import hashlib
+import io
 import json
 import os
 import sys
@@ -25,8 +28,10 @@ import h5py
 import numpy as np
 
 
-FORMAT = "minibp-checkpoint-2"
+FORMAT = "minibp-checkpoint-3"
+UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read
 OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read
+ATTRS = ("format", "iteration", "config", "data_epoch", "data_position", "data_rng")  # all that a resume reads
 
 
 class NotFinite(ValueError):
@@ -40,6 +45,20 @@ class Checkpoint:
     state: dict        # name -> array, as net.state() gives it (an old-format file: "flat/params", ...)
     data_state: dict
     path: str = "the checkpoint"
+    class_names: tuple = None  # the data's class names (None: the data has none, or an older file)
+
+    def check_classes(self, names, where):
+        """A ValueError naming the first difference unless names (the class names of the data at `where`)
+        are the run's: a renamed or replaced class folder would shift every label after it."""
+        if self.class_names is None or tuple(names) == self.class_names:
+            return
+        first = next((i for i, (a, b) in enumerate(zip(self.class_names, names)) if a != b),
+                     min(len(names), len(self.class_names)))
+        saved = self.class_names[first] if first < len(self.class_names) else "nothing"
+        found = names[first] if first < len(names) else "nothing"
+        raise ValueError(f"{where} does not hold the classes {self.path} was trained on: label {first} is "
+                         f"{saved!r} in the run and {found!r} there ({len(self.class_names)} classes against "
+                         f"{len(names)})")
 
 
 def check_finite(arrays):
@@ -53,48 +72,70 @@ def sha256(array):
     return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
 
 
+def attrs_sha256(attrs):
+    """The SHA-256 of a checkpoint's ATTRS, as their text (an HDF5 integer reads back as numpy's)."""
+    return hashlib.sha256(json.dumps([str(attrs[k]) for k in ATTRS]).encode()).hexdigest()
+
+
 def stale_temporaries(path):
-    """Temporary files that interrupted writes of `path` left behind (atomic_h5's naming)."""
+    """Temporary files that interrupted writes of `path` left behind (atomic_file's naming)."""
     path = Path(path)
     return sorted(path.parent.glob(f"{path.name}.*.tmp"))
 
 
 @contextlib.contextmanager
-def atomic_h5(path):
-    """An HDF5 file open for writing under a temporary name beside path, renamed to path when the block
-    ends without error (with the permissions a new file would get); removed otherwise."""
+def atomic_file(path):
+    """The name of a temporary file beside path (in a folder that exists) for the block to write; renamed
+    to path when the block ends without error, with path's mode (a new file: the one the umask gives),
+    removed otherwise."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
-        with h5py.File(tmp, "w") as f:
-            yield f
+        yield tmp
         with open(tmp, "rb") as written:  # on disk before the rename, so a crash cannot publish a hole
             os.fsync(written.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)  # mkstemp makes the file private
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
 
-def save(path, net, *, iteration, config, data_state):
-    """Write net's state, the iteration, the run's config and the data stream's state to path,
-    atomically. Raises NotFinite (writing nothing) if the net diverged."""
+@contextlib.contextmanager
+def atomic_h5(path):
+    """An HDF5 file open for writing, published at path atomically (atomic_file); path's folder is made."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
+        yield f
+
+
+def save(path, net, *, iteration, config, data_state, class_names=None):
+    """Write net's state, the iteration, the run's config, the data stream's state and the data's class
+    names to path, atomically. Raises NotFinite (writing nothing) if the net diverged."""
     state = net.state()
     check_finite(state)
     arrays = {f"state/{name}": array for name, array in state.items()}
     arrays["data_order"] = np.asarray(data_state["order"], np.int64)
-    with atomic_h5(path) as f:
-        f.attrs.update(format=FORMAT, iteration=int(iteration), config=json.dumps(config),
-                       data_epoch=int(data_state["epoch"]), data_position=int(data_state["position"]),
-                       data_rng=data_state["rng"])
+    names = None if class_names is None else list(class_names)
+    arrays["class_names"] = np.frombuffer(json.dumps(names).encode(), np.uint8)
+    attrs = dict(format=FORMAT, iteration=int(iteration), config=json.dumps(config),
+                 data_epoch=int(data_state["epoch"]), data_position=int(data_state["position"]),
+                 data_rng=data_state["rng"])
+    image = io.BytesIO()  # built in memory: a failed disk write (a full disk) is then a plain OSError, where
+    with h5py.File(image, "w") as f:  # h5py, failing mid-file, can crash the process
+        f.attrs.update(attrs, attrs_sha256=attrs_sha256(attrs))
         for name, array in arrays.items():
             f[name] = array
             f[name].attrs["sha256"] = sha256(array)
+    with atomic_file(path) as tmp:
+        Path(tmp).write_bytes(image.getbuffer())
     return path
 
 
@@ -106,12 +147,12 @@ def load(path):
     try:
         with h5py.File(path, "r") as f:
             fmt = f.attrs.get("format")
-            if fmt not in (FORMAT, OLD_FORMAT):
+            if fmt not in (FORMAT, UNCHECKED_ATTRS, OLD_FORMAT):
                 raise ValueError(f"is not a minibp checkpoint (format {fmt!r})")
-            groups = ("state", "data_order") if fmt == FORMAT else ("params", "velocity", "running", "data_order")
+            groups = {FORMAT: ("state", "data_order", "class_names"), UNCHECKED_ATTRS: ("state", "data_order"),
+                      OLD_FORMAT: ("params", "velocity", "running", "data_order")}[fmt]
             missing = [n for n in groups if n not in f]
-            missing += [n for n in ("iteration", "config", "data_epoch", "data_position", "data_rng")
-                        if n not in f.attrs]
+            missing += [n for n in ATTRS + (("attrs_sha256",) if fmt == FORMAT else ()) if n not in f.attrs]
             if missing:
                 raise ValueError(f"lacks {', '.join(missing)}")
             arrays = {}
@@ -123,22 +164,28 @@ def load(path):
     except ValueError as e:
         raise ValueError(f"{path} {e}") from None
     try:
-        checkpoint = _validated(arrays, attrs, checked=fmt == FORMAT)
+        checkpoint = _validated(arrays, attrs, fmt=fmt)
     except ValueError as e:
         raise ValueError(f"{path} is damaged: {e}") from None
     checkpoint.path = str(path)
     return checkpoint
 
 
-def _validated(arrays, attrs, *, checked):
-    if checked:
+def _validated(arrays, attrs, *, fmt):
+    if fmt == FORMAT and attrs["attrs_sha256"] != attrs_sha256(attrs):
+        raise ValueError(f"its attributes ({', '.join(ATTRS)}) fail their SHA-256 check")
+    if fmt == OLD_FORMAT:
+        print("warning: an older checkpoint without checksums: it cannot be verified", file=sys.stderr)
+        arrays = {("flat/" + n if n != "data_order" else n): v for n, v in arrays.items()}
+    else:
+        if fmt == UNCHECKED_ATTRS:
+            print("warning: an older checkpoint: its iteration and config are not under a checksum and cannot "
+                  "be verified", file=sys.stderr)
         for name, (array, digest) in arrays.items():
             if digest != sha256(array):
                 raise ValueError(f"{name} fails its SHA-256 check")
-    else:
-        print("warning: an older checkpoint without checksums: it cannot be verified", file=sys.stderr)
-        arrays = {("flat/" + n if n != "data_order" else n): v for n, v in arrays.items()}
     order = arrays.pop("data_order")[0]
+    class_names = _class_names(arrays.pop("class_names")[0]) if "class_names" in arrays else None
     state = {name.removeprefix("state/"): array for name, (array, _) in arrays.items()}
     bad = [name for name, a in state.items() if a.dtype.kind != "f"]
     if bad:
@@ -153,14 +200,29 @@ def _validated(arrays, attrs, *, checked):
         raise ValueError(f"its config or data_rng is not valid JSON ({e})") from None
     if not isinstance(config, dict) or not isinstance(rng, dict) or "state" not in rng:
         raise ValueError("its config or data_rng attribute has the wrong structure")
-    iteration, epoch, position = (int(attrs[k]) for k in ("iteration", "data_epoch", "data_position"))
+    counts = ("iteration", "data_epoch", "data_position")
+    bad = [k for k in counts if not isinstance(attrs[k], (int, np.integer)) or isinstance(attrs[k], bool)]
+    if bad:
+        raise ValueError(f"its {bad[0]} is {attrs[bad[0]]!r}, not an integer")
+    iteration, epoch, position = (int(attrs[k]) for k in counts)
     if order.ndim != 1 or order.dtype.kind not in "iu" or not np.array_equal(np.sort(order), np.arange(len(order))):
         raise ValueError("data_order is not a permutation of the training images")
     if iteration < 0 or epoch < 0 or not 0 <= position <= len(order):
         raise ValueError(f"iteration {iteration}, data epoch {epoch} or position {position} out of range")
-    return Checkpoint(iteration=iteration, config=config, state=state,
+    return Checkpoint(iteration=iteration, config=config, state=state, class_names=class_names,
                       data_state=dict(epoch=epoch, position=position, order=order.astype(np.int64),
                                       rng=str(attrs["data_rng"])))
+
+
+def _class_names(array):
+    """The class names stored as JSON bytes: a tuple of strings, or None."""
+    try:
+        names = json.loads(array.astype(np.uint8).tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        names = False
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise ValueError("class_names is not a list of names")
+    return None if names is None else tuple(names)
 
 
 def restore(net, checkpoint):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import checkpoint, data, imagenet, models
 from .kernels import KernelError
+from .runconfig import saved_config
 from .train import compile_within_memory, evaluate
 
 
@@ -31,11 +32,12 @@ def main(argv=None):
         if args.batch is not None and args.batch < 1:
             raise ValueError(f"--batch must be positive, got {args.batch}")
         saved = checkpoint.load(path)
-        config = saved.config
+        config = saved_config(saved)
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be positive, got {args.workers}")
         if config["data"] == "imagenet":  # "test" is its val/ folder; the reader normalises
             train_split, test_split = imagenet.load_folders(args.data_dir or config["data_dir"])
+            saved.check_classes(train_split.class_names, train_split.root)
             input_shape, mean = (config["image_size"], config["image_size"], 3), None
         else:
             train_split, test_split = data.load_dataset(data.dataset_path(args.data_dir or config["data_dir"],

@@ -93,8 +93,9 @@ def load_folders(data_dir):
 
 def list_split(data_dir, split, *, class_names=None):
     """The Folder of data_dir/split: class folders (sorted names -> labels; with class_names, these
-    labels, which must hold every folder's name) and their image files (sorted names). Other files are
-    left out with a warning; a missing folder, no classes or an empty training class is a ValueError."""
+    labels, which must hold every folder's name) and their image files (sorted names). Other entries of a
+    class folder (files not named as images, folders, broken links) are left out with a warning; a missing
+    folder, no classes or an empty training class is a ValueError."""
     root = Path(data_dir) / split
     if not root.is_dir():
         raise FileNotFoundError(f"no {split}/ folder in {data_dir}: {LAYOUT}")
@@ -108,9 +109,9 @@ def list_split(data_dir, split, *, class_names=None):
                          f"({len(unknown)} such folders)")
     files, labels, ignored = [], [], []
     for name in found:
-        names = sorted(entry.name for entry in os.scandir(root / name) if entry.is_file())
-        images = [n for n in names if n.lower().endswith(EXTENSIONS)]
-        ignored += [f"{name}/{n}" for n in names if not n.lower().endswith(EXTENSIONS)]
+        entries = sorted((entry.name, entry.is_file()) for entry in os.scandir(root / name))  # is_file: a link's target
+        images = [n for n, is_file in entries if is_file and n.lower().endswith(EXTENSIONS)]
+        ignored += [f"{name}/{n}" for n, is_file in entries if not (is_file and n.lower().endswith(EXTENSIONS))]
         if not images and split == "train":
             raise ValueError(f"{root / name} holds no images ({', '.join(EXTENSIONS)})")
         files += [os.fsencode(f"{name}/{n}") for n in images]
@@ -118,8 +119,8 @@ def list_split(data_dir, split, *, class_names=None):
     if not files:
         raise ValueError(f"{root} holds no images ({', '.join(EXTENSIONS)}) in its class folders")
     if ignored:
-        print(f"warning: {root}: left out {len(ignored)} files that are not images by name ({ignored[0]}, ...)",
-              file=sys.stderr)
+        print(f"warning: {root}: left out {len(ignored)} entries that are not image files (named otherwise, folders "
+              f"or broken links: {', '.join(ignored[:3])}{', ...' if len(ignored) > 3 else ''})", file=sys.stderr)
     return Folder(root, tuple(class_names or found), np.array(files, dtype=bytes), np.array(labels, np.int64),
                   f"imagenet {split}")
 

@@ -124,11 +124,53 @@ def new_config(args, *, ranks=1):
     return config
 
 
+def _whole(low):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _real(low):
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= low
+
+
+_FLAG = (lambda v: isinstance(v, bool), "true or false")
+_TEXT = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
+# A saved configuration's fields: (check, what it must be); OPTIONAL ones, absent from older runs, take the
+# default given there.
+FIELDS = dict(data=(lambda v: v in data.DATASETS + ("imagenet",), "a data set's name"), data_dir=_TEXT,
+              model=_TEXT, bits=(lambda v: v in BITS, f"one of {', '.join(BITS)}"),
+              window=(lambda v: v in WINDOWS, f"one of {', '.join(WINDOWS)}"),
+              batch=(_whole(1), "a positive integer"), split=(_whole(1), "a positive integer"),
+              iters=(_whole(1), "a positive integer"), seed=(_whole(0), "a non-negative integer"),
+              lr_schedule=_TEXT, momentum=(_real(0), "a finite non-negative number"),
+              weight_decay=(_real(0), "a finite non-negative number"), no_augment=_FLAG,
+              log_every=(_whole(1), "a positive integer"), val_every=(_whole(1), "a positive integer"),
+              checkpoint_every=(_whole(1), "a positive integer"), graph=_FLAG,
+              image_size=(lambda v: v is None or _whole(1)(v), "a positive integer or null"),
+              workers=(lambda v: v is None or _whole(1)(v), "a positive integer or null"))
+OPTIONAL = dict(window="fixed",  # runs from before the option coded through the paper's window
+                graph=False, image_size=None, workers=None)
+
+
+def saved_config(saved):
+    """A checkpoint's configuration, each field checked (type and range) and the whole by check_config,
+    before anything reads it: a ValueError naming the checkpoint and the field otherwise."""
+    config = dict(OPTIONAL, **saved.config)
+    for name, (check, what) in FIELDS.items():
+        if name not in config:
+            raise ValueError(f"{saved.path} is damaged: its configuration lacks {name}")
+        if not check(config[name]):
+            raise ValueError(f"{saved.path} is damaged: its configuration's {name} is {config[name]!r}, not {what}")
+    try:
+        check_config(config)
+    except ValueError as e:
+        raise ValueError(f"{saved.path} holds a configuration that cannot run: {e}") from None
+    return config
+
+
 def resumed_config(saved, given, ckpt_path, *, ranks=1):
     """The saved configuration with the changeable options given now applied; a ValueError listing
     any defining option given with another value than the run's. ranks: as new_config."""
-    config = dict(saved.config)
-    config.setdefault("window", "fixed")  # runs from before the option coded through the paper's window
+    config = saved_config(saved)
     if "split" in given:
         given = dict(given, split=given["split"] * ranks)
     differ = [f"--{k.replace('_', '-')} {given[k]} (the run has {config.get(k)})" if k != "split" or ranks == 1 else

@@ -6,31 +6,44 @@
     OUT/metrics.jsonl   one JSON object a line, appended and flushed a record at a time
 
     run = RunDir.claim("runs/x", fresh=True, overwrite=False)   # refuses a folder that holds a run
-    log = MetricsLog(run.metrics_path, keep_through=1200)       # a resumed run: drop records past 1200
+    log = MetricsLog(run.metrics_path, keep_through=1200, check=run.check)  # a resumed run: drop records past 1200
+    run.check()         # before each write: FolderLost if OUT/lock is no longer the file this process locked
+    run.release()       # a start that wrote nothing takes back the folders and the lock it made
+
+flock locks the lock file's inode, not the folder: a lock file deleted (or the whole folder) lets another
+trainer lock a new one. So the owner checks, before every write, that OUT/lock is still the file it
+locked, and stops writing when it is not.
 """
 import fcntl
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from .checkpoint import stale_temporaries
+from .checkpoint import atomic_file, stale_temporaries
 
 LOCK, CHECKPOINT, METRICS = "lock", "checkpoint.h5", "metrics.jsonl"
 
 
+class FolderLost(Exception):
+    """The run folder or its lock file was removed or replaced while this trainer held it."""
+
+
 class RunDir:
-    def __init__(self, path, lock_file):
+    def __init__(self, path, lock_file, *, made_folders=(), made_lock=False):
+        """made_folders (deepest first) and made_lock: what claim created, for release to take back."""
         self.path, self._lock_file = Path(path), lock_file
+        self._made_folders, self._made_lock = list(made_folders), made_lock
         self.checkpoint_path, self.metrics_path = self.path / CHECKPOINT, self.path / METRICS
 
     @classmethod
     def claim(cls, path, *, fresh, overwrite=False):
         """Lock the folder for this process. fresh: a new run, refused where a run already is unless
-        overwrite (which removes its checkpoint and metrics). Stale temporary checkpoints of writers that
-        died are removed: under the lock no writer of this folder is alive."""
+        overwrite (which removes its checkpoint and metrics). Stale temporary files of writers that died
+        are removed: under the lock no writer of this folder is alive."""
         path = Path(path)
+        made_folders = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
+        made_lock = not (path / LOCK).exists()
         try:
             path.mkdir(parents=True, exist_ok=True)
             lock_file = open(path / LOCK, "a+")
@@ -48,8 +61,8 @@ class RunDir:
         lock_file.truncate()
         lock_file.write(f"{os.getpid()}\n")
         lock_file.flush()
-        run = cls(path, lock_file)
-        for tmp in stale_temporaries(run.checkpoint_path):
+        run = cls(path, lock_file, made_folders=made_folders, made_lock=made_lock)
+        for tmp in stale_temporaries(run.checkpoint_path) + stale_temporaries(run.metrics_path):
             tmp.unlink()
         others = sorted(p.name for p in path.iterdir() if p.name != LOCK)
         if fresh and others:
@@ -62,23 +75,49 @@ class RunDir:
                     (path / name).unlink()
         return run
 
+    def check(self):
+        """Raise FolderLost unless OUT/lock is still the file this process locked: once it was removed or
+        replaced (the folder deleted, or only the lock), another trainer may hold the folder."""
+        held = os.fstat(self._lock_file.fileno())
+        try:
+            now = os.stat(self.path / LOCK)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+            raise FolderLost(f"{self.path / LOCK} was removed or replaced while this trainer held it (the folder "
+                             f"or its lock deleted): another trainer may use {self.path} now, so this one stops "
+                             "without writing to it")
+
     def release(self):
+        """Drop the lock; a start refused before it wrote anything also removes the lock file and the
+        folders that claim made, leaving the disk as it found it."""
+        try:
+            self.check()
+            if self._made_lock and not [p for p in self.path.iterdir() if p.name != LOCK]:
+                (self.path / LOCK).unlink()
+                for folder in self._made_folders:
+                    folder.rmdir()  # refuses a folder that is not empty
+        except (FolderLost, OSError):  # not ours any more, or no longer empty: left as it is
+            pass
         self._lock_file.close()  # closing drops the flock
 
 
 class MetricsLog:
     """OUT/metrics.jsonl: appended a line at a time and flushed, so a crash loses nothing written."""
 
-    def __init__(self, path, *, keep_through=None):
+    def __init__(self, path, *, keep_through=None, check=None):
         """keep_through: a resumed run's checkpoint iteration; the records after it are dropped (the
-        resumed run writes them again), by an atomic rewrite."""
-        self.path = Path(path)
+        resumed run writes them again), by an atomic rewrite. check: called before each write (RunDir.check)."""
+        self.path, self._check = Path(path), check or (lambda: None)
         if keep_through is not None and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r.get("iter", 0) <= keep_through]
-            _atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self._check()
+            with atomic_file(self.path) as tmp:
+                Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in kept))
         self.file = open(self.path, "a")
 
     def write(self, **record):
+        self._check()
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
 
@@ -105,18 +144,9 @@ def read_metrics(path):
                 print(f"warning: {path}:{number}: dropping a torn last line", file=sys.stderr)
                 break
             raise ValueError(f"{path}:{number} is not a JSON record: the metrics file is damaged") from None
+        it = record.get("iter", 0)
+        if not isinstance(it, int) or isinstance(it, bool) or it < 0:  # whole JSON, wrong content: not a tear
+            raise ValueError(f"{path}:{number} has iter {it!r}, not an iteration number: the metrics file is "
+                             "damaged")
         records.append(record)
     return records
-
-
-def _atomic_write_text(path, text):
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

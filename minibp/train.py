@@ -33,7 +33,7 @@ from .kernels import KernelError
 from .optim import SGD
 from .plan import largest_batch
 from .quant import DEFAULT_WINDOW
-from .rundir import MetricsLog, RunDir, read_metrics
+from .rundir import FolderLost, MetricsLog, RunDir, read_metrics
 from .runconfig import (apply_data_defaults, build_parser, check_config, given_options, learning_rate, new_config,
                         parse_schedule, resumed_config)
 from .step import TrainStep
@@ -42,6 +42,10 @@ from .step import TrainStep
 class Diverged(Exception):
     """The loss or the weights stopped being finite."""
     on_every_rank = True  # ranks training together meet it at the same step, from the same numbers (dist.report)
+
+
+class WriteFailed(Exception):
+    """A checkpoint or metrics write failed (a full disk): the checkpoint before it stays."""
 
 
 def evaluate(net, split, mean, *, group=None, workers=None):
@@ -84,6 +88,11 @@ def compile_within_memory(net, *, batch, bits, hint="lower --batch, or compute i
     available = backend.available_memory()
     if available is not None and plan.allocation_bytes > available:
         fits = largest_batch(net, bits=bits, window=window, budget=available, training=training) if available > 0 else 0
+        if fits == 0:  # no batch size helps: say what is too big
+            one = net.plan(batch=1, bits=bits, window=window, training=training).allocation_bytes
+            raise ValueError(f"even a batch of 1 needs {format_bytes(one)} but {backend.device} has "
+                             f"{format_bytes(available)} available: the net is too large for this machine (input "
+                             f"{'x'.join(map(str, net.input_shape))}, {net.classes:,} classes)")
         raise ValueError(f"a batch of {batch} needs {format_bytes(plan.allocation_bytes)} but {backend.device} has "
                          f"{format_bytes(available)} available: the largest batch that fits is {fits} ({hint})")
     return net.compile(batch=batch, bits=bits, **options)
@@ -101,7 +110,7 @@ def main(argv=None):
                 sys.stdout = open(os.devnull, "w")  # rank 0 alone prints the progress
         with np.errstate(all="ignore"):  # a diverging step is found by the finiteness checks, not by warnings
             return _run(args, given_options(argv), group)
-    except Diverged as e:
+    except (Diverged, FolderLost, WriteFailed) as e:
         return _failed(group, e, str(e), 1)
     except (ValueError, FileNotFoundError, KernelError) as e:
         return _failed(group, e, str(e), 2)
@@ -180,6 +189,8 @@ def _train(args, given, run, out, group=None):
 
     train_split, test_split, mean, batches, input_shape = load_data(config)
     if saved is not None:
+        if isinstance(train_split, imagenet.Folder):  # the sorted folder names are the labels
+            saved.check_classes(train_split.class_names, train_split.root)
         batches.restore(saved.data_state)
     net = models.by_name(config["model"], imagenet=config["data"] == "imagenet", input_shape=input_shape,
                          classes=train_split.classes)
@@ -192,10 +203,28 @@ def _train(args, given, run, out, group=None):
         checkpoint.restore(net, saved)
         iteration = saved.iteration
     rank_0 = group is None or group.rank == 0  # the one that writes metrics and checkpoints
-    metrics = MetricsLog(run.metrics_path, keep_through=iteration if saved else None) if rank_0 else \
-        MetricsLog(os.devnull)
+    last_saved = [saved.iteration if saved else None]
+
+    def write_failed(path, error):
+        run.check()  # a folder deleted mid-write is that, not a full disk
+        kept = (f"the previous checkpoint (iteration {last_saved[0]}) is kept" if last_saved[0] is not None
+                else "no checkpoint had been saved yet")
+        return WriteFailed(f"cannot write {path} ({os.strerror(error.errno) if error.errno else error}); {kept}")
+
+    try:
+        metrics = MetricsLog(run.metrics_path, keep_through=iteration if saved else None, check=run.check) \
+            if rank_0 else MetricsLog(os.devnull)
+    except OSError as e:
+        raise write_failed(run.metrics_path, e) from None
+
+    def log(**record):
+        try:
+            metrics.write(**record)
+        except OSError as e:
+            raise write_failed(metrics.path, e) from None
+
     if changed:
-        metrics.write(kind="resume", iter=iteration, changed=changed)
+        log(kind="resume", iter=iteration, changed=changed)
     planned = net.arena.plan.total_bytes
     window = f" ({net.window} window)" if net.k and not net.naive else ""
     in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
@@ -209,18 +238,20 @@ def _train(args, given, run, out, group=None):
         print(f"resumed from {run.checkpoint_path} at iteration {iteration}"
               + "".join(f"; {k} {old} -> {new}" for k, (old, new) in changed.items()))
 
-    last_saved = [saved.iteration if saved else None]
     command = f"mpirun -n {ranks} python -m minibp.train" if ranks > 1 else "python -m minibp.train"
 
     def save():
         try:
             if rank_0:
+                run.check()
                 checkpoint.save(run.checkpoint_path, net, iteration=iteration, config=config,
-                                data_state=batches.state())
+                                data_state=batches.state(), class_names=getattr(train_split, "class_names", None))
             else:  # the same state as rank 0's: stop with it
                 checkpoint.check_finite(net.state())
         except checkpoint.NotFinite as e:
             raise Diverged(diverged_message(f"at iteration {iteration} ({e})")) from None
+        except OSError as e:
+            raise write_failed(run.checkpoint_path, e) from None
         last_saved[0] = iteration
 
     def diverged_message(what):
@@ -238,7 +269,7 @@ def _train(args, given, run, out, group=None):
     def validate():
         val_loss, val_accuracy = evaluate(net, test_split, mean, group=group, workers=config.get("workers"))
         print(f"iter {iteration:6d}  validation loss {val_loss:.4f}  accuracy {val_accuracy:.4f}", flush=True)
-        metrics.write(kind="val", iter=iteration, loss=val_loss, accuracy=val_accuracy)
+        log(kind="val", iter=iteration, loss=val_loss, accuracy=val_accuracy)
 
     def unvalidated():
         return not any(r.get("kind") == "val" and r.get("iter") == iteration for r in read_metrics(run.metrics_path))
@@ -284,8 +315,8 @@ def _train(args, given, run, out, group=None):
                 rate = window_images / (time.perf_counter() - window_start)
                 print(f"iter {iteration:6d}/{config['iters']}  loss {loss:.4f}  acc {accuracy:.3f}  lr {lr:g}  "
                       f"{rate:7.1f} img/s  plan {format_bytes(planned)}", flush=True)
-                metrics.write(kind="train", iter=iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
-                              planned_bytes=planned)
+                log(kind="train", iter=iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
+                    planned_bytes=planned)
                 window_start, window_images = time.perf_counter(), 0
             if due("checkpoint_every", iteration):
                 save()  # before the validation, so a failing validation loses no training
@@ -304,6 +335,8 @@ def _train(args, given, run, out, group=None):
         metrics.close()
         if isinstance(batches, imagenet.Batches):
             batches.close()  # its decoding processes
+    if rank_0:
+        run.check()  # the folder named below is still this run's
     print(f"done: {iteration} iterations; checkpoint {run.checkpoint_path}, metrics {run.metrics_path}")
     return 0
 

@@ -145,7 +145,18 @@ def test_the_listing_gives_sorted_classes_and_leaves_out_other_files(tree, capsy
     for folder in (train_split, val):
         folders = [f.decode().split("/")[0] for f in folder.files]
         assert folders == [folder.class_names[label] for label in folder.labels]
-    assert "left out 1 files that are not images by name (n00000001/notes.txt" in capsys.readouterr().err
+    assert "left out 1 entries that are not image files (named otherwise, folders or broken links: " \
+        "n00000001/notes.txt)" in capsys.readouterr().err
+
+
+def test_broken_links_and_folders_named_as_images_are_left_out_with_a_warning(tree, capsys):
+    (tree / "train" / "n00000001" / "gone.JPEG").symlink_to(tree / "nowhere.JPEG")
+    (tree / "train" / "n00000002" / "x.JPEG").mkdir()
+    (tree / "train" / "n00000003" / "linked.JPEG").symlink_to(tree / "train" / "n00000003" / "n00000003_0.JPEG")
+    train_split, _ = imagenet.load_folders(tree)
+    assert len(train_split) == 49  # the link to an image is one
+    assert "left out 2 entries that are not image files (named otherwise, folders or broken links: " \
+        "n00000001/gone.JPEG, n00000002/x.JPEG)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("damage,error,match", [
@@ -418,8 +429,25 @@ def test_an_imagenet_run_learns_resumes_bit_identically_and_evaluates(tree, tmp_
     assert json.loads(capsys.readouterr().out)["accuracy"] == validation[-1]["accuracy"]
 
 
+def test_a_tree_whose_classes_were_renamed_is_refused_by_resume_and_evaluate(tree, tmp_path, tiny_family, capsys):
+    """n00000000 renamed n00000009 (as many classes): every label would shift by one, silently."""
+    assert train.main(imagenet_args(tree, tmp_path / "run", workers=1)) == 0
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").class_names == tuple(f"n{i:08d}" for i in range(4))
+    for split in ("train", "val"):
+        os.rename(tree / split / "n00000000", tree / split / "n00000009")
+    capsys.readouterr()
+    expected = "label 0 is 'n00000000' in the run and 'n00000001' there (4 classes against 4)"
+    assert evaluate.main([str(tmp_path / "run"), "--workers", "1"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: {tree / 'train'} does not hold the classes") and expected in line
+    assert "\n" not in line
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
+    assert expected in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("overrides,match", [
     (dict(model="resnet164"), "not an ImageNet ResNet"),
+    (dict(image_size=32000), "too large for this machine (input 32000x32000x3, 4 classes)"),
     (dict(data="cifar10", model="resnet50"), "needs ImageNet data, --data imagenet"),
     (dict(image_size=40), "multiple of 32"),
     (dict(data="cifar10", model="resnet11"), "--image-size applies to --data imagenet only"),

@@ -220,7 +220,7 @@ def test_resume_keeps_the_window_and_runs_from_before_it_resume_with_the_papers(
     with h5py.File(tmp_path / "run" / "checkpoint.h5", "r+") as f:
         config = json.loads(f.attrs["config"])
         del config["window"]
-        f.attrs["config"] = json.dumps(config)
+        _set_attrs(f, config=json.dumps(config))
     assert train.main(["--out", run, "--resume", "--window", "range"]) == 2
     assert "(the run has fixed)" in one_line_error(capsys.readouterr().err)
     assert train.main(["--out", run, "--resume", "--iters", "3"]) == 0
@@ -284,6 +284,12 @@ def _rewrite(f, name, array):
     f[name].attrs["sha256"] = checkpoint.sha256(array)
 
 
+def _set_attrs(f, **attrs):
+    """Change attributes and their checksum, as a hand-made checkpoint would: only the content checks remain."""
+    f.attrs.update(attrs)
+    f.attrs["attrs_sha256"] = checkpoint.attrs_sha256(f.attrs)
+
+
 def _damage(path, how):
     with h5py.File(path, "r+") as f:
         if how == "flipped bit":
@@ -295,7 +301,7 @@ def _damage(path, how):
             order[0] = 10**6
             _rewrite(f, "data_order", order)
         elif how == "broken config":
-            f.attrs["config"] = "{not json"
+            _set_attrs(f, config="{not json")
         elif how == "missing state":
             del f["state"]
         elif how == "not finite":
@@ -338,3 +344,68 @@ def test_read_metrics_names_file_and_line(tmp_path):
     path.write_text('{"iter": 1}\n[1, 2]\n{"iter": 3}\n')
     with pytest.raises(ValueError, match=f"{path}:2"):
         read_metrics_file(path)
+
+
+@pytest.mark.parametrize("attribute", ["iteration", "config"])
+def test_a_changed_checkpoint_attribute_fails_its_checksum(tmp_path, data_dir, capsys, attribute):
+    """A flipped bit in the iteration (2 -> 18) would skip 16 iterations; in the config's bits (4 -> 8) it
+    would train another run: the attributes are under a checksum, as the arrays are."""
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    path = tmp_path / "run" / "checkpoint.h5"
+    with h5py.File(path, "r+") as f:
+        if attribute == "iteration":
+            f.attrs["iteration"] = f.attrs["iteration"] ^ 16
+        else:
+            f.attrs["config"] = f.attrs["config"].replace('"bits": "4"', '"bits": "8"')
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "20"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert str(path) in line and "is damaged: its attributes" in line and "fail their SHA-256 check" in line
+    assert evaluate.main([str(tmp_path / "run")]) == 2
+    assert "fail their SHA-256 check" in one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (dict(batch="sixteen"), "configuration's batch is 'sixteen', not a positive integer"),
+    (dict(model=None), "configuration lacks model"),
+    (dict(momentum=float("nan")), "configuration's momentum is nan, not a finite non-negative number"),
+    (dict(no_augment="no"), "configuration's no_augment is 'no', not true or false"),
+    (dict(model="resnet12"), "holds a configuration that cannot run"),
+])
+def test_a_hand_made_config_is_checked_field_by_field(tmp_path, data_dir, capsys, edit, match):
+    """The checksum rewritten too, as a hand-made checkpoint's would be: each field is still checked."""
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    path = tmp_path / "run" / "checkpoint.h5"
+    with h5py.File(path, "r+") as f:
+        config = json.loads(f.attrs["config"])
+        config.update(edit)
+        _set_attrs(f, config=json.dumps({k: v for k, v in config.items() if v is not None}))
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert str(path) in line and match in line
+    assert evaluate.main([str(tmp_path / "run")]) == 2
+    assert match in one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("value", ["ten", None, 2.5])
+def test_a_metrics_record_whose_iter_is_not_a_number_is_named(tmp_path, data_dir, capsys, value):
+    assert train.main(base_args(tmp_path, iters=4, log_every=1, val_every=2, checkpoint_every=2)) == 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    lines[1] = json.dumps(dict(json.loads(lines[1]), iter=value))
+    metrics.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "6"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"{metrics}:2 has iter {value!r}, not an iteration number" in line
+
+
+def test_a_net_too_large_for_any_batch_names_what_is_too_big(tmp_path, data_dir, capsys):
+    """A data file claiming 10^9 classes: no batch fits, and 'the largest batch that fits is 0' would mislead."""
+    with h5py.File(data_dir / "cifar10.h5", "r+") as f:
+        f.attrs["classes"] = 10**9
+    assert train.main(base_args(tmp_path)) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "even a batch of 1 needs" in line and "too large for this machine (input 8x8x3, 1,000,000,000 classes)" \
+        in line and "largest batch" not in line

@@ -1,0 +1,142 @@
+"""The run folder under hostile conditions: its lock or the whole folder deleted while a trainer runs, a
+full disk, stale temporary files, file modes, and refused starts that must leave the disk as they found it."""
+import os
+import resource
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from minibp import backend, checkpoint, train
+from test_reliability import one_line_error, start_trainer, wait_for_lines
+from test_train import ROOT, base_args, make_dataset, read_metrics
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    make_dataset(tmp_path / "data")
+    return tmp_path / "data"
+
+
+def stopped(process, timeout=60):
+    """(exit status, output) of a trainer that must stop by itself."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        pytest.fail(f"the trainer did not stop: {output[-2000:]}")
+    return process.returncode, output
+
+
+# ----------------------------------------------------------------------------- the lock and the folder
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_trainer_whose_lock_is_gone_stops_and_a_second_one_owns_the_folder(tmp_path, data_dir, capsys, how):
+    """flock holds the lock file's inode: with OUT/lock deleted or replaced a second trainer can lock the
+    folder, so the first must stop at its next write, writing nothing more."""
+    run = tmp_path / "run"
+    first = start_trainer(base_args(tmp_path, iters=100000, log_every=1, val_every=100000, checkpoint_every=2))
+    try:
+        wait_for_lines(run / "metrics.jsonl", 3)
+        if how == "deleted":
+            (run / "lock").unlink()
+        else:
+            (run / "lock.new").write_text("0\n")
+            os.replace(run / "lock.new", run / "lock")
+        code, output = stopped(first)
+    finally:
+        first.kill()
+        first.wait()
+    assert code == 1 and "Traceback" not in output, output
+    assert f"error: {run / 'lock'} was removed or replaced while this trainer held it" in output
+    last = max(r["iter"] for r in read_metrics(run))
+    saved = checkpoint.load(run / "checkpoint.h5")
+    assert saved.iteration <= last  # its last checkpoint came before its last record: none after the loss
+    # the folder is the second trainer's now; it resumes from the first one's last checkpoint
+    assert train.main(["--out", str(run), "--resume", "--iters", str(saved.iteration + 2)]) == 0
+    assert checkpoint.load(run / "checkpoint.h5").iteration == saved.iteration + 2
+
+
+def test_a_deleted_run_folder_stops_the_trainer_without_recreating_it(tmp_path, data_dir):
+    run = tmp_path / "run"
+    process = start_trainer(base_args(tmp_path, iters=100000, log_every=1, val_every=100000, checkpoint_every=5))
+    try:
+        wait_for_lines(run / "metrics.jsonl", 3)
+        shutil.rmtree(run)
+        code, output = stopped(process)
+    finally:
+        process.kill()
+        process.wait()
+    assert code == 1 and "Traceback" not in output and "done:" not in output, output
+    assert "was removed or replaced while this trainer held it" in output.splitlines()[-1]
+    assert not run.exists()
+
+
+# ----------------------------------------------------------------------------- writes
+
+def test_the_files_keep_their_modes_through_a_resume(tmp_path, data_dir):
+    umask = os.umask(0o022)
+    try:
+        assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+        run = tmp_path / "run"
+        modes = lambda: {name: (run / name).stat().st_mode & 0o777 for name in ("metrics.jsonl", "checkpoint.h5")}
+        assert modes() == {"metrics.jsonl": 0o644, "checkpoint.h5": 0o644}  # new files: as the umask says
+        (run / "metrics.jsonl").chmod(0o664)
+        (run / "checkpoint.h5").chmod(0o600)
+        assert train.main(["--out", str(run), "--resume", "--iters", "4"]) == 0  # rewrites both
+        assert modes() == {"metrics.jsonl": 0o664, "checkpoint.h5": 0o600}
+    finally:
+        os.umask(umask)
+
+
+def limited_trainer(argv, max_bytes):
+    """A trainer run in a process that cannot grow any file past max_bytes: a write fails as on a full disk
+    (EFBIG, where a full disk gives ENOSPC: the same failed write to the trainer)."""
+    return subprocess.run([sys.executable, "-m", "minibp.train"] + argv, cwd=ROOT, capture_output=True, text=True,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_bytes, max_bytes)),
+                          timeout=120)
+
+
+@pytest.mark.parametrize("which", ["checkpoint.h5", "metrics.jsonl"])
+def test_a_failed_write_names_the_file_and_keeps_the_checkpoint(tmp_path, data_dir, which):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2, log_every=1, checkpoint_every=2)) == 0
+    run = tmp_path / "run"
+    before = (run / "checkpoint.h5").read_bytes()
+    # room for the metrics as they are and a little more, or for nothing like a checkpoint
+    limit = (run / "metrics.jsonl").stat().st_size + (50 if which == "metrics.jsonl" else 10_000)
+    done = limited_trainer(["--out", str(run), "--resume", "--iters", "6"], limit)
+    assert done.returncode == 1, done.stderr
+    line = one_line_error(done.stderr)
+    assert f"cannot write {run / which} (File too large); the previous checkpoint (iteration 2) is kept" in line
+    assert (run / "checkpoint.h5").read_bytes() == before and not checkpoint.stale_temporaries(run / "checkpoint.h5")
+
+
+def test_stale_temporary_metrics_are_removed_at_start(tmp_path, data_dir):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    stale = tmp_path / "run" / "metrics.jsonl.k3j4l5.tmp"
+    stale.write_text('{"kind": "train", "iter": 1}\n')  # what a resume killed mid-rewrite leaves
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "3"]) == 0
+    assert not stale.exists()
+
+
+# ----------------------------------------------------------------------------- refused starts
+
+def test_a_refused_start_leaves_the_disk_as_it_found_it(tmp_path, data_dir, monkeypatch, capsys):
+    nested = tmp_path / "runs" / "deeper" / "run"
+    assert train.main(base_args(tmp_path, out=nested, batch=100000)) == 2  # larger than the data
+    assert "between 1 and" in one_line_error(capsys.readouterr().err)
+    assert not (tmp_path / "runs").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setattr(backend, "available_memory", lambda: 2**20)
+    assert train.main(base_args(tmp_path, out="empty")) == 2  # no batch fits
+    assert "available" in one_line_error(capsys.readouterr().err)
+    assert empty.is_dir() and not list(empty.iterdir())
+    monkeypatch.undo()
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    names = sorted(p.name for p in (tmp_path / "run").iterdir())
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 2  # holds a run: --overwrite needed
+    assert "--overwrite" in one_line_error(capsys.readouterr().err)
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == names
