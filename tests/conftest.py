@@ -1,5 +1,6 @@
 """Shared test fixtures. Tests are device-generic: they build arrays with backend.xp, so the same
 suite runs on NumPy (CI) and on CuPy (MINIBP_DEVICE=gpu on a GPU machine)."""
+import minibp  # noqa: F401  before NumPy, so that OpenBLAS takes minibp's thread setting (minibp/__init__.py)
 import numpy as np
 import pytest
 

@@ -204,3 +204,16 @@ def test_versus_pytorch_quick_prints_the_table():
     for row in ("PyTorch", "minibp exact", "minibp 4-bit"):
         assert any(line.strip().startswith(row) for line in done.stdout.splitlines()), done.stdout
     assert "vs PyTorch" in done.stdout and "float32 GEMM" in done.stdout
+
+
+@pytest.mark.parametrize("given, expected", [(None, "4"), ("20", "20")])
+def test_minibp_makes_openblas_threads_sleep_at_once_unless_told_otherwise(given, expected):
+    """The im2col path's GEMMs on the CPU: OpenBLAS's idle threads would spin for 2^28 cycles and take the
+    cores from the OpenMP kernels (bench/threads.py: a 3x slower step). Importing minibp before NumPy
+    sets OpenBLAS's wait to 2^4 cycles; a value the user set is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    done = subprocess.run([sys.executable, "-c", "import minibp, numpy, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == expected, done.stderr

@@ -1,0 +1,82 @@
+"""Does OpenBLAS fight minibp's OpenMP kernels for the cores? A ResNet-20 training step (batch 64, 4 bits,
+CIFAR-shaped random data) through each CPU convolution path, each configuration in a process of its own,
+alternating over rounds:
+
+    python bench/threads.py              # 3 rounds of 5 timed steps
+    python bench/threads.py --cpu avx2   # with minibp's kernels and OpenBLAS limited to AVX2
+
+direct: conv_direct's kernels, no BLAS (every float32 convolution on the CPU). The im2col rows force the
+im2col + GEMM path (conv_direct.DIRECT_CONV off), which float64 takes on the CPU: with OpenBLAS's own
+spin before its idle threads sleep (OPENBLAS_THREAD_TIMEOUT=28, its default), with minibp's (4: sleep at
+once, set in minibp/__init__.py), and with one BLAS thread.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+CONFIGS = {  # name: (direct path, environment)
+    "direct": (True, {}),
+    "im2col, OpenBLAS's spin": (False, {"OPENBLAS_THREAD_TIMEOUT": "28"}),
+    "im2col, minibp's setting": (False, {}),
+    "im2col, 1 BLAS thread": (False, {"OPENBLAS_NUM_THREADS": "1"}),
+}
+
+
+def child(name, steps):
+    import numpy as np
+    from minibp import conv_direct, models
+    from minibp.optim import SGD
+    conv_direct.DIRECT_CONV = CONFIGS[name][0]
+    net = models.by_name("resnet20", input_shape=(32, 32, 3), classes=10).compile(batch=64, bits=4, seed=0)
+    opt = SGD(net)
+    rng = np.random.default_rng(0)
+    images, labels = rng.standard_normal((64, 32, 32, 3)).astype(np.float32), rng.integers(0, 10, 64)
+
+    def step():
+        start = time.perf_counter()
+        net.zero_grad()
+        net.forward(images, labels)
+        net.backward()
+        opt.step(lr=0.01)
+        return time.perf_counter() - start
+    step()  # warm-up: kernel builds, thread pools
+    print(json.dumps(dict(times=[step() for _ in range(steps)], path=conv_direct.path(),
+                          timeout=os.environ.get("OPENBLAS_THREAD_TIMEOUT"))))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--cpu", help="imitate a narrower CPU (bench/speed.py's --cpu)")
+    parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        child(args.child, args.steps)
+        return 0
+    from speed import describe_machine, limit_cpu
+    limit_cpu(args.cpu)
+    print(f"ResNet-20, batch 64, 4 bits, {args.rounds} rounds of 1 warm-up + {args.steps} steps, a process a "
+          f"configuration\n{describe_machine()}", flush=True)
+    times = {name: [] for name in CONFIGS}
+    for round_ in range(args.rounds):
+        for name, (_, env) in CONFIGS.items():
+            done = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(args.steps)],
+                                  env={**os.environ, "MINIBP_DEVICE": "cpu", **env}, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"{name}: exit {done.returncode}\n{done.stderr}")
+            times[name].append(statistics.median(json.loads(done.stdout.splitlines()[-1])["times"]))
+        print(f"  round {round_ + 1}: " + "  ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items()), flush=True)
+    base = statistics.median(times["direct"])
+    print(f"\n{'':>26}  {'step s':>7}  {'vs direct':>9}")
+    for name, t in times.items():
+        print(f"{name:>26}  {statistics.median(t):7.3f}  {statistics.median(t) / base:9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
