@@ -2,6 +2,7 @@
 direct kernels (the CPU's fast path, conv_direct.py) and the chunked im2col path, odd shapes included;
 the workspace each needs; and bench/versus_pytorch.py."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,22 @@ def test_minibp_makes_openblas_threads_sleep_at_once_unless_told_otherwise(given
     done = subprocess.run([sys.executable, "-c", "import minibp, numpy, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == expected, done.stderr
+
+
+def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
+    """An aarch64 CPU takes the same source with NEON's 4-float vectors: tests/native/conv_direct_check.cpp
+    (the vector kernels against their plain loops in double) cross-compiled with the neon target's flags and
+    run under qemu. On an aarch64 machine the tests above run the same kernels natively."""
+    compiler, emulator = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64-static")
+    if compiler is None or emulator is None:
+        pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64-static (apt-get install g++-aarch64-linux-gnu "
+                    "qemu-user-static; .ci/run installs them)")
+    flags = kernels.CPU_TARGETS["aarch64"]["neon"][1]
+    built = subprocess.run([compiler, "-std=c++20", "-O2", *flags, "-fno-math-errno", "-fno-trapping-math",
+                            "-ffp-contract=off", "-static", "-Dreal_t=float", f"-I{kernels.KERNEL_DIR}",
+                            str(ROOT / "tests" / "native" / "conv_direct_check.cpp"), "-o", str(tmp_path / "check")],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr
+    done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.splitlines() == [
+        "lanes 4, tile 6 pixels x 2 vectors, weight-gradient task 4 x 8", "ok"], done.stdout + done.stderr
