@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -427,7 +428,12 @@ def _compile_cpu_library(path, signatures, real_name):
         # Relative names in the build folder: its random path must not end up in the library's bytes.
         cpp = f"{path.stem}_launchers.cpp"
         (build / cpp).write_text(wrapper)
+        # A first run compiles every kernel file (minutes on a loaded machine): say so, not a silent wait.
+        print(f"minibp: compiling {path.name} ({real_name}) for this CPU ({cpu_target()[0]}), once: later runs "
+              f"load it from {cache}", end="", file=sys.stderr, flush=True)
+        start = time.perf_counter()
         returncode, stderr = _run_compiler(command + ["-o", "kernel.so", cpp], cwd=build)
+        print(f" ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
         if returncode != 0:
             raise KernelError(f"g++ could not compile {path} (real_t={real_name}):\n{stderr}")
         (build / "record").write_text(_fingerprint((build / "kernel.so").read_bytes()) + "\n")

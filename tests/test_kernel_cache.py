@@ -6,6 +6,7 @@ a library, and a damaged one can kill the process that loads it (SIGBUS), not on
 """
 import hashlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -191,3 +192,14 @@ def test_a_cpu_target_this_cpu_cannot_run_is_refused_in_one_line(monkeypatch, ta
         assert kernels.cpu_target()[0] == "avx2"  # unset: the widest this CPU has
     finally:
         kernels.cpu_target.cache_clear()
+
+
+def test_a_build_says_what_it_compiles_and_how_long_it_took(tmp_path):
+    """A first run compiles for minutes on a loaded machine: one line each build, none when cached."""
+    first = load_in_subprocess(tmp_path)
+    assert_ran(first)
+    lines = [line for line in first.stderr.splitlines() if line.startswith("minibp: compiling sgd.cu (float)")]
+    assert len(lines) == 1 and re.search(r"once: later runs load it from .+ \(\d+\.\d s\)$", lines[0]), first.stderr
+    again = load_in_subprocess(tmp_path)
+    assert_ran(again)
+    assert "compiling" not in again.stderr, again.stderr
