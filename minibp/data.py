@@ -1,13 +1,16 @@
-"""Training data: HDF5 files written by datasets/prepare.py, in shuffled, augmented batches.
+"""Training data: prepared HDF5 files (docs/data.md), in shuffled, augmented batches.
 
+    write("data/mine.h5", train=(images, labels), test=(images, labels), classes=10)   # uint8 NHWC, ints
     train, test = load_dataset("data/cifar10.h5")       # Splits: uint8 images (N, H, W, C), labels (N,)
     mean = train.pixel_mean()                           # (H, W, C) float32, per-pixel mean in [0, 1]
     batches = Batches(train, batch=128, mean=mean, augment=True, seed=0)
     images, labels = batches.next()                     # float32 NHWC on the active device, int64 labels
 
 Reading checks the whole file (both splits' groups, dtypes and shapes, the class count, the labels'
-range) and each array read against the SHA-256 that datasets/prepare.py stored beside it; anything
-wrong is a one-line ValueError naming the file. `load_split(path, "test")` reads one split.
+range) and each array read against the SHA-256 that `write` stored beside it; anything wrong is a
+one-line ValueError naming the file. `load_split(path, "test")` reads one split. `write` is the one
+writer of the format (minibp.prepare's converters use it): it refuses, with the same one-line
+messages, what the reader would refuse, so a file it writes always loads.
 
 Augmentation is the reference's: zero-pad 4 pixels (after mean subtraction, so the pad is the mean
 image), crop a random window of the original size, flip horizontally with probability 1/2. The order
@@ -16,6 +19,7 @@ run sees exactly the batches an uninterrupted one would.
 """
 import hashlib
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,8 +28,9 @@ import h5py
 import numpy as np
 
 from . import backend
+from .checkpoint import atomic_h5
 
-PREPARE = "python datasets/prepare.py"
+PREPARE = "python -m minibp.prepare"
 DATASETS = ("cifar10", "cifar100", "fashion-mnist")
 
 
@@ -49,9 +54,8 @@ def dataset_path(data_dir, name):
 
 
 def prepare_command(name, path):
-    """The command that writes the data set `name` to the file at path."""
-    dataset = name if name in DATASETS else "{" + ",".join(DATASETS) + "}"
-    return f"{PREPARE} {dataset} --out {Path(path).parent}"
+    """The command that writes the data set `name` (one of DATASETS) to the file at path."""
+    return f"{PREPARE} {name} --out {Path(path).parent}"
 
 
 def missing_dataset_message(name, path):
@@ -63,9 +67,50 @@ def missing_dataset_message(name, path):
 
 
 def split_checksums(images, labels):
-    """{images_sha256, labels_sha256}: the SHA-256 of each array's bytes, as prepare.py stores them on a split."""
+    """{images_sha256, labels_sha256}: the SHA-256 of each array's bytes (C order, its own dtype), as `write`
+    stores them on a split."""
     return {f"{key}_sha256": hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
             for key, array in (("images", images), ("labels", labels))}
+
+
+def write(path, *, train, test, classes, name=None, class_names=None, attrs=None):
+    """Write a prepared data file from arrays: train and test are (images (N, H, W, C) uint8, labels (N,)
+    integers in [0, classes)), both splits' images of one (H, W, C). name (default: the file's stem) and
+    class_names (a string per class) are optional attributes, attrs any further ones (where the data came
+    from). Labels are stored as int64, each array with its SHA-256 (docs/data.md has the layout).
+
+    The file is written to a temporary name and renamed: a failed write leaves the file at path as it was.
+    Arrays the reader would refuse are a one-line ValueError; a failed write an OSError saying why."""
+    splits = {}
+    for split, pair in (("train", train), ("test", test)):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"{split} must be a pair (images, labels), got {type(pair).__name__}")
+        splits[split] = tuple(np.asarray(array) for array in pair)
+    problem = _format_problem(classes, splits) or next(
+        filter(None, (_labels_problem(split, labels, classes) for split, (_, labels) in splits.items())), None)
+    if problem:
+        raise ValueError(problem)
+    names = None if class_names is None else [str(n) for n in class_names]
+    if names is not None and len(names) != classes:
+        raise ValueError(f"class_names has {len(names)} names for {classes} classes")
+    clashing = sorted(set(attrs or ()) & {"name", "classes", "class_names"})
+    if clashing:
+        raise ValueError(f"attrs may not set {', '.join(clashing)}: they are write's own arguments")
+    try:
+        with atomic_h5(path) as f:
+            f.attrs.update(attrs or {}, name=str(name or Path(path).stem), classes=int(classes))
+            if names is not None:
+                f.attrs["class_names"] = np.array(names, dtype=h5py.string_dtype())
+            for split, (images, labels) in splits.items():
+                images, labels = np.ascontiguousarray(images), labels.astype(np.int64)
+                group = f.create_group(split)
+                # chunks of 256 images: reading a few batches does not decompress or read the whole split
+                group.create_dataset("images", data=images, chunks=(min(len(images), 256),) + images.shape[1:])
+                group.create_dataset("labels", data=labels)
+                group.attrs.update(split_checksums(images, labels))
+    except OSError as e:  # the reason alone: h5py's message runs over lines and names the temporary file
+        raise OSError(f"could not write {path}: {os.strerror(e.errno) if e.errno else e}") from None
+    return Path(path)
 
 
 def load_dataset(path):
@@ -92,17 +137,20 @@ def _load(path, splits):
     if not path.is_file():
         name = path.stem
         raise FileNotFoundError(missing_dataset_message(name, path) if name in DATASETS else f"no data file {path}")
-    again = f"prepare it again with {prepare_command(path.stem, path)}"
+    # a file of minibp.prepare's can be prepared again; one of your own is written again
+    again = (f"prepare it again with {prepare_command(path.stem, path)}" if path.stem in DATASETS
+             else "write it again (minibp.data.write)")
     try:
         with h5py.File(path, "r") as f:
             name = _text(f.attrs.get("name", path.stem))
             where = f"{path} ({name})"
             bad = lambda problem: ValueError(f"{where}: {problem}: {again}")  # noqa: E731
-            classes = _classes(f, bad)
-            shapes = {split: _image_shape(f, split, bad) for split in ("train", "test")}
-            if shapes["test"] != shapes["train"]:
-                raise bad("test images are {}x{}x{} (H x W x C), train images {}x{}x{}".format(*shapes["test"],
-                                                                                             *shapes["train"]))
+            if "classes" not in f.attrs:
+                raise bad("no 'classes' attribute")
+            classes = f.attrs["classes"]
+            problem = _format_problem(classes, {split: _datasets(f, split, bad) for split in ("train", "test")})
+            if problem:
+                raise bad(problem)
             result, unverified = [], []
             for split in splits:
                 group = f[split]
@@ -113,17 +161,17 @@ def _load(path, splits):
                         unverified.append(f"{split} {array}")
                     elif _text(group.attrs[key]) != digest:
                         raise bad(f"{split} {array} fail their SHA-256 check (the file is damaged)")
-                if labels.min() < 0 or labels.max() >= classes:
-                    raise bad(f"{split} labels span [{labels.min()}, {labels.max()}], outside the {classes} classes "
-                              f"[0, {classes})")
-                result.append(Split(images, labels.astype(np.int64), classes, name))
+                problem = _labels_problem(split, labels, classes)
+                if problem:
+                    raise bad(problem)
+                result.append(Split(images, labels.astype(np.int64), int(classes), name))
     except OSError as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a readable HDF5 file ({why}): {again}") from None
     if unverified and path.resolve() not in _unverifiable_warned:
         _unverifiable_warned.add(path.resolve())
         print(f"warning: {where} has no SHA-256 checksums for its {', '.join(unverified)} (written by an older "
-              f"datasets/prepare.py), so damage to them cannot be detected; {again}", file=sys.stderr)
+              f"minibp), so damage to them cannot be detected; {again}", file=sys.stderr)
     return result
 
 
@@ -131,32 +179,43 @@ def _text(value):
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _classes(f, bad):
-    if "classes" not in f.attrs:
-        raise bad("no 'classes' attribute")
-    classes = np.asarray(f.attrs["classes"])
-    if classes.shape != () or not np.issubdtype(classes.dtype, np.integer) or classes < 2:
-        raise bad(f"the 'classes' attribute must be an integer of at least 2, got {classes}")
-    return int(classes)
-
-
-def _image_shape(f, split, bad):
-    """The (H, W, C) of a split's images, once its group, datasets, dtypes and shapes are as prepare.py writes."""
+def _datasets(f, split, bad):
+    """(images, labels): the HDF5 datasets of a split, once its group and both datasets are there."""
     group = f.get(split)
     if not isinstance(group, h5py.Group):
         raise bad(f"no '{split}' group (the file has: {', '.join(f) or 'nothing'})")
     for key in ("images", "labels"):
         if not isinstance(group.get(key), h5py.Dataset):
             raise bad(f"the {split} group has no '{key}' dataset (it has: {', '.join(group) or 'nothing'})")
-    images, labels = group["images"], group["labels"]
-    if images.dtype != np.uint8 or len(images.shape or ()) != 4:
-        raise bad(f"{split} images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}")
-    if not np.issubdtype(labels.dtype, np.integer) or labels.shape != images.shape[:1]:
-        raise bad(f"{split} labels must be {len(images)} integers for its {len(images)} images, got {labels.dtype} "
-                  f"{labels.shape}")
-    if len(images) == 0:
-        raise bad(f"the {split} split is empty")
-    return images.shape[1:]
+    return group["images"], group["labels"]
+
+
+def _format_problem(classes, splits):
+    """What is wrong with a class count and the dtypes and shapes of {split: (images, labels)}, in one line,
+    or None. The arrays may be NumPy arrays or HDF5 datasets: only their dtype and shape are read, so the
+    reader checks a file's structure before reading any of it, and the writer refuses what it would refuse."""
+    classes = np.asarray(classes)
+    if classes.shape != () or not np.issubdtype(classes.dtype, np.integer) or classes < 2:
+        return f"'classes' must be an integer of at least 2, got {classes}"
+    for split, (images, labels) in splits.items():
+        if images.dtype != np.uint8 or len(images.shape or ()) != 4:
+            return f"{split} images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}"
+        if not np.issubdtype(labels.dtype, np.integer) or labels.shape != images.shape[:1]:
+            return (f"{split} labels must be {len(images)} integers for its {len(images)} images, got {labels.dtype} "
+                    f"{labels.shape}")
+        if len(images) == 0:
+            return f"the {split} split is empty"
+    train, test = (splits[split][0].shape[1:] for split in ("train", "test"))
+    if test != train:
+        return "test images are {}x{}x{} (H x W x C), train images {}x{}x{}".format(*test, *train)
+    return None
+
+
+def _labels_problem(split, labels, classes):
+    """What is wrong with a split's labels (an integer array) for this class count, or None."""
+    if labels.min() < 0 or labels.max() >= classes:
+        return f"{split} labels span [{labels.min()}, {labels.max()}], outside the {classes} classes [0, {classes})"
+    return None
 
 
 class Batches:

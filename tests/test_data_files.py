@@ -1,7 +1,6 @@
 """Prepared data files are checked whole when read: each kind of damage is a one-line error naming the file."""
 import hashlib
-import importlib.util
-from pathlib import Path
+import json
 
 import h5py
 import numpy as np
@@ -9,20 +8,13 @@ import pytest
 
 from minibp import data
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("minibp_prepare", ROOT / "datasets" / "prepare.py")
-prepare = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(prepare)
 
-
-def make_file(path, *, train_shape=(8, 8, 3), test_shape=None, n_train=6, n_test=4, classes=5, test_labels=None):
-    """A file written by prepare.py's own writer, with random images and labels."""
+def make_file(path, *, n_train=6, n_test=4, classes=5):
+    """A file written by data.write, with random 8x8x3 images and labels."""
     rng = np.random.default_rng(0)
-    splits = {}
-    for split, n, shape in (("train", n_train, train_shape), ("test", n_test, test_shape or train_shape)):
-        labels = rng.integers(0, classes, n) if split == "train" or test_labels is None else np.asarray(test_labels)
-        splits[split] = (rng.integers(0, 256, (n,) + shape, dtype=np.uint8), labels)
-    return prepare.write_h5(path, splits, dict(name="cifar10", classes=classes))
+    splits = {split: (rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8), rng.integers(0, classes, n))
+              for split, n in (("train", n_train), ("test", n_test))}
+    return data.write(path, **splits, classes=classes)
 
 
 @pytest.fixture
@@ -71,11 +63,11 @@ def short_labels(f):
 
 @pytest.mark.parametrize("damage,split,message", [
     (flip_pixel, "test", r"\(cifar10\): test images fail their SHA-256 check \(the file is damaged\): prepare it "
-                         r"again with python datasets/prepare.py cifar10 --out "),
+                         r"again with python -m minibp.prepare cifar10 --out "),
     (flip_label, "train", r"train labels fail their SHA-256 check"),
     # the structure is checked whole, whichever split is asked for
     (lambda f: f.attrs.__delitem__("classes"), "train", r": no 'classes' attribute: prepare it again"),
-    (lambda f: f.attrs.__setitem__("classes", 1), "train", r"'classes' attribute must be an integer of at least 2"),
+    (lambda f: f.attrs.__setitem__("classes", 1), "train", r"'classes' must be an integer of at least 2, got 1"),
     (lambda f: f.__delitem__("test"), "train", r"no 'test' group \(the file has: train\)"),
     (rename_dataset, "test", r"the train group has no 'images' dataset \(it has: imagse, labels\)"),
     (empty_split, "train", r"the test split is empty"),
@@ -91,16 +83,35 @@ def test_damage_is_a_one_line_error_naming_the_file(clean, damage, split, messag
         assert str(error.value).startswith(f"{clean} (cifar10)") and "\n" not in str(error.value)
 
 
-def test_labels_beyond_the_classes_are_refused(tmp_path):
-    path = make_file(tmp_path / "cifar10.h5", test_labels=[0, 4, 5, 1])  # checksummed as written
-    with pytest.raises(ValueError, match=r"test labels span \[0, 5\], outside the 5 classes \[0, 5\)"):
+def relabel(f):  # a label beyond the classes, with the checksum of the new labels
+    labels = np.array([0, 4, 5, 1])
+    f["test/labels"][...] = labels
+    f["test"].attrs["labels_sha256"] = data.split_checksums(f["test/images"][...], labels)["labels_sha256"]
+
+
+def smaller_test_images(f):
+    del f["test/images"]
+    f["test/images"] = np.zeros((4, 6, 6, 3), np.uint8)
+
+
+@pytest.mark.parametrize("damage,message", [
+    (relabel, r"test labels span \[0, 5\], outside the 5 classes \[0, 5\)"),
+    (smaller_test_images, r"test images are 6x6x3 \(H x W x C\), train images 8x8x3"),
+])
+def test_consistent_files_of_inconsistent_data_are_refused(clean, damage, message):
+    with h5py.File(clean, "r+") as f:
+        damage(f)
+    with pytest.raises(ValueError, match=message):
+        data.load_dataset(clean)
+
+
+def test_a_file_of_your_own_is_to_be_written_again(tmp_path):
+    path = make_file(tmp_path / "mine.h5")
+    with h5py.File(path, "r+") as f:
+        flip_pixel(f)
+    with pytest.raises(ValueError, match=r"mine.h5 \(mine\): test images fail their SHA-256 check \(the file is "
+                                         r"damaged\): write it again \(minibp.data.write\)$"):
         data.load_dataset(path)
-
-
-def test_test_images_of_another_shape_are_refused(tmp_path):
-    path = make_file(tmp_path / "cifar10.h5", train_shape=(32, 32, 3), test_shape=(28, 28, 3))
-    with pytest.raises(ValueError, match=r"test images are 28x28x3 \(H x W x C\), train images 32x32x3"):
-        data.load_split(path, "train")
 
 
 def test_a_file_that_is_not_hdf5_is_refused(tmp_path):
@@ -121,13 +132,71 @@ def test_a_file_without_checksums_loads_with_one_warning(clean, capsys):
     data.load_split(clean, "test")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"warning: {clean} (cifar10) has no SHA-256 checksums")
-    assert "prepare it again with python datasets/prepare.py cifar10" in err
+    assert "prepare it again with python -m minibp.prepare cifar10" in err
     assert len(train.images) == 6 and len(test.images) == 4
 
 
-def test_prepare_stores_the_checksums_of_what_it_writes(clean):
+def test_write_stores_the_checksums_of_what_it_writes(clean):
     with h5py.File(clean, "r") as f:
         for split in ("train", "test"):
             images, labels = f[split]["images"][...], f[split]["labels"][...]
             assert f[split].attrs["images_sha256"] == hashlib.sha256(images.tobytes()).hexdigest()
             assert f[split].attrs["labels_sha256"] == hashlib.sha256(labels.astype("<i8").tobytes()).hexdigest()
+
+
+def pair(n=4, shape=(8, 8, 3), labels=None):
+    images = np.zeros((n,) + shape, np.uint8)
+    return images, np.zeros(n, np.int64) if labels is None else labels
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(train=pair()[0]), r"^train must be a pair \(images, labels\), got ndarray$"),
+    (dict(train=(np.zeros((4, 8, 8, 3), np.float32), np.zeros(4, int))),
+     r"^train images must be uint8 \(N, H, W, C\), got float32 \(4, 8, 8, 3\)$"),
+    (dict(test=pair(shape=(8, 8))), r"^test images must be uint8 \(N, H, W, C\), got uint8 \(4, 8, 8\)$"),
+    (dict(test=pair(labels=np.zeros(3, int))), r"^test labels must be 4 integers for its 4 images, got int64 \(3,\)$"),
+    (dict(test=pair(labels=np.zeros(4))), r"^test labels must be 4 integers .*, got float64 \(4,\)$"),
+    (dict(train=pair(n=0)), r"^the train split is empty$"),
+    (dict(test=pair(shape=(8, 8, 1))), r"^test images are 8x8x1 \(H x W x C\), train images 8x8x3$"),
+    (dict(test=pair(labels=np.array([0, 1, 3, -1]))), r"^test labels span \[-1, 3\], outside the 3 classes \[0, 3\)$"),
+    (dict(classes=1), r"^'classes' must be an integer of at least 2, got 1$"),
+    (dict(classes=2.0), r"^'classes' must be an integer of at least 2, got 2.0$"),
+    (dict(class_names=["a", "b"]), r"^class_names has 2 names for 3 classes$"),
+    (dict(attrs=dict(classes=4, source="x")), r"^attrs may not set classes: they are write's own arguments$"),
+])
+def test_write_refuses_what_the_reader_would_refuse(tmp_path, options, message):
+    """Each mistake is one sentence (a ValueError), and nothing is written."""
+    with pytest.raises(ValueError, match=message):
+        data.write(tmp_path / "mine.h5", **{**dict(train=pair(), test=pair(), classes=3), **options})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_stores_names_and_attributes_and_the_reader_loads_them(tmp_path):
+    rng = np.random.default_rng(1)
+    train = (rng.integers(0, 256, (5, 4, 6, 2), dtype=np.uint8), np.array([0, 1, 2, 1, 0], np.uint8))
+    test = (rng.integers(0, 256, (3, 4, 6, 2), dtype=np.uint8)[:, ::-1], [2, 2, 0])  # a view and a list are taken
+    path = data.write(tmp_path / "sub" / "mine.h5", train=train, test=test, classes=3, class_names=["x", "y", "z"],
+                      attrs=dict(source="made up"))
+    with h5py.File(path, "r") as f:
+        assert f.attrs["name"] == "mine" and f.attrs["source"] == "made up" and list(f.attrs["class_names"]) == \
+            ["x", "y", "z"]
+        assert f["train/labels"].dtype == np.int64
+    loaded = dict(zip(("train", "test"), data.load_dataset(path)))
+    for split, (images, labels) in (("train", train), ("test", test)):
+        assert np.array_equal(loaded[split].images, images) and np.array_equal(loaded[split].labels, labels)
+        assert loaded[split].classes == 3 and loaded[split].name == "mine"
+
+
+def test_the_trainer_trains_on_a_file_of_your_own(tmp_path, capsys):
+    """A data set written with data.write trains: its image shape and class count size the net. The trainer
+    finds a data file as DATA_DIR/<--data>.h5, so this one takes the name cifar10.h5."""
+    from minibp import train
+    rng = np.random.default_rng(0)
+    splits = {split: (rng.integers(0, 256, (n, 12, 12, 2), dtype=np.uint8), rng.integers(0, 3, n))
+              for split, n in (("train", 24), ("test", 8))}
+    data.write(tmp_path / "data" / "cifar10.h5", **splits, classes=3, name="three shapes")
+    assert train.main(["--data", "cifar10", "--data-dir", str(tmp_path / "data"), "--model", "resnet11", "--batch",
+                       "8", "--iters", "2", "--val-every", "2", "--log-every", "1", "--out", str(tmp_path / "run")]) == 0
+    assert "on cifar10" in capsys.readouterr().out
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in records if r["kind"] == "val"] == [2] and all(np.isfinite(r["loss"]) for r in records)

@@ -1,8 +1,8 @@
-"""datasets/prepare.py on small archives in the official formats, built here; corrupt inputs refused."""
+"""minibp.prepare (and datasets/prepare.py, the checkout's command for it) on small archives in the official
+formats, built here; corrupt inputs refused."""
 import errno
 import gzip
 import hashlib
-import importlib.util
 import io
 import os
 import pickle
@@ -15,10 +15,9 @@ import h5py
 import numpy as np
 import pytest
 
+from minibp import prepare
+
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("minibp_prepare", ROOT / "datasets" / "prepare.py")
-prepare = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(prepare)
 
 
 def _pickled(obj):
