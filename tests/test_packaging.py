@@ -1,5 +1,6 @@
-"""A wheel of minibp works on its own: it ships the kernel sources (kernels/ -> minibp/kernels_src),
-and an install of it into a fresh venv trains a step from outside the checkout."""
+"""A wheel of minibp works on its own: it ships the kernel sources (kernels/ -> minibp/kernels_src) and
+the licence, and an install of it into a fresh venv trains a step and runs python -m minibp.prepare from
+outside the checkout."""
 import json
 import os
 import shutil
@@ -43,7 +44,7 @@ def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
     source = tmp_path / "source"
     for folder in ("minibp", "kernels"):
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("setup.cfg", "pyproject.toml", "README.md", "MANIFEST.in"):
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         if (REPO / name).exists():
             shutil.copy(REPO / name, source / name)
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
@@ -52,6 +53,9 @@ def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = [p.name for p in (REPO / "kernels").iterdir() if p.suffix in (".cu", ".cuh", ".h")]
     assert sources and {f"minibp/kernels_src/{name}" for name in sources} <= shipped, sorted(shipped)
+    assert "minibp/prepare.py" in shipped
+    [licence] = [name for name in shipped if ".dist-info/" in name and name.endswith("LICENSE")]
+    assert zipfile.ZipFile(wheel).read(licence) == (REPO / "LICENSE").read_bytes()
 
     # numpy and h5py come from this environment (--system-site-packages): nothing is downloaded. This
     # environment's own minibp (an editable install of the checkout) is visible too, so the script
@@ -68,3 +72,6 @@ def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
     assert Path(report["minibp"]).is_relative_to(venv), report
     assert Path(report["kernel_dir"]).is_relative_to(venv) and report["kernel_dir"].endswith("kernels_src"), report
     assert 0 < report["loss"] < float("inf"), report
+    # the command the trainer's missing-data message gives runs from the wheel
+    assert run([python, "-m", "minibp.prepare", "--help"], cwd=elsewhere, env=env).startswith(
+        "usage: python -m minibp.prepare")
