@@ -4,11 +4,18 @@ alternating over rounds:
 
     python bench/threads.py              # 3 rounds of 5 timed steps
     python bench/threads.py --cpu avx2   # with minibp's kernels and OpenBLAS limited to AVX2
+    python bench/threads.py --beside     # two processes sharing the cores: the direct step alone and beside another
+
 
 direct: conv_direct's kernels, no BLAS (every float32 convolution on the CPU). The im2col rows force the
 im2col + GEMM path (conv_direct.DIRECT_CONV off), which float64 takes on the CPU: with OpenBLAS's own
 spin before its idle threads sleep (OPENBLAS_THREAD_TIMEOUT=28, its default), with minibp's (4: sleep at
 once, set in minibp/__init__.py), and with one BLAS thread.
+
+--beside: the direct step alone, then while a second process trains the same net (as an evaluation run
+beside a trainer does), each with as many threads as there are cores. Shared evenly, the cores give
+each process half their time: a step about 2x as long, no worse (the kernels hand their blocks out
+dynamically: cpu_shim.h says why).
 """
 import argparse
 import json
@@ -26,7 +33,7 @@ CONFIGS = {  # name: (direct path, environment)
 }
 
 
-def child(name, steps):
+def child(name, steps, *, forever=False):
     import numpy as np
     from minibp import conv_direct, models
     from minibp.optim import SGD
@@ -44,8 +51,40 @@ def child(name, steps):
         opt.step(lr=0.01)
         return time.perf_counter() - start
     step()  # warm-up: kernel builds, thread pools
+    while forever:  # the neighbour of --beside: trains until killed
+        step()
     print(json.dumps(dict(times=[step() for _ in range(steps)], path=conv_direct.path(),
                           timeout=os.environ.get("OPENBLAS_THREAD_TIMEOUT"))))
+
+
+def run(name, steps, env=None):
+    """The median step of a child process."""
+    done = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(steps)],
+                          env={**os.environ, "MINIBP_DEVICE": "cpu", **(env or {})}, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{name}: exit {done.returncode}\n{done.stderr}")
+    return statistics.median(json.loads(done.stdout.splitlines()[-1])["times"])
+
+
+def beside(args):
+    from speed import describe_machine
+    print(f"ResNet-20, batch 64, 4 bits, direct convolutions: {args.rounds} rounds of the step alone and beside a "
+          f"second process training the same net\n{describe_machine()}", flush=True)
+    alone, shared = [], []
+    for round_ in range(args.rounds):
+        alone.append(run("direct", args.steps))
+        neighbour = subprocess.Popen([sys.executable, __file__, "--child", "direct", "--forever"],
+                                     env={**os.environ, "MINIBP_DEVICE": "cpu"}, stdout=subprocess.DEVNULL)
+        try:
+            time.sleep(3)  # its warm-up done: it is training
+            shared.append(run("direct", args.steps))
+        finally:
+            neighbour.kill()
+            neighbour.wait()
+        print(f"  round {round_ + 1}: alone {alone[-1]:.3f}s  beside another {shared[-1]:.3f}s", flush=True)
+    a, b = statistics.median(alone), statistics.median(shared)
+    print(f"\nstep alone {a:.3f}s, beside another process {b:.3f}s: {b / a:.2f}x (an even share of the cores: 2x)")
+    return 0
 
 
 def main(argv=None):
@@ -53,23 +92,24 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--cpu", help="imitate a narrower CPU (bench/speed.py's --cpu)")
+    parser.add_argument("--beside", action="store_true", help="time the direct step alone and beside another "
+                        "training process")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
+    parser.add_argument("--forever", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.steps)
+        child(args.child, args.steps, forever=args.forever)
         return 0
     from speed import describe_machine, limit_cpu
     limit_cpu(args.cpu)
+    if args.beside:
+        return beside(args)
     print(f"ResNet-20, batch 64, 4 bits, {args.rounds} rounds of 1 warm-up + {args.steps} steps, a process a "
           f"configuration\n{describe_machine()}", flush=True)
     times = {name: [] for name in CONFIGS}
     for round_ in range(args.rounds):
         for name, (_, env) in CONFIGS.items():
-            done = subprocess.run([sys.executable, __file__, "--child", name, "--steps", str(args.steps)],
-                                  env={**os.environ, "MINIBP_DEVICE": "cpu", **env}, capture_output=True, text=True)
-            if done.returncode != 0:
-                sys.exit(f"{name}: exit {done.returncode}\n{done.stderr}")
-            times[name].append(statistics.median(json.loads(done.stdout.splitlines()[-1])["times"]))
+            times[name].append(run(name, args.steps, env))
         print(f"  round {round_ + 1}: " + "  ".join(f"{n} {t[-1]:.3f}s" for n, t in times.items()), flush=True)
     base = statistics.median(times["direct"])
     print(f"\n{'':>26}  {'step s':>7}  {'vs direct':>9}")

@@ -7,6 +7,7 @@
 // kernels minibp writes (grid-stride loops, no shared memory, no __syncthreads, no atomics).
 #pragma once
 #include <math.h>  // the C++ <math.h> also declares the float overloads (floor(float), ...)
+#include <omp.h>
 #include <stdint.h>
 
 #define __global__
@@ -25,10 +26,15 @@ static thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 namespace minibp_shim {
 
 // Run kernel<<<grid, block>>>(args...) on the CPU. flatten inlines the kernel into the thread loop.
+// Blocks are handed out dynamically, in about 16 chunks a thread: when another process shares the cores
+// (an evaluation beside a training run), a thread the OS has parked holds up one chunk, not a static
+// half of the grid that every other thread then waits for at the end. Blocks write disjoint outputs, so
+// which thread runs which block changes no result.
 template <auto kernel, class... Args>
 __attribute__((flatten)) void launch(dim3 grid, dim3 block, Args... args) {
     const long long blocks = (long long)grid.x * grid.y * grid.z;
-#pragma omp parallel for schedule(static) if (blocks > 1)
+    const long long chunk = blocks / (16 * omp_get_max_threads()) + 1;
+#pragma omp parallel for schedule(dynamic, chunk) if (blocks > 1)
     for (long long b = 0; b < blocks; ++b) {
         gridDim = grid;
         blockDim = block;
