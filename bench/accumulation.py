@@ -14,7 +14,9 @@ import sys
 
 import numpy as np
 
-from gradients import compile_modes, label, out_path, pyplot_or_none, relative_error, sample_batch, weight_gradients
+from gradients import (compile_modes, label, line_style, out_path, pyplot_or_none, relative_error, sample_batch,
+                       weight_gradients)
+from minibp.plot import legend_below, save
 
 MODES = "8:fixed,8:range,4:fixed,4:range,4:block,naive"
 
@@ -50,21 +52,25 @@ def main(argv=None):
         print(f"{depth:5d}  " + "  ".join(f"{np.mean(errors[depth, m]):13.4f}  {errors[depth, m][0]:15.4f}"
                                            for m in modes))
     plt = pyplot_or_none()
-    if plt is not None:
-        fig, (by_depth, by_unit) = plt.subplots(1, 2, figsize=(11, 4))
-        for i, mode in enumerate(modes):
-            name = label(mode)
-            by_depth.plot(depths, [np.mean(errors[d, mode]) for d in depths], "o-", color=f"C{i}", label=f"{name} mean")
-            by_depth.plot(depths, [errors[d, mode][0] for d in depths], "s--", color=f"C{i}", label=f"{name} unit 0")
-            by_unit.plot(errors[depths[-1], mode], color=f"C{i}", label=name, lw=1)
-        by_depth.set(xlabel="depth", ylabel="relative error of dL/dW", xscale="log", yscale="log")
-        by_unit.set(xlabel=f"unit of resnet{depths[-1]}", ylabel="relative error of dL/dW", yscale="log")
-        for ax in (by_depth, by_unit):
+    if plt is not None:  # three panels, a curve per mode in each: the mean and the first unit apart
+        fig, (mean, first, by_unit) = plt.subplots(1, 3, figsize=(14, 4), sharey=True)
+        for mode in modes:
+            style = dict(label=label(mode), **line_style(mode))
+            mean.plot(depths, [np.mean(errors[d, mode]) for d in depths], marker="o", **style)
+            first.plot(depths, [errors[d, mode][0] for d in depths], marker="s", **style)
+            by_unit.plot(errors[depths[-1], mode], lw=1, **style)
+        mean.set(title="mean over the units", xlabel="depth", ylabel="relative error of dL/dW", xscale="log",
+                 yscale="log")
+        first.set(title="unit 0 (the farthest from the loss)", xlabel="depth", xscale="log")
+        by_unit.set(title=f"each unit of resnet{depths[-1]}", xlabel="unit")
+        for ax in (mean, first):  # the depths themselves as ticks, not powers of ten
+            ax.set_xticks(depths, [str(d) for d in depths])
+            ax.set_xticks([], minor=True)
+        for ax in (mean, first, by_unit):
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out_path(args.plot, default="bench/results/accumulation.png", parser=parser, args=args)
-        fig.savefig(path, dpi=90)
+        legend_below(fig, mean.get_legend_handles_labels()[0], columns=len(modes))
+        path = save(fig, out_path(args.plot, default="bench/results/accumulation.png", parser=parser, args=args))
         print(f"wrote {path}")
     return 0
 

@@ -29,6 +29,7 @@ import numpy as np
 from accuracy import DEFAULT_SCHEDULE
 from gradients import compile_modes, copy_weights, label, line_style, out_path, pyplot_or_none, weight_gradients
 from minibp import data, quant
+from minibp.plot import legend_below, save
 from minibp.optim import SGD
 from minibp.runconfig import learning_rate, parse_schedule
 
@@ -135,15 +136,14 @@ def main(argv=None):
         for ax, point in zip(axes[0], points):
             for mode in modes:
                 ax.plot(ratios[point, mode], label=f"{label(mode)}", **line_style(mode))
-            ax.axhline(1.0, color="k", lw=0.8)
-            ax.axhline(0.1, color="k", lw=0.5, ls=":")
+            ax.axhline(1.0, color="k", lw=0.8, label="the SGD noise (1)")
+            ax.axhline(0.1, color="k", lw=0.5, ls=(0, (1, 4)), label="a tenth of it (0.1)")
             ax.set(title=f"iteration {point}", xlabel="layer (unit)", yscale="log")
             ax.grid(alpha=0.3)
         axes[0][0].set(ylabel="approximation error / SGD noise")
-        axes[0][-1].legend(fontsize=7)
         fig.tight_layout()
-        path = out_path(args.plot, default="bench/results/gradnoise.png", parser=parser, args=args)
-        fig.savefig(path, dpi=90)
+        legend_below(fig, axes[0][0].get_legend_handles_labels()[0], columns=6)
+        path = save(fig, out_path(args.plot, default="bench/results/gradnoise.png", parser=parser, args=args))
         print(f"wrote {path}")
     return 0
 

@@ -1,14 +1,23 @@
 """Plots: training and validation curves of runs, and the per-unit memory of a plan.
 
-    python -m minibp.plot runs/fm-exact runs/fm-4bit --out curves.png      # from each RUN/metrics.jsonl
-    python -m minibp.plot --plan resnet164 --batch 128 --bits 4 --out plan.png
+    python -m minibp.plot runs/fm-4bit                      # writes runs/fm-4bit/curves.png
+    python -m minibp.plot runs/fm-exact runs/fm-4bit        # several runs: writes ./curves.png
+    python -m minibp.plot --plan resnet164 --batch 128 --bits 4          # writes ./plan-resnet164-4.png
+    python -m minibp.plot runs/a runs/b --labels exact,4 --out fig.png  # a file and legend names of your own
 
+Curves come from each RUN/metrics.jsonl. A run's store, read from its checkpoint, gives its colour
+(its bits) and line style (its window), so that many runs stay apart; runs that share a store, or whose
+checkpoint cannot be read, get a colour each instead. Legends sit below the axes, never over data.
 Needs matplotlib: pip install 'minibp[plot]'.
 """
 import argparse
-import json
 import sys
 from pathlib import Path
+
+from .rundir import read_metrics
+
+BITS_COLORS = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}
+WINDOW_STYLES = {"fixed": ":", "range": "--", "block": "-"}
 
 
 def _pyplot():
@@ -21,36 +30,71 @@ def _pyplot():
     return plt
 
 
-def read_metrics(run):
-    path = Path(run) / "metrics.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"no metrics at {path}: is {run} a run folder of python -m minibp.train?")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def store_style(bits, window):
+    """Line colour and style of a store: a colour per precision, a line style per window (exact and naive
+    have one store each: solid)."""
+    return dict(color=BITS_COLORS[str(bits)], ls="-" if str(bits) in ("exact", "naive") else WINDOW_STYLES[window])
 
 
-def plot_runs(runs, out, *, labels=None):
-    """Loss and accuracy against iteration: training (thin) and validation (markers) of every run."""
+def run_styles(runs):
+    """A line style per run: its store's (store_style), if every run's checkpoint names a store of its own;
+    otherwise a colour per run, and a line style per ten runs."""
+    from . import checkpoint
+    stores = []
+    for run in runs:
+        try:
+            config = checkpoint.load(Path(run) / "checkpoint.h5").config
+            stores.append((str(config["bits"]), config["window"]))
+        except (OSError, ValueError, KeyError):  # no checkpoint yet, or one this minibp cannot read
+            stores.append(None)
+    if None not in stores and len(set(stores)) == len(stores):
+        return [store_style(*store) for store in stores]
+    return [dict(color=f"C{i % 10}", ls=("-", "--", ":", "-.")[i // 10 % 4]) for i in range(len(runs))]
+
+
+def legend_below(fig, handles, *, columns=4):
+    """One legend for the figure, under its axes: it covers no data however many entries it has (savefig
+    with bbox_inches="tight" makes room for it)."""
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(columns, len(handles)),
+               fontsize=8, frameon=False, handlelength=3.5)  # long enough to show a dotted or dashed line
+
+
+def plot_runs(runs, *, out, labels=None):
+    """Write the curves of runs (curves_figure) to out."""
+    return save(curves_figure(runs, labels=labels), out)
+
+
+def curves_figure(runs, *, labels=None):
+    """Loss and accuracy against iteration: training (thin) and validation (thick, with markers) of every
+    run, a style per run (run_styles), one legend below the axes."""
     plt = _pyplot()
+    from matplotlib.lines import Line2D
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, run in enumerate(runs):
-        records = read_metrics(run)
-        label = labels[i] if labels else Path(run).name
-        for kind, style in (("train", dict(lw=1, alpha=0.7)), ("val", dict(marker="o", lw=2))):
+    handles = []
+    for i, (run, style) in enumerate(zip(runs, run_styles(runs))):
+        records = read_metrics(Path(run) / "metrics.jsonl")
+        for kind, width in (("train", dict(lw=0.8, alpha=0.5)), ("val", dict(marker="o", ms=4, lw=2))):
             rows = [r for r in records if r["kind"] == kind]
-            if rows:
-                color = f"C{i}"
-                its = [r["iter"] for r in rows]
-                loss_ax.plot(its, [r["loss"] for r in rows], color=color, label=f"{label} {kind}", **style)
-                acc_ax.plot(its, [r["accuracy"] for r in rows], color=color, label=f"{label} {kind}", **style)
+            its = [r["iter"] for r in rows]
+            loss_ax.plot(its, [r["loss"] for r in rows], **style, **width)
+            acc_ax.plot(its, [r["accuracy"] for r in rows], **style, **width)
+        handles.append(Line2D([], [], lw=2, label=labels[i] if labels else Path(run).name, **style))
+    handles += [Line2D([], [], color="grey", lw=0.8, alpha=0.5, label="training (thin)"),
+                Line2D([], [], color="grey", lw=2, marker="o", ms=4, label="validation (markers)")]
     for ax, name in ((loss_ax, "loss"), (acc_ax, "accuracy")):
         ax.set_xlabel("iteration")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
     loss_ax.set_yscale("log")
-    acc_ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    legend_below(fig, handles)
+    return fig
+
+
+def save(fig, out):
+    """Write fig to out as a PNG, with room for a legend outside its axes, and close it."""
+    fig.savefig(out, dpi=90, bbox_inches="tight")
+    _pyplot().close(fig)
     return out
 
 
@@ -71,35 +115,46 @@ def plot_plan(model, *, batch, bits, out, data="cifar10"):
     ax.set_title(f"{model}, batch {batch}, bits {bits}: stores {categories['activation stores'] / 2**30:.2f} GiB "
                  f"of {plan.total_bytes / 2**30:.2f} GiB planned")
     fig.tight_layout()
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
-    return out
+    return save(fig, out)
+
+
+def default_out(args):
+    """Where a plot goes without --out: beside a single run's metrics, else in the current folder."""
+    if args.plan:
+        return Path(f"plan-{args.plan}-{args.bits}.png")
+    return Path(args.runs[0]) / "curves.png" if len(args.runs) == 1 else Path("curves.png")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m minibp.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", help="run folders with metrics.jsonl")
-    parser.add_argument("--out", required=True, help="the PNG to write")
-    parser.add_argument("--labels", help="comma-separated legend names, one per run")
+    parser.add_argument("--out", help="the PNG to write (default: RUN/curves.png for one run, curves.png for "
+                                      "several, plan-MODEL-BITS.png for --plan; the last two in the current folder)")
+    parser.add_argument("--labels", help="comma-separated legend names, one per run (default: the folders' names)")
     parser.add_argument("--plan", metavar="MODEL", help="plot the per-unit stores of this model's plan instead")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--bits", default="4")
     args = parser.parse_args(argv)
     try:
+        if not args.plan and not args.runs:
+            raise ValueError("give run folders to plot, or --plan MODEL")
+        out = Path(args.out) if args.out else default_out(args)
         if args.plan:
-            plot_plan(args.plan, batch=args.batch, bits=args.bits, out=args.out)
-        elif args.runs:
+            plot_plan(args.plan, batch=args.batch, bits=args.bits, out=out)
+        else:
+            for run in args.runs:  # every run checked before anything is drawn
+                if not (Path(run) / "metrics.jsonl").is_file():
+                    raise FileNotFoundError(f"no metrics at {Path(run) / 'metrics.jsonl'}: is {run} a run folder of "
+                                            "python -m minibp.train?")
             labels = args.labels.split(",") if args.labels else None
             if labels and len(labels) != len(args.runs):
                 raise ValueError(f"{len(labels)} labels for {len(args.runs)} runs")
-            plot_runs(args.runs, args.out, labels=labels)
-        else:
-            raise ValueError("give run folders to plot, or --plan MODEL")
-    except (ValueError, FileNotFoundError) as e:
+            plot_runs(args.runs, out=out, labels=labels)
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 
