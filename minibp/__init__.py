@@ -8,6 +8,14 @@ __version__ = "0.1.0"
 
 import os
 
+
+def __getattr__(name):
+    """minibp.fit (train.fit): the trainer loads on first use, after the OpenBLAS setting below."""
+    if name == "fit":
+        from .train import fit
+        return fit
+    raise AttributeError(f"module 'minibp' has no attribute {name!r}")
+
 # OpenBLAS's idle threads spin for up to 2^28 cycles after each GEMM (its default), taking the cores from
 # the OpenMP kernels that run between GEMMs wherever the im2col + BLAS path runs on the CPU (float64, or
 # float32 with conv_direct.DIRECT_CONV off): a ResNet-20 step took 3-4x longer (bench/threads.py). 2^4

@@ -8,6 +8,10 @@
     attrs: format, iteration, config (JSON), data_epoch, data_position, data_rng (JSON), and attrs_sha256,
            the SHA-256 of those six; every array carries the SHA-256 of its bytes as its attribute sha256
 
+The config says how the net was built (its model spec and model_args, models.build), so it is under the
+checksum too; a net built again from it must have the parameter table (names and shapes) that
+/state/params holds (Checkpoint.check_parameters), or a resume and an evaluation refuse it.
+
 The file is built in memory, written under a temporary name in the same folder, fsync'd and renamed over
 the old one (keeping its mode), so an interruption or a full disk at any moment leaves either the previous
 checkpoint or the new one. A checkpoint is never written from a net whose state is not all finite, and
@@ -59,6 +63,22 @@ class Checkpoint:
         raise ValueError(f"{where} does not hold the classes {self.path} was trained on: label {first} is "
                          f"{saved!r} in the run and {found!r} there ({len(self.class_names)} classes against "
                          f"{len(names)})")
+
+    def check_parameters(self, net, built):
+        """A ValueError naming the first difference unless net's parameter table (names and shapes, params.py)
+        is the one this checkpoint holds: `built` (how the net was built, for the message) gave another net
+        than the run's (an edited file, another version of a package)."""
+        if "flat/params" in self.state:  # the oldest format names nothing: restore compares the sizes
+            return
+        saved = {n.removeprefix("params/"): a.shape for n, a in self.state.items() if n.startswith("params/")}
+        table = {name: tuple(p.shape) for name, _, p in net.parameter_table()}
+        differences = [f"the checkpoint's {name} is {saved[name]}, the net's {shape}" if name in saved else
+                       f"the net has {name} {shape}, the checkpoint has none" for name, shape in table.items()
+                       if saved.get(name) != shape]  # in the table's order
+        differences += [f"the checkpoint has {name} {shape}, the net has none" for name, shape in saved.items()
+                        if name not in table]
+        if differences:
+            raise ValueError(f"{self.path} holds another net than {built} builds now: {differences[0]}")
 
 
 def check_finite(arrays):

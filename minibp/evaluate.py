@@ -3,7 +3,9 @@
     python -m minibp.evaluate runs/fm-4bit                 # the run folder, or its checkpoint.h5
     python -m minibp.evaluate runs/fm-4bit --split train   # or on the training images
 
-The model, data and mode come from the checkpoint's saved configuration; BN uses its running statistics.
+The net, data and store (bits, window) come from the checkpoint's saved configuration; BN uses its running
+statistics. A net of your own (--model FILE.py:FUNCTION) is built again as the run built it, and refused in
+one line if its parameter table is no longer the checkpoint's (an edited file).
 """
 import argparse
 import json
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from . import checkpoint, data, imagenet, models
 from .kernels import KernelError
-from .runconfig import saved_config
+from .runconfig import describe_store, saved_config
 from .train import compile_within_memory, evaluate
 
 
@@ -44,8 +46,10 @@ def main(argv=None):
                                                                           config["data"]))
             input_shape, mean = train_split.images.shape[1:], train_split.pixel_mean()
         split = train_split if args.split == "train" else test_split
-        net = models.by_name(config["model"], imagenet=config["data"] == "imagenet", input_shape=input_shape,
-                             classes=split.classes)
+        built = models.describe(config["model"], config["model_args"])
+        net = models.build(config["model"], model_args=config["model_args"], imagenet=config["data"] == "imagenet",
+                           input_shape=input_shape, classes=split.classes)
+        saved.check_parameters(net, built)
         batch = min(args.batch or config["batch"] // config["split"], len(split.labels))  # no bigger than the split
         compile_within_memory(net, batch=batch, bits=config["bits"], training=False, hint="lower --batch")
         checkpoint.restore(net, saved)
@@ -60,11 +64,12 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     result = dict(checkpoint=str(path), iteration=saved.iteration, split=args.split, images=len(split.labels),
-                  loss=loss, accuracy=accuracy, model=config["model"], bits=config["bits"], data=config["data"])
+                  loss=loss, accuracy=accuracy, model=config["model"], model_args=config["model_args"],
+                  bits=config["bits"], window=config["window"], data=config["data"])
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{config['model']} mode {config['bits']} at iteration {saved.iteration}: {args.split} accuracy "
+        print(f"{built}, {describe_store(config)}, at iteration {saved.iteration}: {args.split} accuracy "
               f"{accuracy:.4f} (loss {loss:.4f}) on {len(split.labels):,} {config['data']} images")
     return 0
 

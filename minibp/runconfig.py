@@ -5,6 +5,10 @@ new_config makes from the command line and its checkpoint saves; resumed_config 
 resume gives to the saved one.
 """
 import argparse
+import ast
+import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,67 +23,182 @@ IMAGENET_SCHEDULE = "0:0.1,160000:0.01,320000:0.001,480000:0.0001"
 IMAGENET_DEFAULTS = dict(model="resnet152", data_dir="data/imagenet", batch=256, iters=640000, image_size=224,
                          lr_schedule=IMAGENET_SCHEDULE, weight_decay=1e-4, val_every=5000, checkpoint_every=1000)
 # Options that define a run: a resumed run must keep them. The others may change on resume.
-DEFINING = ("data", "model", "bits", "window", "batch", "split", "seed", "momentum", "weight_decay", "no_augment",
-            "image_size")
+DEFINING = ("data", "model", "model_args", "bits", "window", "batch", "split", "seed", "momentum", "weight_decay",
+            "no_augment", "image_size")
 CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph", "workers")
 
 
-def parse_schedule(text):
-    """'0:0.01,400:0.1,...' -> [(0, 0.01), (400, 0.1), ...]: the rate from each iteration on."""
+STEPS_SYNTAX = f"ITER:LR[,ITER:LR...], e.g. {REFERENCE_SCHEDULE}"
+COSINE_SYNTAX = "cosine:PEAK[:warmup=ITERS], e.g. cosine:0.1:warmup=200"
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """'0:0.01,400:0.1,...': the rate from each iteration on (the paper's)."""
+    steps: tuple  # ((iteration, rate), ...) from iteration 0, sorted
+
+    def rate(self, iteration):
+        return [lr for start, lr in self.steps if start <= iteration][-1]
+
+    def divided(self, by):
+        """The schedule's text with every rate divided by `by` (a diverged run's advice)."""
+        return ",".join(f"{it}:{lr / by:g}" for it, lr in self.steps)
+
+
+@dataclass(frozen=True)
+class CosineSchedule:
+    """'cosine:PEAK[:warmup=W]': a linear warm-up to PEAK over the first W iterations, PEAK * (t + 1) / W at
+    iteration t (the first step already moves), then a half cosine from PEAK down towards 0 at the run's
+    end, PEAK * (1 + cos(pi * (t - W) / (iters - W))) / 2. It stretches with --iters when a resume changes it."""
+    peak: float
+    warmup: int
+    iters: int
+
+    def rate(self, iteration):
+        if iteration < self.warmup:
+            return self.peak * (iteration + 1) / self.warmup
+        return self.peak * (1 + math.cos(math.pi * (iteration - self.warmup) / (self.iters - self.warmup))) / 2
+
+    def divided(self, by):
+        return f"cosine:{self.peak / by:g}" + (f":warmup={self.warmup}" if self.warmup else "")
+
+
+def parse_schedule(text, *, iters):
+    """A schedule's text (--lr-schedule) -> StepSchedule or CosineSchedule (for a run of `iters` iterations),
+    or a ValueError that gives the syntax."""
+    if text.startswith("cosine:"):
+        return _cosine(text, iters)
     try:
         steps = sorted((int(it), float(lr)) for it, lr in (part.split(":") for part in text.split(",")))
     except ValueError:
-        raise ValueError(f"a learning-rate schedule is ITER:LR[,ITER:LR...], e.g. {REFERENCE_SCHEDULE}; "
-                         f"got {text!r}") from None
+        raise ValueError(f"a learning-rate schedule is {STEPS_SYNTAX}, or {COSINE_SYNTAX}; got {text!r}") from None
     if not steps or steps[0][0] != 0 or any(lr < 0 or not np.isfinite(lr) for _, lr in steps):
         raise ValueError(f"the schedule must start at iteration 0 with finite non-negative rates, got {text!r}")
     repeated = sorted({it for (it, _), (nxt, _) in zip(steps, steps[1:]) if it == nxt})
     if repeated:
         raise ValueError(f"the schedule gives iteration {repeated[0]} more than one rate: {text!r}")
-    return steps
+    return StepSchedule(tuple(steps))
 
 
-def learning_rate(schedule, iteration):
-    return [lr for start, lr in schedule if start <= iteration][-1]
+def _cosine(text, iters):
+    parts = text.split(":")
+    try:
+        peak = float(parts[1])
+        options = dict(part.split("=") for part in parts[2:])
+        warmup = int(options.pop("warmup", 0))
+    except ValueError:
+        raise ValueError(f"a cosine schedule is {COSINE_SYNTAX}; got {text!r}") from None
+    if len(parts) > 3 or options or not np.isfinite(peak) or peak < 0 or warmup < 0:
+        raise ValueError(f"a cosine schedule is {COSINE_SYNTAX}, a finite non-negative PEAK; got {text!r}")
+    if warmup >= iters:
+        raise ValueError(f"the schedule's warm-up ({warmup} iterations) must end before the run does "
+                         f"(--iters {iters}): {text!r}")
+    return CosineSchedule(peak, warmup, iters)
 
 
-def build_parser(*, description=None):
-    """The command line of python -m minibp.train (its module docstring, the description of --help)."""
-    p = argparse.ArgumentParser(prog="python -m minibp.train", description=description,
+def parse_model_arg(text):
+    """--model-arg NAME=VALUE -> (NAME, VALUE), VALUE a Python literal (ast.literal_eval)."""
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        raise argparse.ArgumentTypeError(f"{text!r}: VALUE must be a Python literal, e.g. 32, 0.5, "
+                                         "\"'max'\" (quoted), True, None or [64, 128]") from None
+
+
+def model_args(pairs):
+    """The keyword arguments of your own net's function as a run records them (JSON: a tuple becomes a list, so
+    the function gets the same value when a resume or python -m minibp.evaluate builds the net again); pairs:
+    [(name, value)] or a dict. A ValueError for a name given twice or a value JSON cannot hold."""
+    pairs = list(pairs.items()) if isinstance(pairs, dict) else list(pairs)
+    recorded = {}
+    for name, value in pairs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"a model argument's name must be an identifier, got {name!r}")
+        if name in recorded:
+            raise ValueError(f"model argument {name} is given twice")
+        try:
+            recorded[name] = json.loads(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError):
+            raise ValueError(f"model argument {name}={value!r} cannot be recorded in the checkpoint: give numbers, "
+                             "strings, True, False, None, or lists and dicts of them") from None
+    return recorded
+
+
+def describe_store(config):
+    """The activation store in the words of every message: "bits 4 (block window)", "bits exact"."""
+    window = f" ({config['window']} window)" if config["bits"] not in ("exact", "naive") else ""
+    return f"bits {config['bits']}{window}"
+
+
+def build_parser(*, description=None, exit_on_error=True):
+    """The command line of python -m minibp.train (its module docstring, the description of --help).
+    exit_on_error=False: a bad value is an argparse.ArgumentError (train.fit), not an exit."""
+    p = argparse.ArgumentParser(prog="python3 -m minibp.train", description=description, exit_on_error=exit_on_error,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--data", choices=data.DATASETS + ("imagenet",), default="cifar10",
-                   help="imagenet: its folder of JPEGs, with the paper's ImageNet setting as the defaults")
-    p.add_argument("--data-dir", default="data", help="where datasets/prepare.py wrote <data>.h5 (default: data); "
-                   "for imagenet the folder holding train/<class>/ and val/<class>/ (default: data/imagenet)")
-    p.add_argument("--model", default="resnet164", help="resnet<9n+2>: resnet20, resnet164 (default), resnet1001; "
-                   "on imagenet resnet50, resnet101, resnet152 (default)")
-    p.add_argument("--image-size", type=int, help="imagenet: the side of the training and validation crops "
-                   "(default 224)")
-    p.add_argument("--workers", type=int, help="imagenet: JPEG-decoding processes (default: the cores less one)")
-    p.add_argument("--bits", choices=list(BITS), default="4",
+    g = p.add_argument_group("model and data")
+    g.add_argument("--data", choices=data.DATASETS + ("imagenet",), default="cifar10",
+                   help="the data set (default cifar10); imagenet: its folder of JPEGs, with the paper's ImageNet "
+                        "setting as the defaults")
+    g.add_argument("--data-dir", metavar="DIR", default="data",
+                   help="the folder of the prepared <data>.h5 (default data); for imagenet the folder holding "
+                        "train/<class>/ and val/<class>/ (default data/imagenet)")
+    g.add_argument("--model", metavar="SPEC", default="resnet164",
+                   help="resnet<9n+2> (resnet20, resnet164, resnet1001; default resnet164), on imagenet resnet50, "
+                        "resnet101 or resnet152 (default); or your own net: FILE.py:FUNCTION or "
+                        "package.module:FUNCTION, called with input_shape=, classes= and the --model-arg values, "
+                        "returning an uncompiled minibp.net.Net")
+    g.add_argument("--model-arg", dest="model_args", metavar="NAME=VALUE", type=parse_model_arg, action="append",
+                   default=[], help="a keyword argument for your own net's function, VALUE a Python literal "
+                                    "(--model-arg width=32 --model-arg pool=\"'max'\"); repeat it (default none)")
+    g.add_argument("--no-augment", action="store_true",
+                   help="no pad-and-crop or flips (default: augment the training images)")
+    g.add_argument("--seed", metavar="N", type=int, default=0, help="seeds the weights and the data order (default 0)")
+    g = p.add_argument_group("activation store and step")
+    g.add_argument("--bits", choices=list(BITS), default="4",
                    help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)")
-    p.add_argument("--window", choices=list(WINDOWS), default=DEFAULT_WINDOW,
+    g.add_argument("--window", choices=list(WINDOWS), default=DEFAULT_WINDOW,
                    help=f"the k-bit codes' window per channel: range (the batch's range of values), block (each "
                         f"256 pixels' range) or fixed (the paper's, +-3 sigma); default {DEFAULT_WINDOW}")
-    p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--split", type=int, default=1, help="sub-batches a batch is computed in (gradients accumulate)")
-    p.add_argument("--iters", type=int, default=64000, help="iterations in all (default 64000)")
-    p.add_argument("--lr-schedule", default=REFERENCE_SCHEDULE, help=f"ITER:LR,... (default {REFERENCE_SCHEDULE})")
-    p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--weight-decay", type=float, default=2e-4)
-    p.add_argument("--no-augment", action="store_true", help="no pad-and-crop or flips")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="run folder (default: runs/<data>-<model>-<bits>[-<window>]-seed<seed>, "
-                   "the window named when it is not the default)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint")
-    p.add_argument("--overwrite", action="store_true", help="start a new run in an --out that holds one")
-    p.add_argument("--log-every", type=int, default=20)
-    p.add_argument("--val-every", type=int, default=400)
-    p.add_argument("--checkpoint-every", type=int, default=400)
-    p.add_argument("--graph", action="store_true",
-                   help="replay each training step as one CUDA graph (GPU; on the CPU steps run eagerly)")
-    p.add_argument("--rank-timeout", type=float, default=60.0,
-                   help="under mpirun: seconds a rank waits for the others before it stops the job (default 60)")
+    g.add_argument("--batch", metavar="N", type=int, default=128, help="images a step (default 128; 256 on imagenet)")
+    g.add_argument("--split", metavar="K", type=int, default=1,
+                   help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
+    g.add_argument("--graph", action="store_true",
+                   help="replay each training step as one CUDA graph (GPU; default off; on the CPU steps run eagerly)")
+    g = p.add_argument_group("schedule")
+    g.add_argument("--iters", metavar="N", type=int, default=64000,
+                   help="iterations in all (default 64000; 640000 on imagenet)")
+    g.add_argument("--lr-schedule", metavar="SCHEDULE", default=REFERENCE_SCHEDULE,
+                   help=f"{STEPS_SYNTAX.split(', e.g.')[0]} (the rate from each ITER on), or {COSINE_SYNTAX} "
+                        f"(a linear warm-up, then a half cosine to 0 at --iters); default {REFERENCE_SCHEDULE} "
+                        f"(on imagenet {IMAGENET_SCHEDULE})")
+    g.add_argument("--momentum", metavar="M", type=float, default=0.9, help="SGD momentum (default 0.9)")
+    g.add_argument("--weight-decay", metavar="WD", type=float, default=2e-4,
+                   help="on the conv and FC weights (default 2e-4; 1e-4 on imagenet)")
+    g = p.add_argument_group("run folder")
+    g.add_argument("--out", metavar="DIR",
+                   help="run folder (default runs/<data>-<model>-<bits>[-<window>]-seed<seed>, the "
+                        "window named when it is not the default)")
+    g.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (default off)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start a new run in an --out that holds one (default off: refused)")
+    g.add_argument("--log-every", metavar="N", type=int, default=20,
+                   help="iterations a console line and a metrics record, loss and accuracy averaged over them "
+                        "(default 20)")
+    g.add_argument("--val-every", metavar="N", type=int, default=400,
+                   help="iterations between validations on the test split (default 400; 5000 on imagenet)")
+    g.add_argument("--checkpoint-every", metavar="N", type=int, default=400,
+                   help="iterations between checkpoints, also written at the end and on Ctrl-C (default 400; "
+                        "1000 on imagenet)")
+    g = p.add_argument_group("several processes (mpirun)")
+    g.add_argument("--rank-timeout", metavar="SECONDS", type=float, default=60.0,
+                   help="seconds a rank waits for the others before it stops the job (default 60)")
+    g = p.add_argument_group("ImageNet (--data imagenet)")
+    g.add_argument("--image-size", metavar="PIXELS", type=int,
+                   help="the side of the training and validation crops (default 224)")
+    g.add_argument("--workers", metavar="N", type=int, help="JPEG-decoding processes (default: the cores less one)")
     return p
 
 
@@ -104,8 +223,8 @@ def check_config(config, *, ranks=1):
     for key in ("log_every", "val_every", "checkpoint_every"):
         if config[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be positive")
-    models.depth_of(config["model"], imagenet=config["data"] == "imagenet")
-    parse_schedule(config["lr_schedule"])
+    models.check_spec(config["model"], config["model_args"], imagenet=config["data"] == "imagenet")
+    parse_schedule(config["lr_schedule"], iters=config["iters"])
     if config.get("image_size") is not None and config["data"] != "imagenet":
         raise ValueError("--image-size applies to --data imagenet only")
     if config["data"] == "imagenet" and (config["image_size"] < 32 or config["image_size"] % 32):
@@ -118,10 +237,16 @@ def check_config(config, *, ranks=1):
 def new_config(args, *, ranks=1):
     config = {k: v for k, v in vars(args).items() if k not in ("resume", "overwrite", "out", "rank_timeout")}
     config["data_dir"] = str(Path(args.data_dir).resolve())  # a run resumes from any folder
+    config["model"], config["model_args"] = models.canonical(args.model), model_args(args.model_args)
     # the sub-batches of a step over all ranks: ranks x split defines the run, so that 2 ranks x --split 1
     # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
     config["split"] = args.split * ranks
     return config
+
+
+def option(key):
+    """A configuration key's command-line option: "lr_schedule" -> "--lr-schedule"."""
+    return "--model-arg" if key == "model_args" else f"--{key.replace('_', '-')}"
 
 
 def _whole(low):
@@ -137,7 +262,8 @@ _TEXT = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
 # A saved configuration's fields: (check, what it must be); OPTIONAL ones, absent from older runs, take the
 # default given there.
 FIELDS = dict(data=(lambda v: v in data.DATASETS + ("imagenet",), "a data set's name"), data_dir=_TEXT,
-              model=_TEXT, bits=(lambda v: v in BITS, f"one of {', '.join(BITS)}"),
+              model=_TEXT, model_args=(lambda v: isinstance(v, dict), "a JSON object"),
+              bits=(lambda v: v in BITS, f"one of {', '.join(BITS)}"),
               window=(lambda v: v in WINDOWS, f"one of {', '.join(WINDOWS)}"),
               batch=(_whole(1), "a positive integer"), split=(_whole(1), "a positive integer"),
               iters=(_whole(1), "a positive integer"), seed=(_whole(0), "a non-negative integer"),
@@ -148,6 +274,7 @@ FIELDS = dict(data=(lambda v: v in data.DATASETS + ("imagenet",), "a data set's 
               image_size=(lambda v: v is None or _whole(1)(v), "a positive integer or null"),
               workers=(lambda v: v is None or _whole(1)(v), "a positive integer or null"))
 OPTIONAL = dict(window="fixed",  # runs from before the option coded through the paper's window
+                model_args={},  # runs from before your own nets: ResNets, which take none
                 graph=False, image_size=None, workers=None)
 
 
@@ -173,7 +300,11 @@ def resumed_config(saved, given, ckpt_path, *, ranks=1):
     config = saved_config(saved)
     if "split" in given:
         given = dict(given, split=given["split"] * ranks)
-    differ = [f"--{k.replace('_', '-')} {given[k]} (the run has {config.get(k)})" if k != "split" or ranks == 1 else
+    if "model" in given:  # as new_config records them
+        given = dict(given, model=models.canonical(given["model"]))
+    if "model_args" in given:
+        given = dict(given, model_args=model_args(given["model_args"]))
+    differ = [f"{option(k)} {given[k]} (the run has {config.get(k)})" if k != "split" or ranks == 1 else
               f"{ranks} ranks x --split {given[k] // ranks} (the run has {config.get(k)} sub-batches a step)"
               for k in DEFINING if k in given and given[k] != config.get(k)]
     if differ:

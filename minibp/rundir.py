@@ -3,7 +3,8 @@
     OUT/lock            flock'd by the trainer that owns the folder; holds its pid (the OS drops the
                         lock when that process dies, however it dies)
     OUT/checkpoint.h5   written atomically by checkpoint.save
-    OUT/metrics.jsonl   one JSON object a line, appended and flushed a record at a time
+    OUT/metrics.jsonl   one JSON object a line, appended and flushed a record at a time, each with
+                        "time", the wall-clock time it was written (Unix seconds)
 
     run = RunDir.claim("runs/x", fresh=True, overwrite=False)   # refuses a folder that holds a run
     log = MetricsLog(run.metrics_path, keep_through=1200, check=run.check)  # a resumed run: drop records past 1200
@@ -18,6 +19,7 @@ import fcntl
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from .checkpoint import atomic_file, stale_temporaries
@@ -117,8 +119,9 @@ class MetricsLog:
         self.file = open(self.path, "a")
 
     def write(self, **record):
+        """Append a record, stamped with the wall-clock time (Unix seconds) as its field "time"."""
         self._check()
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(json.dumps(dict(record, time=round(time.time(), 3))) + "\n")
         self.file.flush()
 
     def close(self):

@@ -1,24 +1,36 @@
-"""Train a pre-activation ResNet with approximate activations: the paper's recipe by default.
+"""Train a net with approximate activations: the paper's ResNets by name, or your own net, under every
+guarantee of a run (README, Reliability).
 
-    python -m minibp.train --data cifar10                                # ResNet-164, 4 bits, 64k iterations
-    python -m minibp.train --data imagenet --data-dir DIR                # ResNet-152, batch 256, 640k iterations
-    python -m minibp.train --data fashion-mnist --model resnet20 --iters 2000 \\
-        --lr-schedule 0:0.01,100:0.1,1000:0.01,1500:0.001 --out runs/fm-4bit
-    python -m minibp.train --out runs/fm-4bit --resume                   # continue after Ctrl-C
-    python -m minibp.evaluate runs/fm-4bit                               # test accuracy of its checkpoint
-    mpirun -n 2 python -m minibp.train --data cifar10                    # 2 ranks, 64 of each 128 images (dist.py)
+    python3 -m minibp.train --data fashion-mnist --model resnet20 --bits 4 --iters 800 \\
+        --lr-schedule 0:0.02,50:0.1,400:0.01,650:0.001 --val-every 200 --out runs/fm-4bit
+    python3 -m minibp.train --out runs/fm-4bit --resume        # continue after Ctrl-C
+    python3 -m minibp.evaluate runs/fm-4bit                    # test accuracy of its checkpoint
+    python3 -m minibp.train --data cifar10                     # the paper's recipe: ResNet-164, 4 bits, 64k iterations
+    python3 -m minibp.train --data cifar100 --model resnet1001 --batch 128 --split 2 --bits 4
+    python3 -m minibp.train --data imagenet --data-dir DIR     # ResNet-152, batch 256, 640k iterations
+    python3 -m minibp.train --data fashion-mnist --model docs/vgg_example.py:build --model-arg width=16 \\
+        --iters 800 --lr-schedule cosine:0.05:warmup=50 --val-every 200 --out runs/fm-vgg      # your own net
+    mpirun -n 2 python3 -m minibp.train --data cifar10         # 2 ranks, 64 of each 128 images (dist.py)
 
-Writes OUT/metrics.jsonl (one JSON object a line: {"kind": "train"|"val"|"resume", "iter", ...}) and
+Your own net: --model FILE.py:FUNCTION (or package.module:FUNCTION) is called as FUNCTION(input_shape=...,
+classes=..., NAME=VALUE for each --model-arg) and returns an uncompiled minibp.net.Net (models.build).
+From Python, fit() below runs this same loop: minibp.fit(build, data="fashion-mnist", out="runs/fm-vgg", ...).
+
+Writes OUT/metrics.jsonl (one JSON object a line: {"kind": "train"|"val"|"resume", "iter", ..., "time"}) and
 OUT/checkpoint.h5 (atomically, every --checkpoint-every iterations, at the end, on Ctrl-C and on
 SIGTERM). A resumed run continues with the saved configuration and data order and ends with the same
 weights as an uninterrupted one. One trainer at a time owns a run folder (rundir.py). A run that
 diverges stops without touching its last good checkpoint and says how to resume it. Under mpirun the
 ranks take the step of one process with ranks x --split sub-batches (step.py), and rank 0 alone
-writes the run folder.
+writes the run folder. The console gives the plan once, then a line every --log-every iterations (loss
+and accuracy averaged over them) and at each validation, each with the time elapsed since this process
+began training and the ETA at this session's pace (validations included).
 
 Exit status: 0 done, 1 the run failed (diverged, a write failed), 2 a bad option or input file,
 130 interrupted (a checkpoint was saved).
 """
+import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -34,7 +46,7 @@ from .optim import SGD
 from .plan import largest_batch
 from .quant import DEFAULT_WINDOW
 from .rundir import FolderLost, MetricsLog, RunDir, read_metrics
-from .runconfig import (apply_data_defaults, build_parser, check_config, given_options, learning_rate, new_config,
+from .runconfig import (apply_data_defaults, build_parser, check_config, describe_store, given_options, new_config,
                         parse_schedule, resumed_config)
 from .step import TrainStep
 
@@ -104,12 +116,7 @@ def main(argv=None):
     group = None  # the ranks under mpirun (dist.py); None: one process
     try:
         group = dist.start(timeout=args.rank_timeout)
-        if group is not None:
-            group.agree(dict(vars(args), data_dir=str(Path(args.data_dir).resolve())))
-            if group.rank:
-                sys.stdout = open(os.devnull, "w")  # rank 0 alone prints the progress
-        with np.errstate(all="ignore"):  # a diverging step is found by the finiteness checks, not by warnings
-            return _run(args, given_options(argv), group)
+        return _session(args, given_options(argv), group)[0]
     except (Diverged, FolderLost, WriteFailed) as e:
         return _failed(group, e, str(e), 1)
     except (ValueError, FileNotFoundError, KernelError) as e:
@@ -122,6 +129,74 @@ def main(argv=None):
         return 130
 
 
+def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **options):
+    """Train `model` on a prepared data set through the loop of python3 -m minibp.train, with its guarantees
+    (atomic checksummed checkpoints, bit-identical resume, the run-folder lock, divergence stopped, memory
+    checked before allocation, ranks under mpirun), and return the trained net (compiled for training).
+
+        import minibp
+        from vgg_example import build     # def build(*, input_shape, classes, width=16) -> minibp.net.Net
+        net = minibp.fit(build, data="fashion-mnist", out="runs/fm-vgg", model_args=dict(width=16), iters=800,
+                         lr_schedule="cosine:0.05:warmup=50", batch=128, bits="4", val_every=200)
+        logits = net.predict(images)      # after: python3 -m minibp.evaluate runs/fm-vgg works as for any run
+        minibp.fit(build, data="fashion-mnist", out="runs/fm-vgg", model_args=dict(width=16), iters=1600,
+                   resume=True)           # continue it (or from the command line: --out runs/fm-vgg --resume)
+
+    model: a module-level function called as model(input_shape=..., classes=..., **model_args) that returns an
+    uncompiled minibp.net.Net, defined in a file (a script's training code under `if __name__ == "__main__":`,
+    since a resume and python3 -m minibp.evaluate import that file again); or a model spec as --model takes it
+    ("resnet20", "FILE.py:FUNCTION", "package.module:FUNCTION"). data: a data set datasets/prepare.py
+    prepared ("fashion-mnist", "cifar10", ...) or "imagenet". out: the run folder. resume / overwrite: as
+    --resume / --overwrite. model_args: the function's keyword arguments (numbers, strings, booleans, None, and
+    lists and dicts of them: the checkpoint records them). options: any other option of the command line under
+    its name, with the same default (python3 -m minibp.train --help): iters, lr_schedule, batch, bits, window,
+    split, seed, momentum, weight_decay, no_augment, log_every, val_every, checkpoint_every, data_dir, graph,
+    image_size, workers, rank_timeout.
+
+    A bad option or input is a ValueError (or FileNotFoundError) with the command line's message, raised
+    before anything is written; a diverged run raises Diverged, a failed write WriteFailed. Ctrl-C or SIGTERM
+    finishes the iteration, saves a checkpoint and raises KeyboardInterrupt."""
+    parser = build_parser(exit_on_error=False)
+    names = {a.dest for a in parser._actions} - {"help", "data", "out", "resume", "overwrite", "model", "model_args"}
+    unknown = sorted(set(options) - names)
+    if unknown:
+        raise TypeError(f"fit() got unknown options {', '.join(unknown)}; it takes {', '.join(sorted(names))}")
+    function = None if isinstance(model, str) else model
+    argv = ["--model", models.spec_of(function) if function else model, "--data", str(data), "--out", str(out)]
+    argv += ["--resume"] * bool(resume) + ["--overwrite"] * bool(overwrite)
+    if not isinstance(model_args or {}, dict):
+        raise TypeError(f"model_args must be a dict of keyword arguments, got {type(model_args).__name__}")
+    for name, value in (model_args or {}).items():  # repr: a literal that --model-arg reads back
+        argv += ["--model-arg", f"{name}={value!r}"]
+    for name, value in options.items():  # as the command line gives them, so that they are checked alike
+        flag = f"--{name.replace('_', '-')}"
+        if parser._option_string_actions[flag].nargs == 0:  # a switch: present or not
+            argv += [flag] * bool(value)
+        elif value is not None:
+            argv += [flag, str(value)]
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as e:
+        raise ValueError(str(e)) from None
+    status, net = _session(args, given_options(argv), dist.start(timeout=args.rank_timeout), function=function,
+                           python=True)
+    if status == 130:
+        raise KeyboardInterrupt(f"stopped: a checkpoint is saved in {out}; continue with fit(..., resume=True)")
+    return net
+
+
+def _session(args, given, group, *, function=None, python=False):
+    """(exit status, net) of a run (_run), on one process or on every rank of a group, whose ranks must
+    agree on the options; rank 0 alone prints. function: the model's function (fit), else the spec's."""
+    if group is not None:
+        group.agree(dict(vars(args), data_dir=str(Path(args.data_dir).resolve())))
+    with contextlib.ExitStack() as stack:
+        if group is not None and group.rank:
+            stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
+        stack.enter_context(np.errstate(all="ignore"))  # a diverging step is found by finiteness checks, not warnings
+        return _run(args, given, group, function=function, python=python)
+
+
 def _failed(group, error, message, code):
     """Print the one-line error and return the exit status (several ranks: dist.Group.report says which
     rank prints, and may end the job)."""
@@ -131,12 +206,12 @@ def _failed(group, error, message, code):
     return group.report(message, error, code)
 
 
-def _run(args, given, group=None):
+def _run(args, given, group=None, *, function=None, python=False):
     apply_data_defaults(args, given)
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a run and --overwrite starts it again: give one")
     window = f"-{args.window}" if args.window != DEFAULT_WINDOW and args.bits not in ("exact", "naive") else ""
-    out = Path(args.out or f"runs/{args.data}-{args.model}-{args.bits}{window}-seed{args.seed}")
+    out = Path(args.out or f"runs/{args.data}-{models.short_name(args.model)}-{args.bits}{window}-seed{args.seed}")
     ranks = group.size if group else 1
 
     def claim():
@@ -147,7 +222,7 @@ def _run(args, given, group=None):
     # several ranks: the run folder is rank 0's; the others know its paths and never touch it
     run = claim() if group is None else group.on_rank_0(claim, share_result=False) or RunDir(out, None)
     try:
-        return _train(args, given, run, out, group)
+        return _train(args, given, run, out, group, function=function, python=python)
     finally:
         if group is None or group.rank == 0:
             run.release()
@@ -169,7 +244,9 @@ def load_data(config):
     return train_split, test_split, mean, batches, train_split.images.shape[1:]
 
 
-def _train(args, given, run, out, group=None):
+def _train(args, given, run, out, group=None, *, function=None, python=False):
+    """(exit status, net) of the run in `run`: fresh or resumed, to its last iteration or a signal.
+    function: the model's (fit), else the one the spec names; python: advice in fit's words."""
     saved, changed, ranks = None, {}, group.size if group else 1
 
     def resume():
@@ -185,15 +262,18 @@ def _train(args, given, run, out, group=None):
         saved, config, changed = resume() if group is None else group.on_rank_0(resume)
     else:
         config = new_config(args, ranks=ranks)
-    schedule = parse_schedule(config["lr_schedule"])
+    schedule = parse_schedule(config["lr_schedule"], iters=config["iters"])
 
     train_split, test_split, mean, batches, input_shape = load_data(config)
     if saved is not None:
         if isinstance(train_split, imagenet.Folder):  # the sorted folder names are the labels
             saved.check_classes(train_split.class_names, train_split.root)
         batches.restore(saved.data_state)
-    net = models.by_name(config["model"], imagenet=config["data"] == "imagenet", input_shape=input_shape,
-                         classes=train_split.classes)
+    built = models.describe(config["model"], config["model_args"])
+    net = models.build(config["model"], model_args=config["model_args"], imagenet=config["data"] == "imagenet",
+                       input_shape=input_shape, classes=train_split.classes, function=function)
+    if saved is not None:
+        saved.check_parameters(net, built)
     sub_batch = config["batch"] // config["split"]
     compile_within_memory(net, batch=sub_batch, bits=config["bits"], window=config["window"], seed=config["seed"])
     opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
@@ -226,19 +306,23 @@ def _train(args, given, run, out, group=None):
     if changed:
         log(kind="resume", iter=iteration, changed=changed)
     planned = net.arena.plan.total_bytes
-    window = f" ({net.window} window)" if net.k and not net.naive else ""
     in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
     if ranks > 1:
         in_sub_batches = f" ({ranks} ranks x {config['split'] // ranks} x {sub_batch})"
-    print(f"{config['model']} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
-          f"({len(train_split.labels):,} training images), bits {config['bits']}{window}, batch {config['batch']}"
+    print(f"{built} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
+          f"({len(train_split.labels):,} training images), {describe_store(config)}, batch {config['batch']}"
           f"{in_sub_batches}, device {backend.device}{', one CUDA graph a step' if step.graph else ''}")
-    print(net.arena.plan.summary())
+    print(f"plan of a step, allocated once:\n{net.arena.plan.summary()}")
     if saved:
         print(f"resumed from {run.checkpoint_path} at iteration {iteration}"
               + "".join(f"; {k} {old} -> {new}" for k, (old, new) in changed.items()))
 
     command = f"mpirun -n {ranks} python -m minibp.train" if ranks > 1 else "python -m minibp.train"
+
+    def resume_advice(**change):  # how to continue this run, with `change`d options, in the caller's words
+        if python:
+            return "fit(..., " + "".join(f"{k}={v!r}, " for k, v in change.items()) + "resume=True)"
+        return f"{command} --out {out} --resume" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in change.items())
 
     def save():
         try:
@@ -255,20 +339,26 @@ def _train(args, given, run, out, group=None):
         last_saved[0] = iteration
 
     def diverged_message(what):
-        lower = ",".join(f"{it}:{lr / 10:g}" for it, lr in schedule)
+        lower = schedule.divided(10)
         if last_saved[0] is None:
-            return (f"training diverged {what}; no checkpoint was saved. Start again with a lower learning rate: "
-                    f"{command} ... --overwrite --lr-schedule {lower}")
+            again = (f"fit(..., overwrite=True, lr_schedule={lower!r})" if python else
+                     f"{command} ... --overwrite --lr-schedule {lower}")
+            return f"training diverged {what}; no checkpoint was saved. Start again with a lower learning rate: {again}"
         return (f"training diverged {what}; the last good checkpoint is {run.checkpoint_path} (iteration "
-                f"{last_saved[0]}). Resume it with a lower learning rate: {command} --out {out} "
-                f"--resume --lr-schedule {lower}")
+                f"{last_saved[0]}). Resume it with a lower learning rate: {resume_advice(lr_schedule=lower)}")
 
     def due(every, at, cfg=config):  # a log, checkpoint or validation point: every `every` iterations, and the last
         return at % cfg[every] == 0 or at == cfg["iters"]
 
+    clock = Clock(first=iteration, last=config["iters"])
+
+    def say(what):  # a console line: the iteration, what happened, the time
+        width = len(str(config["iters"]))
+        print(f"iter {iteration:{width}d}/{config['iters']}  {what}  {clock.now(iteration)}", flush=True)
+
     def validate():
         val_loss, val_accuracy = evaluate(net, test_split, mean, group=group, workers=config.get("workers"))
-        print(f"iter {iteration:6d}  validation loss {val_loss:.4f}  accuracy {val_accuracy:.4f}", flush=True)
+        say(f"validation loss {val_loss:.4f}  acc {val_accuracy:.4f}")
         log(kind="val", iter=iteration, loss=val_loss, accuracy=val_accuracy)
 
     def unvalidated():
@@ -295,9 +385,9 @@ def _train(args, given, run, out, group=None):
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        window_start, window_images = time.perf_counter(), 0
+        window_start, window_images, sums = time.perf_counter(), 0, []  # sums: (loss, accuracy) a step since the log
         while iteration < config["iters"] and not stopping():
-            lr = learning_rate(schedule, iteration)
+            lr = schedule.rate(iteration)
             images, labels = batches.next()
             if group is not None:  # every rank draws the whole batch, as one process would, and keeps its rows
                 rows = group.share_of(config["batch"])
@@ -308,16 +398,16 @@ def _train(args, given, run, out, group=None):
                 raise Diverged(diverged_message(f"at iteration {iteration + 1} ({e})")) from None
             iteration += 1
             window_images += config["batch"]
+            sums.append(step.result())  # eager: host floats already; a graph's step: a host read a step
+            if not np.isfinite(sums[-1][0]):
+                raise Diverged(diverged_message(f"at iteration {iteration} (the loss is {sums[-1][0]})"))
             if due("log_every", iteration):
-                loss, accuracy = step.result()  # (a graph's step: the first host read since the last log)
-                if not np.isfinite(loss):
-                    raise Diverged(diverged_message(f"by iteration {iteration} (the loss is {loss})"))
+                loss, accuracy = (float(v) for v in np.mean(sums, axis=0))
                 rate = window_images / (time.perf_counter() - window_start)
-                print(f"iter {iteration:6d}/{config['iters']}  loss {loss:.4f}  acc {accuracy:.3f}  lr {lr:g}  "
-                      f"{rate:7.1f} img/s  plan {format_bytes(planned)}", flush=True)
+                say(f"loss {loss:.4f}  acc {accuracy:.3f}  lr {lr:.3g}  {rate:.0f} img/s")
                 log(kind="train", iter=iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
-                    planned_bytes=planned)
-                window_start, window_images = time.perf_counter(), 0
+                    planned_bytes=planned, averaged_over=len(sums))
+                window_start, window_images, sums = time.perf_counter(), 0, []
             if due("checkpoint_every", iteration):
                 save()  # before the validation, so a failing validation loses no training
             if due("val_every", iteration):
@@ -327,8 +417,8 @@ def _train(args, given, run, out, group=None):
             if last_saved[0] != iteration:
                 save()
             print(f"stopped at iteration {iteration}: checkpoint saved to {run.checkpoint_path}\n"
-                  f"continue with: {command} --out {out} --resume", flush=True)
-            return 130
+                  f"continue with: {resume_advice()}", flush=True)
+            return 130, net
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
@@ -337,8 +427,33 @@ def _train(args, given, run, out, group=None):
             batches.close()  # its decoding processes
     if rank_0:
         run.check()  # the folder named below is still this run's
-    print(f"done: {iteration} iterations; checkpoint {run.checkpoint_path}, metrics {run.metrics_path}")
-    return 0
+    print(f"done: {iteration} iterations in {clock.elapsed()}; checkpoint {run.checkpoint_path}, metrics "
+          f"{run.metrics_path}")
+    return 0, net
+
+
+class Clock:
+    """This session's time since training began, and the ETA of the run's last iteration at the pace of this
+    session so far (validations and checkpoints included, as the rest of the run will have them)."""
+
+    def __init__(self, *, first, last):
+        self.start, self.first, self.last = time.monotonic(), first, last
+
+    def elapsed(self):
+        return _clock_time(time.monotonic() - self.start)
+
+    def now(self, iteration):
+        """'elapsed 1:23  eta 4:56' at `iteration` (eta ? before this session's first iteration ends)."""
+        seconds, done = time.monotonic() - self.start, iteration - self.first
+        eta = _clock_time(seconds / done * (self.last - iteration)) if done > 0 else "?"
+        return f"elapsed {_clock_time(seconds)}  eta {eta}"
+
+
+def _clock_time(seconds):
+    """3725.2 -> '1:02:05', 83 -> '1:23'."""
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"
 
 
 if __name__ == "__main__":

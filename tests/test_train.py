@@ -53,6 +53,11 @@ def read_metrics(run):
     return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
 
 
+def untimed(record):
+    """A metrics record less its wall-clock time, which no two runs share."""
+    return {k: v for k, v in record.items() if k != "time"}
+
+
 def test_training_lowers_the_loss_and_writes_metrics(tmp_path, data_dir, capsys):
     # the rate drops for the last 20 iterations, as a schedule's does: at 0.05 this small net's validation
     # swings between chance and 0.9 from one iteration to the next (in exact training too)
@@ -62,11 +67,11 @@ def test_training_lowers_the_loss_and_writes_metrics(tmp_path, data_dir, capsys)
     val_records = [r for r in records if r["kind"] == "val"]
     assert [r["iter"] for r in train_records] == list(range(10, 81, 10))
     assert [r["iter"] for r in val_records] == [40, 80]
-    assert set(train_records[0]) >= {"loss", "accuracy", "lr", "images_per_s", "planned_bytes"}
+    assert set(train_records[0]) >= {"loss", "accuracy", "lr", "images_per_s", "planned_bytes", "time"}
     assert train_records[-1]["loss"] < train_records[0]["loss"] * 0.8
     assert val_records[-1]["accuracy"] > 0.45  # 4 classes: chance is 0.25
     printed = capsys.readouterr().out
-    assert "iter     80/80" in printed and "validation" in printed and "plan" in printed
+    assert "iter 80/80  validation loss" in printed and printed.count("plan of a step") == 1
     # the evaluation command reads the checkpoint and agrees with the last validation
     assert evaluate.main([str(tmp_path / "run"), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
@@ -97,8 +102,8 @@ def test_resume_gives_bit_identical_weights(tmp_path, data_dir):
     assert a.iteration == b.iteration == 6
     assert a.state.keys() == b.state.keys()
     assert all(np.array_equal(a.state[name], b.state[name]) for name in a.state)
-    assert [r for r in read_metrics(tmp_path / "straight") if r["kind"] == "val"] == [
-        r for r in read_metrics(tmp_path / "resumed") if r["kind"] == "val"]
+    assert [untimed(r) for r in read_metrics(tmp_path / "straight") if r["kind"] == "val"] == [
+        untimed(r) for r in read_metrics(tmp_path / "resumed") if r["kind"] == "val"]
 
 
 def test_split_computes_a_batch_in_smaller_sub_batches(tmp_path, data_dir):
@@ -107,7 +112,8 @@ def test_split_computes_a_batch_in_smaller_sub_batches(tmp_path, data_dir):
     assert train.main(base_args(tmp_path, out="split", split=2, **common)) == 0
     whole, split = ([r for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("whole", "split"))
     assert split[0]["planned_bytes"] < 0.7 * whole[0]["planned_bytes"]  # the arena is planned for 8, not 16
-    assert split[-1]["loss"] < split[0]["loss"] * 0.8  # the accumulated gradients train
+    # the accumulated gradients train (the loss, averaged over 10 iterations at this rate, moves too little)
+    assert split[-1]["accuracy"] > split[0]["accuracy"] + 0.1
 
 
 def test_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path, data_dir):
@@ -134,7 +140,7 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path, data_dir):
     (dict(model="resnet12"), "unknown model"),
     (dict(lr_schedule="1:0.1"), "start at iteration 0"),
     (dict(lr_schedule="fast"), "ITER:LR"),
-    (dict(data="cifar100"), "datasets/prepare.py cifar100"),
+    (dict(data="cifar100"), "minibp.prepare cifar100"),
     (dict(iters=0), "--iters"),
 ])
 def test_bad_flags_and_missing_files_are_clear_errors(tmp_path, data_dir, capsys, overrides, match):
@@ -145,7 +151,7 @@ def test_bad_flags_and_missing_files_are_clear_errors(tmp_path, data_dir, capsys
 def test_missing_fashion_mnist_says_how_to_get_it(tmp_path, capsys):
     assert train.main(base_args(tmp_path, data="fashion-mnist", data_dir=str(tmp_path / "nothing"))) == 2
     err = capsys.readouterr().err
-    assert "apt-get install dataset-fashion-mnist" in err and "datasets/prepare.py fashion-mnist" in err
+    assert "apt-get install dataset-fashion-mnist" in err and "minibp.prepare fashion-mnist" in err
 
 
 def test_resume_and_overwrite_are_guarded(tmp_path, data_dir, capsys):
