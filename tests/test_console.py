@@ -1,0 +1,85 @@
+"""What the trainer tells a person: console lines with the elapsed time and an ETA, loss and accuracy
+averaged over the logging interval, the plan once, a wall-clock time in every metrics record, a --help
+grouped with every default stated and examples that match the README, and one vocabulary for the store."""
+import re
+import shlex
+import time
+
+import numpy as np
+import pytest
+
+from minibp import evaluate, train
+from minibp.runconfig import build_parser
+from test_train import ROOT, base_args, make_dataset, read_metrics
+
+LINE = re.compile(r"iter +\d+/\d+  (loss \d\.\d{4}  acc \d\.\d{3}  lr \S+  \d+ img/s|validation loss \d\.\d{4}  "
+                  r"acc \d\.\d{4})  elapsed \d+:\d\d  eta (\d+:)?\d+:\d\d$")
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    make_dataset(tmp_path / "data")
+    return tmp_path / "data"
+
+
+def test_every_line_tells_time_and_a_train_line_averages_its_interval(tmp_path, data_dir, capsys):
+    started = time.time()
+    assert train.main(base_args(tmp_path, out="every", iters=6, log_every=1, val_every=6)) == 0
+    assert train.main(base_args(tmp_path, out="third", iters=6, log_every=3, val_every=3)) == 0
+    printed = capsys.readouterr().out.splitlines()
+    lines = [line for line in printed if line.startswith("iter ")]
+    assert len(lines) == 6 + 1 + 2 + 2 and all(LINE.fullmatch(line) for line in lines), lines
+    assert sum(line.startswith("plan of a step") for line in printed) == 2  # once a run
+    every, third = ([r for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("every", "third"))
+    for record, interval in zip(third, (every[:3], every[3:])):  # the same steps, from the same seed
+        assert record["averaged_over"] == 3
+        assert record["loss"] == pytest.approx(np.mean([r["loss"] for r in interval]), rel=1e-12)
+        assert record["accuracy"] == pytest.approx(np.mean([r["accuracy"] for r in interval]), rel=1e-12)
+    records = read_metrics(tmp_path / "every") + read_metrics(tmp_path / "third")
+    assert all(started <= r["time"] <= time.time() for r in records)
+
+
+def test_the_clock_reads_hours_minutes_seconds_and_extrapolates_this_sessions_pace(monkeypatch):
+    assert [train._clock_time(s) for s in (0, 59.4, 83, 3599.6, 3725.2)] == ["0:00", "0:59", "1:23", "1:00:00",
+                                                                            "1:02:05"]
+    now = [1000.0]
+    monkeypatch.setattr(train.time, "monotonic", lambda: now[0])
+    clock = train.Clock(first=100, last=400)  # a session resumed at iteration 100 of 400
+    assert clock.now(100) == "elapsed 0:00  eta ?"
+    now[0] += 50
+    assert clock.now(150) == "elapsed 0:50  eta 4:10"  # 1 s an iteration, 250 to go
+
+
+def test_help_is_grouped_and_every_option_states_its_default():
+    parser = build_parser()
+    titles = [group.title for group in parser._action_groups]
+    for title in ("model and data", "activation store and step", "schedule", "run folder",
+                  "several processes (mpirun)", "ImageNet (--data imagenet)"):
+        assert title in titles
+    for action in parser._actions:
+        if action.dest != "help":
+            assert action.help and "default" in action.help, action.option_strings
+
+
+def commands(text, program="python3 -m minibp.train"):
+    """The command lines of `program` in text (continued lines joined, comments dropped)."""
+    text = text.replace("\\\n", " ")
+    return [" ".join(found.split()) for found in re.findall(re.escape(program) + r"[^\n#&`]*", text)]
+
+
+def test_the_docstring_examples_parse_and_hold_the_readmes_main_command():
+    examples = commands(train.__doc__)
+    assert len(examples) >= 6
+    for example in examples:
+        build_parser().parse_args(shlex.split(example)[3:])  # an option the parser does not know exits
+    readme = commands((ROOT / "README.md").read_text())
+    main = [c for c in readme if "--data fashion-mnist --model resnet20 --bits 4" in c and "--out runs/fm-4bit" in c]
+    assert main and all(command in examples for command in main)
+
+
+def test_evaluate_names_the_store_in_trains_words(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2, bits="2", window="range")) == 0
+    assert "bits 2 (range window)" in capsys.readouterr().out
+    assert evaluate.main([str(tmp_path / "run")]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("resnet11, bits 2 (range window), at iteration 2: test accuracy") and "mode" not in said

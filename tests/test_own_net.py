@@ -1,0 +1,153 @@
+"""Your own net under the trainer's guarantees: --model FILE.py:FUNCTION or package.module:FUNCTION with
+--model-arg, the Python entry point minibp.fit, and the checks that a resume and an evaluation build
+the run's net again."""
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+import minibp
+from minibp import checkpoint, evaluate, models, train
+from test_reliability import one_line_error
+from test_train import ROOT, base_args, make_dataset, read_metrics
+
+VGG = str(ROOT / "docs" / "vgg_example.py")
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    make_dataset(tmp_path / "data")
+    return tmp_path / "data"
+
+
+def same_weights(a, b):
+    a, b = (checkpoint.load(p) for p in (a, b))
+    return a.state.keys() == b.state.keys() and all(np.array_equal(a.state[n], b.state[n]) for n in a.state)
+
+
+def write_model(folder, body, name="mynet.py"):
+    """A model file of your own in folder; its path."""
+    path = folder / name
+    path.write_text("from minibp.net import Net\n\n" + textwrap.dedent(body))
+    return path
+
+
+def test_the_vgg_example_trains_resumes_and_evaluates_through_the_command_line(tmp_path, data_dir, monkeypatch,
+                                                                                capsys):
+    own = dict(model=f"{VGG}:build", model_arg="width=8", lr_schedule="0:0.05", val_every=2, checkpoint_every=2)
+    assert train.main(base_args(tmp_path, out="straight", iters=4, **own)) == 0
+    assert train.main(base_args(tmp_path, out="resumed", iters=2, **own)) == 0
+    saved = checkpoint.load(tmp_path / "resumed" / "checkpoint.h5")
+    assert saved.config["model"] == f"{VGG}:build" and saved.config["model_args"] == {"width": 8}
+    assert any(name.endswith(".w") and array.shape == (32, 3, 3, 16) for name, array in saved.state.items())
+    monkeypatch.chdir(tmp_path)  # the file was recorded by its absolute path: the run resumes from anywhere
+    assert train.main(["--out", str(tmp_path / "resumed"), "--resume", "--iters", "4"]) == 0
+    assert same_weights(tmp_path / "straight" / "checkpoint.h5", tmp_path / "resumed" / "checkpoint.h5")
+    capsys.readouterr()
+    assert evaluate.main([str(tmp_path / "resumed"), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    last_validation = [r for r in read_metrics(tmp_path / "resumed") if r["kind"] == "val"][-1]
+    assert result["iteration"] == 4 and result["accuracy"] == last_validation["accuracy"]
+    assert result["model_args"] == {"width": 8}
+
+
+def test_a_function_of_an_installed_module_is_a_model_with_its_arguments(tmp_path, data_dir, capsys):
+    """package.module:FUNCTION: here the ResNet builder itself, given its depth as a keyword argument."""
+    argv = base_args(tmp_path, model="minibp.models:preact_resnet", model_arg="depth=11", iters=2, val_every=2)
+    assert train.main(argv) == 0
+    assert "minibp.models:preact_resnet(depth=11) (11 units, 83,220 parameters)" in capsys.readouterr().out
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").config["model"] == "minibp.models:preact_resnet"
+
+
+BAD_MODELS = {
+    "no file": (None, "nothing.py:build", "no file"),
+    "no module": (None, "no_such_package.nets:build", "no module no_such_package.nets"),
+    "not a spec": (None, "nets/x.txt:build", "give FILE.py:FUNCTION"),
+    "syntax error": ("def build(*, input_shape, classes:\n", "mynet.py:build", "cannot import"),
+    "import fails": ("import no_such_module\n", "mynet.py:build", "ModuleNotFoundError"),
+    "no function": ("def other(**_):\n    pass\n", "mynet.py:build", "has no function build"),
+    "raises": ("def build(*, input_shape, classes):\n    raise RuntimeError('out of ideas')\n", "mynet.py:build",
+               "raised RuntimeError: out of ideas"),
+    "wrong keywords": ("def build(*, input_shape):\n    pass\n", "mynet.py:build", "unexpected keyword argument"),
+    "not a Net": ("def build(*, input_shape, classes):\n    return [input_shape]\n", "mynet.py:build",
+                  "returned list, not a minibp.net.Net"),
+    "no classifier": ("def build(*, input_shape, classes):\n    net = Net(input_shape)\n    net.conv(8)\n"
+                      "    return net\n", "mynet.py:build", "without a classifier"),
+    "compiled": ("def build(*, input_shape, classes):\n    net = Net(input_shape)\n    net.conv(8)\n"
+                 "    net.classifier(classes)\n    return net.compile(batch=2)\n", "mynet.py:build",
+                 "returned a compiled net"),
+    "other classes": ("def build(*, input_shape, classes):\n    net = Net(input_shape)\n    net.conv(8)\n"
+                      "    net.classifier(classes + 1)\n    return net\n", "mynet.py:build",
+                      "a net for 5 classes; the data has 4"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_MODELS)
+def test_a_model_that_cannot_be_built_is_one_line_and_writes_nothing(tmp_path, data_dir, monkeypatch, capsys, case):
+    source, spec, match = BAD_MODELS[case]
+    monkeypatch.chdir(tmp_path)
+    if source is not None:
+        write_model(tmp_path, source)
+    assert train.main(base_args(tmp_path, out="runs/own", model=spec, iters=2)) == 2
+    assert match in one_line_error(capsys.readouterr().err)
+    assert not (tmp_path / "runs").exists()  # refused before anything was written, or taken back
+
+
+def test_model_arguments_are_for_your_own_net_and_must_be_literals(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, model_arg="width=8")) == 2  # resnet11
+    assert "--model-arg is for your own net" in one_line_error(capsys.readouterr().err)
+    with pytest.raises(SystemExit) as stopped:
+        train.main(base_args(tmp_path, model=f"{VGG}:build", model_arg="pool=max"))
+    assert stopped.value.code == 2 and "VALUE must be a Python literal" in capsys.readouterr().err
+
+
+def test_a_resume_or_evaluation_refuses_a_net_built_otherwise_naming_the_first_difference(tmp_path, data_dir,
+                                                                                          capsys):
+    source = "def build(*, input_shape, classes, width=8):\n    net = Net(input_shape)\n    net.conv(width)\n" \
+             "    net.conv(2 * width, pool='max')\n    net.classifier(classes)\n    return net\n"
+    path = write_model(tmp_path, source)
+    assert train.main(base_args(tmp_path, model=f"{path}:build", iters=2, val_every=2)) == 0
+    run = str(tmp_path / "run")
+    assert train.main(["--out", run, "--resume", "--iters", "3", "--model-arg", "width=4"]) == 2
+    assert "--model-arg {'width': 4} (the run has {})" in one_line_error(capsys.readouterr().err)
+    path.write_text(path.read_text().replace("width=8", "width=4"))  # the file edited after the run
+    for command in (lambda: train.main(["--out", run, "--resume", "--iters", "3"]), lambda: evaluate.main([run])):
+        assert command() == 2
+        line = one_line_error(capsys.readouterr().err)
+        assert line == (f"error: {run}/checkpoint.h5 holds another net than mynet.py:build() builds now: the "
+                        "checkpoint's unit0.w is (8, 3, 3, 3), the net's (4, 3, 3, 3)")
+    path.write_text(path.read_text().replace("    net.conv(2 * width, pool='max')\n", ""))
+    assert train.main(["--out", run, "--resume", "--iters", "3"]) == 2
+    assert "the net's (4, 3, 3, 3)" in one_line_error(capsys.readouterr().err)
+    write_model(tmp_path, source)
+    assert train.main(["--out", run, "--resume", "--iters", "3"]) == 0
+
+
+def test_fit_runs_the_command_lines_loop(tmp_path, data_dir, capsys):
+    """fit() with a function trains exactly as --model FILE.py:FUNCTION does, records the function's file,
+    and its run resumes from the command line."""
+    options = dict(data_dir=str(data_dir), batch=16, lr_schedule="0:0.05", log_every=2, val_every=3,
+                   checkpoint_every=3)
+    function = models.load_function(f"{VGG}:build")
+    net = minibp.fit(function, data="cifar10", out=tmp_path / "fit", model_args=dict(width=8), iters=3, **options)
+    assert net.classes == 4 and net.predict(np.zeros((2, 8, 8, 3), np.float32)).shape == (2, 4)
+    assert checkpoint.load(tmp_path / "fit" / "checkpoint.h5").config["model"] == f"{VGG}:build"
+    assert train.main(base_args(tmp_path, out="cli", iters=6, model=f"{VGG}:build", model_arg="width=8")) == 0
+    assert train.main(["--out", str(tmp_path / "fit"), "--resume", "--iters", "6"]) == 0
+    assert same_weights(tmp_path / "fit" / "checkpoint.h5", tmp_path / "cli" / "checkpoint.h5")
+    with pytest.raises(ValueError, match="--model-arg {'width': 16} \\(the run has {'width': 8}\\)"):
+        minibp.fit(function, data="cifar10", out=tmp_path / "fit", model_args=dict(width=16), resume=True, iters=7,
+                   **options)
+
+
+def test_fit_refuses_what_it_cannot_record_in_plain_exceptions(tmp_path, data_dir):
+    with pytest.raises(TypeError, match="unknown options itres"):
+        minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", itres=3)
+    with pytest.raises(ValueError, match="module-level function"):
+        minibp.fit(lambda **_: None, data="cifar10", out=tmp_path / "x")
+    with pytest.raises(ValueError, match="invalid choice: '3'"):
+        minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", bits=3)
+    with pytest.raises(ValueError, match="multiple of --split"):
+        minibp.fit("resnet11", data="cifar10", data_dir=str(data_dir), out=tmp_path / "x", batch=10, split=3)
+    assert not (tmp_path / "x").exists()
