@@ -208,7 +208,8 @@ extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunk
 // ----------------------------------------------------------------------------- forward
 
 template <int BITS, int STEP>
-__device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __restrict__ x_row,
+__device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, unsigned int row_hash,
+                                            const real_t* __restrict__ x_row,
                                             const real_t* __restrict__ stats, const real_t* __restrict__ win,
                                             const real_t* __restrict__ beta,
                                             real_t* __restrict__ a_row, real_t* __restrict__ x_copy_row,
@@ -217,10 +218,17 @@ __device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __r
     if constexpr (BITS == 0) {
         if (x_copy_row) CHANNEL_LOOP(c, C) x_copy_row[c] = x_row[c];
     } else {  // the codes as numbers into a_row (scratch: a is written below), then packed
-        CHANNEL_LOOP(c, C) {
-            const float v = (float)(xhat_of(x_row[c], c, C, stats) + B(c));
-            a_row[c] = quant_code(v, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), BITS);
-        }
+        if (stochastic)  // (a loop each: one with a branch inside would not vectorise)
+            CHANNEL_LOOP(c, C) {
+                const float v = (float)(xhat_of(x_row[c], c, C, stats) + B(c));
+                a_row[c] = quant_code_stochastic(v, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), BITS,
+                                                 quant_uniform(row_hash, c));
+            }
+        else
+            CHANNEL_LOOP(c, C) {
+                const float v = (float)(xhat_of(x_row[c], c, C, stats) + B(c));
+                a_row[c] = quant_code(v, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), BITS);
+            }
         GROUP_LOOP(j, C / PER) row_codes[j] = quant_pack_byte<BITS>(a_row + j * PER);
     }
     if (BITS && naive) {  // a~ goes forward instead of a (a NaN still does, so divergence shows)
@@ -236,24 +244,29 @@ __device__ __forceinline__ void forward_row(int C, bool naive, const real_t* __r
 }
 
 template <int BITS, int STEP>
-__device__ void forward_rows(long long rows, int C, int rows_per_chunk, bool naive, const real_t* x,
-                             const real_t* stats, const real_t* windows, long long block_rows, const real_t* beta,
-                             real_t* a, real_t* x_copy, unsigned char* codes) {
+__device__ void forward_rows(long long rows, int C, int rows_per_chunk, bool naive, bool stochastic,
+                             long long rounding_key, const real_t* x, const real_t* stats, const real_t* windows,
+                             long long block_rows, const real_t* beta, real_t* a, real_t* x_copy,
+                             unsigned char* codes) {
     ROW_LOOP(r, rows, rows_per_chunk)
-        forward_row<BITS, STEP>(C, naive, x + r * C, stats, ROW_WINDOW(r), beta, a + r * C,
-                                x_copy ? x_copy + r * C : nullptr, BITS ? codes + r * C * BITS / 8 : nullptr);
+        forward_row<BITS, STEP>(C, naive, stochastic, stochastic ? quant_row_hash(rounding_key, r) : 0u, x + r * C,
+                                stats, ROW_WINDOW(r), beta, a + r * C, x_copy ? x_copy + r * C : nullptr,
+                                BITS ? codes + r * C * BITS / 8 : nullptr);
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
-// of v = xhat + b (bits > 0) through windows (above). naive writes a~ (restored from the codes) instead of a:
-// the ablation that feeds approximations forward. x, a, x_copy are (rows, C); codes (rows * C * k / 8,).
+// of v = xhat + b (bits > 0) through windows (above), rounded down (quant_code) or, stochastic, at random
+// (quant_code_stochastic, element (r, c)'s draw from rounding_key). naive writes a~ (restored from the
+// codes) instead of a: the ablation that feeds approximations forward. x, a, x_copy are (rows, C); codes
+// (rows * C * k / 8,).
 extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int rows_per_chunk, int bits, int naive,
+                                                  int stochastic, long long rounding_key,
                                                   const real_t* __restrict__ x, const real_t* __restrict__ stats,
                                                   const real_t* __restrict__ windows, long long block_rows,
                                                   const real_t* __restrict__ beta, real_t* __restrict__ a,
                                                   real_t* __restrict__ x_copy, unsigned char* __restrict__ codes) {
-    DISPATCH(bits, forward_rows, rows, C, rows_per_chunk, naive != 0, x, stats, windows, block_rows, beta, a, x_copy,
-             codes);
+    DISPATCH(bits, forward_rows, rows, C, rows_per_chunk, naive != 0, stochastic != 0, rounding_key, x, stats,
+             windows, block_rows, beta, a, x_copy, codes);
 }
 
 // ----------------------------------------------------------------------------- backward

@@ -93,6 +93,43 @@ __device__ __forceinline__ float quant_code(float v, float shift, float below, f
     return clampf(floorf(u * (1.0f / (u < 0.0f ? below : above))) + shift, 0.0f, (float)((1 << bits) - 1));
 }
 
+// ----------------------------------------------------------------------------- stochastic rounding
+
+// A counter-based hash of 32 bits (two multiply-xorshift rounds, Wellons' "lowbias32"): no state, so
+// element i's draw is the same on every device, launch shape, rank count and resume.
+__device__ __forceinline__ unsigned int quant_mix32(unsigned int h) {
+    h ^= h >> 16;
+    h *= 0x7feb352dU;
+    h ^= h >> 15;
+    h *= 0x846ca68bU;
+    h ^= h >> 16;
+    return h;
+}
+
+// The hash of (key, row): mixed once a row, then once a channel (quant_uniform).
+__device__ __forceinline__ unsigned int quant_row_hash(long long key, long long row) {
+    const unsigned long long k = (unsigned long long)key, r = (unsigned long long)row;
+    return quant_mix32(quant_mix32((unsigned int)k ^ (unsigned int)r) ^ (unsigned int)(k >> 32) ^ (unsigned int)(r >> 32));
+}
+
+// Element (row, c)'s uniform draw in [0, 1): 24 bits of the hash, exact in float32.
+__device__ __forceinline__ float quant_uniform(unsigned int row_hash, int c) {
+    return (float)(quant_mix32(row_hash ^ (unsigned int)c) >> 8) * 5.9604644775390625e-8f;  // 2^-24
+}
+
+// The code of v rounded at random to one of the two bin midpoints around it on its side of zero, with
+// the probabilities that make E[vhat] = u (u = v - 1e-6): d = floor(u/w - 1/2 + r), vhat = (d + 1/2) w.
+// d never crosses zero (d >= 0 above it, d <= -1 below), so the mask stays exact; that, and the
+// clamp to the K codes, are the only biases (docs/method.md). NaN -> 0, as quant_code.
+__device__ __forceinline__ float quant_code_stochastic(float v, float shift, float below, float above, int bits,
+                                                       float r) {
+    const float u = v - 1e-6f;
+    const bool negative = u < 0.0f;
+    float d = floorf(u * (1.0f / (negative ? below : above)) - 0.5f + r);
+    d = negative ? (d >= -1.0f ? -1.0f : d) : (d <= 0.0f ? 0.0f : d);  // (comparisons that keep NaN)
+    return clampf(d + shift, 0.0f, (float)((1 << bits) - 1));
+}
+
 __device__ __forceinline__ float quant_vhat(float q, float shift, float below, float above) {
     return (q - shift + 0.5f) * (q < shift ? below : above);
 }

@@ -11,6 +11,13 @@ def positive_int(value, what):
     return int(value)
 
 
+def index(value, what):
+    """value as an int if it is a whole number >= 0 (not a bool), else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{what} must be a whole number >= 0, got {value!r}")
+    return int(value)
+
+
 def net_input(input_shape, dtype):
     """(input_shape, dtype) of a Net, checked: (H, W, C) of positive ints, float32 or float64."""
     if len(input_shape) != 3 or min(input_shape) < 1:

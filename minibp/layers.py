@@ -366,16 +366,20 @@ def _store_args(bits, x_copy, codes):
     return None, codes
 
 
-def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=None, codes=None, windows=None):
+def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=None, codes=None, windows=None,
+                           rounding_key=None):
     """a = relu(gamma (x - mean) / sigma + beta) for x, a (..., C); writes the store when given
-    (x_copy at bits = 0, codes otherwise, through the windows: _windows). naive: a is the restored a~."""
+    (x_copy at bits = 0, codes otherwise, through the windows: _windows). naive: a is the restored a~.
+    rounding_key (an int64, quant.rounding_key): the codes are rounded at random, element (r, c) by its
+    draw from the key (quant.uniform_ref); None: each value to its bin's midpoint."""
     C = x.shape[-1]
     rows = x.size // C
     if naive and (bits == 0 or codes is None):
         raise ValueError("naive mode feeds the k-bit codes forward: it needs bits > 0 and a codes buffer")
-    _k("bn.cu", x.dtype).batchnorm_relu_forward(rows=rows, C=C, bits=bits, naive=naive, x=x, stats=stats, beta=beta,
-                                                 a=a, x_copy=x_copy, codes=codes, **_window_args(stats, windows, rows),
-                                                 **_launch(rows, C, bits=bits))
+    _k("bn.cu", x.dtype).batchnorm_relu_forward(rows=rows, C=C, bits=bits, naive=naive,
+                                                 stochastic=rounding_key is not None, rounding_key=rounding_key or 0,
+                                                 x=x, stats=stats, beta=beta, a=a, x_copy=x_copy, codes=codes,
+                                                 **_window_args(stats, windows, rows), **_launch(rows, C, bits=bits))
 
 
 def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None, windows=None):

@@ -27,7 +27,7 @@ from .arena import Arena, Plan
 from .chain import Chain
 from .checks import positive_int
 from .params import key
-from .quant import DEFAULT_WINDOW, parse_bits, store_window
+from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, check_rounding, parse_bits, store_window
 from .units import Step
 
 
@@ -110,19 +110,26 @@ class Net(Chain):
 
     # ------------------------------------------------------------------ allocation and state
 
-    def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, seed=0, training=True, input_grad=False,
-                conv="gemm"):
+    def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, seed=0, training=True,
+                input_grad=False, conv="gemm"):
         """Allocate the arena for a step at this batch and store; `window` is the k-bit codes' window
-        ("range", "block" or "fixed", quant.py; the naive ablation's is fixed). The first compile initialises the
-        parameters (initialize(seed=...)); a later one keeps the trained state. conv="gemm" (both devices)
-        or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier; cudnn_conv.py)."""
+        ("range", "block" or "fixed", quant.py; the naive ablation's is fixed), `rounding` how a value becomes
+        a code ("nearest" or "stochastic", quant.ROUNDINGS; stochastic draws from seed and forward()'s
+        draw). The first compile initialises the parameters (initialize(seed=...)); a later one keeps the
+        trained state. conv="gemm" (both devices) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but
+        the classifier; cudnn_conv.py)."""
         if conv not in ("gemm", "cudnn"):
             raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
+        _, k, naive = parse_bits(bits)
+        if check_rounding(rounding) == "stochastic" and (k == 0 or naive):
+            raise ValueError(f"stochastic rounding codes a k-bit store: bits {bits} has none to round (exact) or "
+                             "feeds its codes forward (naive)")
         request = dict(batch=batch, bits=bits, window=window, training=training, input_grad=input_grad)
         plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
         self.bits, self.k, self.naive = parse_bits(bits)
         self.window = store_window(window, k=self.k, naive=self.naive)
+        self.rounding, self.seed, self._draws, self.draw = rounding, seed, 0, None
         self.batch, self.training = positive_int(batch, "batch"), training
         engines = cudnn_conv.net_graphs(self.units, batch=self.batch, dtype=self.dtype) if conv == "cudnn" else {}
         if engines:
@@ -160,11 +167,14 @@ class Net(Chain):
         self._check_compiled()
         checks.check_images(images, self.input_shape, self.dtype)
 
-    def forward(self, images, labels, *, train=True, sync=True):
+    def forward(self, images, labels, *, train=True, sync=True, draw=None):
         """(loss, accuracy) as floats of a batch (N <= the compiled batch). train: batch statistics, running
         ones updated, stores written for backward(); else the running statistics. A loss that is not finite
         leaves the running statistics as they were and raises FloatingPointError. sync=False (step.py):
-        labels already checked, (loss, accuracy) stay device scalars, unchecked."""
+        labels already checked, (loss, accuracy) stay device scalars, unchecked. draw (stochastic rounding):
+        which random draw the stores take, with the compile's seed (quant.rounding_key); by default the
+        training forward passes since compile are counted 0, 1, 2, ... (step.py numbers them by iteration
+        and sub-batch, so that a resumed run draws as an uninterrupted one)."""
         if labels is None:
             raise ValueError("forward() needs labels (N,) to compute the loss; net.predict(images) needs none")
         self._check_images(images)
@@ -172,6 +182,9 @@ class Net(Chain):
             raise RuntimeError("this net was compiled for evaluation (training=False): it cannot train")
         if sync:
             checks.check_labels(labels, images.shape[0], self.classes)
+        if train and self.rounding == "stochastic":
+            self.draw = self._draws if draw is None else checks.index(draw, "draw")
+            self._draws = self.draw + 1
         xp, n = backend.xp, self._run(images, train=train)
         xp.copyto(self.arena["labels"][:n], xp.asarray(labels).astype(np.int64, copy=False))
         loss, accuracy = layers.softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n])

@@ -49,6 +49,11 @@ BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 # The windows a k-bit store can code through (the API's and CLI's `window`).
 WINDOWS = ("fixed", "range", "block")
 DEFAULT_WINDOW = "block"
+# How a k-bit store rounds a value to a code (the API's and CLI's `rounding`): nearest, to the midpoint of
+# its own bin; stochastic, at random to one of the two midpoints around it on its side of zero, unbiased
+# there (codes_ref, docs/method.md).
+ROUNDINGS = ("nearest", "stochastic")
+DEFAULT_ROUNDING = "nearest"
 # The range and the block window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
 # (README, RQ4). A block's range needs none at 4 bits, where the batch's does.
 RANGE_CLIP = {8: np.inf, 4: 4.5, 2: 3.0}
@@ -72,6 +77,12 @@ def parse_bits(bits):
     if name not in BITS:
         raise ValueError(f"bits must be one of {', '.join(BITS)}, got {bits!r}")
     return name, BITS[name], name == "naive"
+
+
+def check_rounding(rounding):
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
+    return rounding
 
 
 def check_window(window):
@@ -146,13 +157,59 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
     return np.stack([shift, below, above]).astype(f32)
 
 
-def codes_ref(v, window, *, bits):
-    """Unpacked codes (uint8, v's shape) of v (..., C) through the (3, C) window."""
+def codes_ref(v, window, *, bits, uniform=None):
+    """Unpacked codes (uint8, v's shape) of v (..., C) through the (3, C) window: each value in its bin
+    (its nearest midpoint on its side of zero), or, given uniform draws in [0, 1) of v's shape
+    (uniform_ref), rounded at random to one of the two midpoints around it on its side of zero:
+    d = floor(u/w - 1/2 + r), so that E[vhat] = u, kept >= 0 above zero and <= -1 below it."""
     shift, below, above = np.asarray(window, np.float32)
+    f32 = np.float32
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # +-inf, NaN: coded as the kernel does
-        u = np.asarray(v, np.float32) - MASK_THRESHOLD
-        q = np.floor(u * (np.float32(1) / np.where(u < 0, below, above))) + shift
-        return np.fmin(np.fmax(q, np.float32(0)), np.float32((1 << bits) - 1)).astype(np.uint8)  # NaN -> 0
+        u = np.asarray(v, f32) - MASK_THRESHOLD
+        scaled = u * (f32(1) / np.where(u < 0, below, above))
+        if uniform is None:
+            q = np.floor(scaled) + shift
+        else:
+            d = np.floor(scaled - f32(0.5) + np.asarray(uniform, f32))
+            d = np.where(u < 0, np.where(d >= -1, f32(-1), d), np.where(d <= 0, f32(0), d))  # keeps NaN
+            q = d + shift
+        return np.fmin(np.fmax(q, f32(0)), f32((1 << bits) - 1)).astype(np.uint8)  # NaN -> 0
+
+
+def _mix32(h):
+    """quant.cuh's quant_mix32 on uint32 arrays (products wrap at 2^32, as the kernels' do)."""
+    h = np.asarray(h, np.uint32)
+    with np.errstate(over="ignore"):
+        h = h ^ (h >> np.uint32(16))
+        h = h * np.uint32(0x7FEB352D)
+        h = h ^ (h >> np.uint32(15))
+        h = h * np.uint32(0x846CA68B)
+        return h ^ (h >> np.uint32(16))
+
+
+def uniform_ref(key, rows, C):
+    """The (rows, C) float32 draws in [0, 1) of stochastic rounding under key (rounding_key): a
+    counter-based hash of (key, row) and then of the channel, its top 24 bits."""
+    k, r = np.uint64(key % 2**64), np.arange(rows, dtype=np.uint64)
+    low = lambda x: (x & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    row_hash = _mix32(_mix32(low(k) ^ low(r)) ^ low(k >> np.uint64(32)) ^ low(r >> np.uint64(32)))
+    h = _mix32(row_hash[:, None] ^ np.arange(C, dtype=np.uint32)[None, :])
+    return (h >> np.uint32(8)).astype(np.float32) * np.float32(2.0 ** -24)
+
+
+def _splitmix64(x):
+    x = (x + 0x9E3779B97F4A7C15) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return x ^ (x >> 31)
+
+
+def rounding_key(seed, draw, unit):
+    """The int64 key of one unit's stochastic rounding in one training forward pass: a hash of the run's
+    seed, the draw (which forward pass: train.py counts iteration * sub-batches + sub-batch) and the
+    unit's index. No generator state: a resumed run, P ranks and --split P draw alike."""
+    key = _splitmix64(_splitmix64(_splitmix64(int(seed) % 2**64) ^ int(draw) % 2**64) ^ int(unit) % 2**64)
+    return key - 2**64 if key >= 2**63 else key  # as the kernel's long long
 
 
 def pack_ref(codes, *, bits):
@@ -178,9 +235,9 @@ def row_windows_ref(windows, rows):
     return np.moveaxis(np.asarray(windows)[np.arange(rows) // BLOCK_ROWS], 1, 0)
 
 
-def quantize_ref(v, window, *, bits):
-    """The packed codes (uint8, size*bits/8) of v (..., C)."""
-    return pack_ref(codes_ref(v, window, bits=bits), bits=bits)
+def quantize_ref(v, window, *, bits, uniform=None):
+    """The packed codes (uint8, size*bits/8) of v (..., C); stochastic with uniform draws (codes_ref)."""
+    return pack_ref(codes_ref(v, window, bits=bits, uniform=uniform), bits=bits)
 
 
 def dequantize_ref(packed, window, b, gamma, *, bits, shape):

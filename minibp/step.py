@@ -45,8 +45,11 @@ class TrainStep:
             raise RuntimeError("TrainStep needs a net compiled for training")
         self.net, self.opt, self.split, self.group = net, opt, int(split), group
         self.graph = bool(graph) and backend.device == "gpu"  # the CPU fallback is eager execution
+        if self.graph and net.rounding == "stochastic":  # its draws are kernel arguments a graph would freeze
+            raise ValueError("stochastic rounding does not run in a CUDA graph yet: train without --graph")
         self.loss_scale = 1.0 / (self.split * (group.size if group else 1))
         self._last = (np.nan, np.nan)
+        self._draws = None  # the first sub-batch's draw of the running step (run(iteration=...))
         self._losses = None  # (split, 2) device: each sub-batch's loss and accuracy, in graph mode
         if group is not None:  # a row per sub-batch: its running-statistics increments (2, S), loss, accuracy
             S = net.arena["running"].shape[1]
@@ -65,10 +68,16 @@ class TrainStep:
                 if group is None:
                     self._losses = xp.empty((self.split, 2), net.dtype)     # (split, 2)
 
-    def run(self, images, labels, *, lr):
-        """One step on images (split * net.batch, H, W, C) and labels (split * net.batch,)."""
+    def run(self, images, labels, *, lr, iteration=None):
+        """One step on images (split * net.batch, H, W, C) and labels (split * net.batch,). iteration numbers
+        the stores' random draws under stochastic rounding: sub-batch s of rank r takes draw
+        iteration * ranks * split + r * split + s, as sub-batch r * split + s of one process would, so a
+        resumed run and P ranks draw as one uninterrupted process (None: the net counts its forwards)."""
         if len(images) != self.split * self.net.batch:
             raise ValueError(f"a step takes {self.split} x {self.net.batch} images, got {len(images)}")
+        ranks, rank = (self.group.size, self.group.rank) if self.group else (1, 0)
+        self._draws = None if iteration is None else checks.index(iteration, "iteration") * ranks * self.split \
+            + rank * self.split
         if not self.graph and self.group is None:
             return self._eager(images, labels, lr)
         checks.check_labels(np.asarray(labels), len(labels), self.net.classes)  # on the host: no device sync
@@ -108,12 +117,15 @@ class TrainStep:
                                      f"sub-batch {sub_batch}")
         return tuple(float(v) for v in losses.mean(axis=0))
 
+    def _draw(self, s):
+        return None if self._draws is None else self._draws + s
+
     def _eager(self, images, labels, lr):
         net, n = self.net, self.net.batch
         net.zero_grad()
         results = []
-        for start in range(0, len(images), n):
-            results.append(net.forward(images[start:start + n], labels[start:start + n]))
+        for s, start in enumerate(range(0, len(images), n)):
+            results.append(net.forward(images[start:start + n], labels[start:start + n], draw=self._draw(s)))
             net.backward(loss_scale=self.loss_scale)
         self.opt.step(lr=lr)
         self._last = tuple(float(v) for v in np.mean(results, axis=0))
@@ -126,7 +138,8 @@ class TrainStep:
         for s in range(self.split):
             if group is not None:
                 defer_running(net, self._increments[s])
-            loss, accuracy = net.forward(images[s * n:(s + 1) * n], labels[s * n:(s + 1) * n], sync=False)
+            loss, accuracy = net.forward(images[s * n:(s + 1) * n], labels[s * n:(s + 1) * n], sync=False,
+                                         draw=self._draw(s))
             self._losses[s, 0], self._losses[s, 1] = loss, accuracy
             net.backward(loss_scale=self.loss_scale)
         if group is not None:

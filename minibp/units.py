@@ -139,8 +139,10 @@ class ConvUnit:
                                           extremes=extremes, windows=windows)
             # the store is written in training, and read forward by the naive net in evaluation too
             x_copy, codes = self._store(n, k=s.k) if s.train or s.naive else (None, None)
+            key = quant.rounding_key(*s.rounding_draw, self.index) if s.rounding_draw and s.train else None
             layers.batchnorm_relu_forward(x, stats, self.p["beta"], a, bits=s.k if codes is not None else 0,
-                                          naive=s.naive, x_copy=x_copy, codes=codes, windows=windows)
+                                          naive=s.naive, x_copy=x_copy, codes=codes, windows=windows,
+                                          rounding_key=key)
         if self.pool is not None:
             pooled = s.shared("pooled", self.conv_in_shape)
             self.pool.forward(a, pooled)
@@ -275,6 +277,8 @@ class Step:
         self.net, self.n, self.train = net, n, train
         self.k, self.naive, self.eps, self.bn_momentum = net.k, net.naive, net.eps, net.bn_momentum
         self.window = net.window
+        # stochastic rounding: (seed, draw) of this training forward pass, each unit's key from them and its index
+        self.rounding_draw = (net.seed, net.draw) if train and net.rounding == "stochastic" else None
         self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (step.defer_running)
 
     def shared(self, name, shape=None):

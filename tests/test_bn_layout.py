@@ -45,7 +45,7 @@ def _empty(rows, C, bits):
                 partial=device(np.full(4 * rows * C, np.nan, np.float32)))  # room for 4 values of chunks of one row
 
 
-def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None):
+def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None, rounding_key=None):
     """Every BN kernel once with one launch shape: {name: host array}. launch is dict(grid, block, and for
     the elementwise kernels rows_per_chunk); reductions sum chunks of reduction_rows (default: layers')."""
     module = kernels.load("bn.cu", np.float32)
@@ -54,7 +54,8 @@ def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None):
     elementwise = dict(rows=rows, C=C, rows_per_chunk=launch["rows_per_chunk"], bits=bits)
     store = dict(x_copy=out["x_copy"], codes=out["codes"], stats=arrays["stats"], beta=arrays["beta"],
                  windows=arrays["windows"], block_rows=arrays["block_rows"])
-    module.batchnorm_relu_forward(**elementwise, naive=naive, x=arrays["x"], a=out["a"], **store, **shape)
+    module.batchnorm_relu_forward(**elementwise, naive=naive, stochastic=rounding_key is not None,
+                                  rounding_key=rounding_key or 0, x=arrays["x"], a=out["a"], **store, **shape)
     result = {"a": host(out["a"]).copy(), "store": host(out["codes"] if bits else out["x_copy"]).copy()}
     module.batchnorm_relu_restore(**elementwise, **store, a=out["a"], **shape)
     result["restored"] = host(out["a"]).copy()
@@ -113,6 +114,22 @@ def test_the_block_window_gives_the_same_bytes_for_every_launch_shape(bits):
             got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=per_chunk))
             for name in want:
                 assert np.array_equal(got[name], want[name]), (name, grid, block, per_chunk)
+
+
+@pytest.mark.parametrize("window", ["fixed", "block"])
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_stochastic_codes_are_the_same_for_every_launch_shape(bits, window):
+    """Each element's draw comes from its row and channel, whichever lane, chunk or thread codes it (the
+    GPU's launch shapes run through the shim here): 1000 rows, four block windows."""
+    rows, C = 1000, 24
+    arrays = _case(rows, C, bits, window=window)
+    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits), rounding_key=-77)
+    assert not np.array_equal(want["store"], _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))["store"])
+    for grid, block in LAUNCHES:
+        for per_chunk in ROWS_PER_CHUNK:
+            got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=per_chunk),
+                       rounding_key=-77)
+            assert np.array_equal(got["store"], want["store"]), (grid, block, per_chunk)
 
 
 @pytest.mark.parametrize("bits", [4, 2])

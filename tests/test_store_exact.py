@@ -84,7 +84,7 @@ def _extremes(x, window, *, per=None):
     return np.stack([np.minimum.reduceat(rows, starts), np.maximum.reduceat(rows, starts)])
 
 
-def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fixed"):
+def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fixed", rounding_key=None):
     """(stats, a, codes, windows) as the training forward writes them: with x's own statistics and
     eps = 1e-5, or with the given mean and var and eps = 0 (sigma = sqrt(var) exactly). windows: the block
     window's (blocks, 3, C), else None (the window is stats[4:7])."""
@@ -105,7 +105,7 @@ def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fi
     a = device(np.zeros(x.shape, np.float32))
     codes = device(np.zeros(x.size * bits // 8, np.uint8))
     layers.batchnorm_relu_forward(device(x), stats, device(beta), a, bits=bits, naive=naive, codes=codes,
-                                  windows=windows)
+                                  windows=windows, rounding_key=rounding_key)
     return stats, a, codes, windows
 
 
@@ -147,6 +147,26 @@ def test_forward_codes_are_quantize_ref_byte_for_byte(bits, window):
         assert np.array_equal(host(codes), quant.quantize_ref(v, _row_windows(s, windows, rows), bits=bits))
         if windows is None:  # quant_kernels.py's kernels (a window per channel) write the same bytes from v
             assert np.array_equal(host(quant_kernels.quantize(device(v), stats[4:7], bits=bits)), host(codes))
+
+
+@pytest.mark.parametrize("key", [12345, -2**63, 2**63 - 1])
+@pytest.mark.parametrize("window", KINDS)
+@pytest.mark.parametrize("bits", BITS)
+def test_stochastic_codes_are_quantize_ref_byte_for_byte_and_keep_the_mask(bits, window, key):
+    """Stochastic rounding: the kernel's codes are the reference's for the key's draws (uniform_ref), on
+    the edge data too, and every code keeps its value's side of zero: the mask is exact."""
+    for x, gamma, beta, mean, var in _cases(bits):
+        stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window,
+                                          rounding_key=key)
+        s, rows, C = host(stats), x.size // x.shape[-1], x.shape[-1]
+        v = _v(x, s).reshape(rows, -1)
+        row_windows = _row_windows(s, windows, rows)
+        uniform = quant.uniform_ref(key, rows, C)
+        assert np.array_equal(host(codes), quant.quantize_ref(v, row_windows, bits=bits, uniform=uniform))
+        q = quant.unpack_ref(host(codes), bits=bits, shape=(rows, C))
+        shift = np.broadcast_to(row_windows[0], (rows, C))
+        inside = (shift >= 1) & (shift <= (1 << bits) - 1)  # zero is an edge inside the codes
+        assert np.array_equal((q >= shift)[inside], (v >= quant.MASK_THRESHOLD)[inside])
 
 
 @pytest.mark.parametrize("bits", BITS)
