@@ -199,18 +199,19 @@ def load_function(spec):
 
 def spec_of(function):
     """The spec of a module-level function (train.fit's model), by which a resume or python -m minibp.evaluate
-    imports it again: package.module:FUNCTION for a module in a package, else its file."""
-    module = sys.modules.get(function.__module__)
+    imports it again: package.module:FUNCTION for a module in a package, else the file that defines it."""
     name = getattr(function, "__qualname__", "")
-    if not name.isidentifier() or getattr(module, name, None) is not function:
+    if not name.isidentifier():  # a lambda, a nested function, a method, a partial
         raise ValueError(f"the model must be a module-level function, which a resume and python -m minibp.evaluate "
                          f"can import again, not {function!r}")
-    if module.__name__ != "__main__" and getattr(module, "__package__", None):
+    module = sys.modules.get(function.__module__)
+    if module is not None and module.__name__ != "__main__" and getattr(module, "__package__", None):
         return f"{module.__name__}:{name}"
-    if not getattr(module, "__file__", None):
-        raise ValueError(f"{name} is defined in {module.__name__}, which has no file: define the model's function "
-                         "in a .py file, so that a resume and python -m minibp.evaluate can import it again")
-    return f"{Path(module.__file__).resolve()}:{name}"
+    file = function.__code__.co_filename
+    if not file.endswith(".py") or not Path(file).is_file():
+        raise ValueError(f"{name} is not defined in a .py file ({file}): define the model's function in one, so "
+                         "that a resume and python -m minibp.evaluate can import it again")
+    return f"{Path(file).resolve()}:{name}"
 
 
 def build(spec, *, model_args=None, imagenet=False, input_shape, classes, function=None):

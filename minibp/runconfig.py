@@ -3,6 +3,13 @@ defaults (ImageNet's when --data imagenet), the checks a configuration passes be
 what a resumed run keeps (DEFINING) or may change (CHANGEABLE). A run's configuration is the dict that
 new_config makes from the command line and its checkpoint saves; resumed_config applies the changes a
 resume gives to the saved one.
+
+    --lr-schedule 0:0.01,400:0.1,32000:0.01       StepSchedule: the rate from each iteration on
+    --lr-schedule cosine:0.1:warmup=200           CosineSchedule: linear warm-up, then a half cosine to 0
+    --model FILE.py:FUNCTION --model-arg width=32 your own net (models.build), its arguments Python literals
+
+A schedule is recorded as its text (lr_schedule, which a resume may change) and parsed for the run's
+iterations (parse_schedule); your own net's arguments as JSON (model_args, which a resume must keep).
 """
 import argparse
 import ast

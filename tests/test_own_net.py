@@ -124,6 +124,16 @@ def test_a_resume_or_evaluation_refuses_a_net_built_otherwise_naming_the_first_d
     assert train.main(["--out", run, "--resume", "--iters", "3"]) == 0
 
 
+def test_two_ranks_train_your_own_net_as_one_process_with_split_2(tmp_path, data_dir):
+    pytest.importorskip("mpi4py", reason="several ranks need mpi4py and mpich: pip install -e '.[dist]'")
+    from test_dist import train as run_trainer  # (test_dist skips itself without mpi4py)
+    own = dict(model=f"{VGG}:build", model_arg="width=8", iters=4, val_every=4)
+    two = run_trainer(base_args(tmp_path, out="two", **own), ranks=2)
+    assert two.returncode == 0, two.stderr
+    assert run_trainer(base_args(tmp_path, out="one", split=2, **own)).returncode == 0
+    assert same_weights(tmp_path / "one" / "checkpoint.h5", tmp_path / "two" / "checkpoint.h5")
+
+
 def test_fit_runs_the_command_lines_loop(tmp_path, data_dir, capsys):
     """fit() with a function trains exactly as --model FILE.py:FUNCTION does, records the function's file,
     and its run resumes from the command line."""
