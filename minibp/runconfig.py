@@ -70,10 +70,12 @@ class CosineSchedule:
         return f"cosine:{self.peak / by:g}" + (f":warmup={self.warmup}" if self.warmup else "")
 
 
-def parse_schedule(text, *, iters):
-    """A schedule's text (--lr-schedule) -> StepSchedule or CosineSchedule (for a run of `iters` iterations),
-    or a ValueError that gives the syntax."""
+def parse_schedule(text, *, iters=None):
+    """A schedule's text (--lr-schedule) -> StepSchedule or CosineSchedule (for a run of `iters` iterations,
+    which a cosine needs), or a ValueError that gives the syntax."""
     if text.startswith("cosine:"):
+        if iters is None:
+            raise ValueError(f"a cosine schedule runs to the run's last iteration: give iters for {text!r}")
         return _cosine(text, iters)
     try:
         steps = sorted((int(it), float(lr)) for it, lr in (part.split(":") for part in text.split(",")))
@@ -85,6 +87,11 @@ def parse_schedule(text, *, iters):
     if repeated:
         raise ValueError(f"the schedule gives iteration {repeated[0]} more than one rate: {text!r}")
     return StepSchedule(tuple(steps))
+
+
+def learning_rate(schedule, iteration):
+    """schedule.rate(iteration), by the name bench/gradnoise.py calls it."""
+    return schedule.rate(iteration)
 
 
 def _cosine(text, iters):
