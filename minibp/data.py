@@ -104,7 +104,6 @@ def write(path, *, train, test, classes, name=None, class_names=None, attrs=None
             for split, (images, labels) in splits.items():
                 images, labels = np.ascontiguousarray(images), labels.astype(np.int64)
                 group = f.create_group(split)
-                # chunks of 256 images: reading a few batches does not decompress or read the whole split
                 group.create_dataset("images", data=images, chunks=(min(len(images), 256),) + images.shape[1:])
                 group.create_dataset("labels", data=labels)
                 group.attrs.update(split_checksums(images, labels))
