@@ -7,10 +7,13 @@
     python bench/accuracy.py --quick --data-dir DIR   # seconds: the CI check that the script runs
 
 A mode is a store as gradients.py names it: exact, naive, or k bits through a window ("4:range",
-"4:fixed"). Each mode and seed trains with python -m minibp.train into OUT/<data>-<model>-<mode>-seed<s>
-(resumable: an interrupted bench continues the runs it finds); the table prints each mode's final test
-accuracy per seed, their mean and spread (largest minus smallest), and the mean's difference to exact's.
-Data: python datasets/prepare.py fashion-mnist (or cifar10).
+"4:fixed"), rounded at random with a third part ("2:block:stochastic"). Each mode and seed trains with
+python -m minibp.train into OUT/<data>-<model>-<mode>-seed<s> (resumable: an interrupted bench continues
+the runs it finds); the table prints each mode's final test accuracy per seed, their mean, standard
+deviation and spread (largest minus smallest), and the mean's difference to exact's with a 95% interval
+(Student's t over the seeds' paired differences: a seed gives every mode the same initial weights and
+data order, so the pairs share most of a seed's luck).
+Data: python -m minibp.prepare fashion-mnist (or cifar10).
 """
 import argparse
 import json
@@ -24,6 +27,18 @@ from gradients import label, store_options
 from minibp import train
 
 DEFAULT_SCHEDULE = "0:0.02,50:0.1,400:0.01,650:0.001"  # warm-up, then steps at 1/2 and 13/16 of 800
+# Student's t at 97.5% for 1 to 30 degrees of freedom (a two-sided 95% interval), then the normal's 1.96.
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def interval(values):
+    """(mean, half-width of its 95% interval) of a sample; the half-width is nan for one value."""
+    values = np.asarray(values, np.float64)
+    if len(values) < 2:
+        return float(values.mean()), float("nan")
+    t = T_975[len(values) - 2] if len(values) - 1 <= len(T_975) else 1.96
+    return float(values.mean()), float(t * values.std(ddof=1) / np.sqrt(len(values)))
 MODES = "exact,4:fixed,4:range,4:block,2:fixed,2:range,2:block"
 
 
@@ -73,6 +88,7 @@ def main(argv=None):
                 argv = common + ["--overwrite",  # a run stopped before its first checkpoint starts again
                                  "--data", args.data, "--data-dir", args.data_dir, "--model", args.model,
                                  "--bits", store["bits"], "--window", store["window"], "--batch", str(args.batch),
+                                 *(["--rounding", store["rounding"]] if store["rounding"] != "nearest" else []),
                                  "--lr-schedule", args.lr_schedule, "--seed", str(seed),
                                  "--val-every", str(max(args.iters // 4, 1)),
                                  "--log-every", str(max(args.iters // 40, 1))]
@@ -85,16 +101,22 @@ def main(argv=None):
             accuracy[mode, seed] = last_validation(run)["accuracy"]
             if not finished:  # a run trained before and only resumed at its end says nothing of the time a run takes
                 minutes[mode, seed] = (time.perf_counter() - start) / 60
-    exact = np.mean([100 * accuracy["exact", s] for s in seeds]) if "exact" in modes else None
+    exact = np.array([100 * accuracy["exact", s] for s in seeds]) if "exact" in modes else None
     print(f"\n{args.model} on {args.data}, {args.iters} iterations at batch {args.batch}, seeds "
-          f"{', '.join(map(str, seeds))}: test accuracy (%)")
-    print(f"{'mode':>8}  " + "  ".join(f"{'seed ' + str(s):>7}" for s in seeds)
-          + f"  {'mean':>6}  {'spread':>6}  {'vs exact':>8}  {'minutes a run':>13}")
+          f"{', '.join(map(str, seeds))}: test accuracy (%); vs exact: the mean paired difference and its 95% interval")
+    print(f"{'mode':>11}  " + "  ".join(f"{'seed ' + str(s):>7}" for s in seeds)
+          + f"  {'mean':>6}  {'std':>5}  {'spread':>6}  {'vs exact':>16}  {'minutes a run':>13}")
     for mode in modes:
         values = np.array([100 * accuracy[mode, s] for s in seeds])
-        diff = f"{values.mean() - exact:+8.2f}" if exact is not None else f"{'-':>8}"
-        print(f"{label(mode):>8}  " + "  ".join(f"{v:7.2f}" for v in values)
-              + f"  {values.mean():6.2f}  {np.ptp(values):6.2f}  {diff}  {mean_minutes(minutes, mode, seeds):>13}")
+        if exact is not None and mode != "exact":
+            diff, half = interval(values - exact)
+            versus = f"{diff:+6.2f} +- {half:4.2f}" if half == half else f"{diff:+6.2f}"
+        else:
+            versus = "-"
+        std = values.std(ddof=1) if len(values) > 1 else float("nan")
+        print(f"{label(mode):>11}  " + "  ".join(f"{v:7.2f}" for v in values)
+              + f"  {values.mean():6.2f}  {std:5.2f}  {np.ptp(values):6.2f}  {versus:>16}  "
+              + f"{mean_minutes(minutes, mode, seeds):>13}")
     return 0
 
 

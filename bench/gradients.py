@@ -9,27 +9,32 @@ from pathlib import Path
 import numpy as np
 
 from minibp import backend, data, models
-from minibp.quant import DEFAULT_WINDOW, check_window, parse_bits
+from minibp.quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, check_rounding, check_window, parse_bits
 
 
 def store_options(mode):
-    """'4:range' -> dict(bits='4', window='range'); exact and naive have no window of their choosing."""
-    bits, _, window = str(mode).partition(":")
+    """'4:range' -> dict(bits='4', window='range', rounding='nearest'); '2:block:stochastic' rounds at random;
+    exact and naive have no window of their choosing."""
+    bits, window, rounding = (str(mode).split(":") + ["", ""])[:3]
     parse_bits(bits)
-    return dict(bits=bits, window=check_window(window or DEFAULT_WINDOW))
+    return dict(bits=bits, window=check_window(window or DEFAULT_WINDOW),
+                rounding=check_rounding(rounding or DEFAULT_ROUNDING))
 
 
 def label(mode):
-    """A mode as tables print it: 'exact', 'naive', '4 range'."""
+    """A mode as tables print it: 'exact', 'naive', '4 range', '2 block sr' (stochastic rounding)."""
     options = store_options(mode)
-    return options["bits"] if options["bits"] in ("exact", "naive") else f"{options['bits']} {options['window']}"
+    if options["bits"] in ("exact", "naive"):
+        return options["bits"]
+    return f"{options['bits']} {options['window']}" + (" sr" if options["rounding"] == "stochastic" else "")
 
 
 def line_style(mode):
-    """Plot style of a mode: a colour per store precision, a line style per window."""
+    """Plot style of a mode: a colour per store precision, a line style per window, dots for stochastic rounding."""
     options = store_options(mode)
     color = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}[options["bits"]]
-    return dict(color=color, ls={"fixed": ":", "range": "--", "block": "-"}[options["window"]])
+    style = dict(color=color, ls={"fixed": ":", "range": "--", "block": "-"}[options["window"]])
+    return style | (dict(marker="o", markersize=3, markevery=4) if options["rounding"] == "stochastic" else {})
 
 
 def sample_batch(data_name, data_dir, *, quick, batch, seed=0):

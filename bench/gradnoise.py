@@ -31,7 +31,7 @@ from gradients import compile_modes, copy_weights, label, line_style, out_path, 
 from minibp import data, quant
 from minibp.plot import legend_below, save
 from minibp.optim import SGD
-from minibp.runconfig import learning_rate, parse_schedule
+from minibp.runconfig import parse_schedule
 
 MODES = "8:fixed,8:range,8:block,4:fixed,4:range,4:block,2:fixed,2:range,2:block"
 
@@ -88,7 +88,7 @@ def main(argv=None):
     else:
         points = [int(p) for p in args.points.split(",")]
         split = data.load_split(data.dataset_path(args.data_dir, args.data), "train")
-    schedule = parse_schedule(args.lr_schedule)
+    schedule = parse_schedule(args.lr_schedule, iters=max(max(points), 1))
     mean = split.pixel_mean()
     shape = split.images.shape[1:]
     nets = compile_modes(args.model, ["exact"] + modes, input_shape=shape, classes=split.classes,
@@ -103,7 +103,7 @@ def main(argv=None):
             exact.zero_grad()
             exact.forward(*train_batches.next())
             exact.backward()
-            optimizer.step(lr=learning_rate(schedule, iteration))
+            optimizer.step(lr=schedule.rate(iteration))
             iteration += 1
         batches = [probe_batches.next() for _ in range(args.batches + 1)]
         reference = weight_gradients(exact, *batches[0])

@@ -59,11 +59,11 @@ def prepare_command(name, path):
 
 
 def missing_dataset_message(name, path):
-    how = prepare_command(name, path)
-    if name == "fashion-mnist":
-        how = ("apt-get install dataset-fashion-mnist   # Debian/Ubuntu; without it the next line downloads\n  "
-               + how)
-    return f"no {name} data at {path}. Get it with:\n  {how}"
+    """One line: what is missing and the command that prepares it."""
+    how = f"`{prepare_command(name, path)}`"
+    if name == "fashion-mnist":  # from the Debian package where it is installed, else downloaded
+        how += " (after apt-get install dataset-fashion-mnist on Debian/Ubuntu; without it, it downloads)"
+    return f"no {name} data at {path}: prepare it with {how}"
 
 
 def split_checksums(images, labels):

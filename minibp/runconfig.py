@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import data, models
-from .quant import BITS, DEFAULT_WINDOW, WINDOWS
+from .quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS
 
 REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
 # ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate
@@ -30,8 +30,8 @@ IMAGENET_SCHEDULE = "0:0.1,160000:0.01,320000:0.001,480000:0.0001"
 IMAGENET_DEFAULTS = dict(model="resnet152", data_dir="data/imagenet", batch=256, iters=640000, image_size=224,
                          lr_schedule=IMAGENET_SCHEDULE, weight_decay=1e-4, val_every=5000, checkpoint_every=1000)
 # Options that define a run: a resumed run must keep them. The others may change on resume.
-DEFINING = ("data", "model", "model_args", "bits", "window", "batch", "split", "seed", "momentum", "weight_decay",
-            "no_augment", "image_size")
+DEFINING = ("data", "model", "model_args", "bits", "window", "rounding", "batch", "split", "seed", "momentum",
+            "weight_decay", "no_augment", "image_size")
 CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph", "workers")
 
 
@@ -70,12 +70,10 @@ class CosineSchedule:
         return f"cosine:{self.peak / by:g}" + (f":warmup={self.warmup}" if self.warmup else "")
 
 
-def parse_schedule(text, *, iters=None):
+def parse_schedule(text, *, iters):
     """A schedule's text (--lr-schedule) -> StepSchedule or CosineSchedule (for a run of `iters` iterations,
     which a cosine needs), or a ValueError that gives the syntax."""
     if text.startswith("cosine:"):
-        if iters is None:
-            raise ValueError(f"a cosine schedule runs to the run's last iteration: give iters for {text!r}")
         return _cosine(text, iters)
     try:
         steps = sorted((int(it), float(lr)) for it, lr in (part.split(":") for part in text.split(",")))
@@ -87,11 +85,6 @@ def parse_schedule(text, *, iters=None):
     if repeated:
         raise ValueError(f"the schedule gives iteration {repeated[0]} more than one rate: {text!r}")
     return StepSchedule(tuple(steps))
-
-
-def learning_rate(schedule, iteration):
-    """schedule.rate(iteration), by the name bench/gradnoise.py calls it."""
-    return schedule.rate(iteration)
 
 
 def _cosine(text, iters):
@@ -143,8 +136,10 @@ def model_args(pairs):
 
 def describe_store(config):
     """The activation store in the words of every message: "bits 4 (block window)", "bits exact"."""
-    window = f" ({config['window']} window)" if config["bits"] not in ("exact", "naive") else ""
-    return f"bits {config['bits']}{window}"
+    if config["bits"] in ("exact", "naive"):
+        return f"bits {config['bits']}"
+    rounding = ", stochastic rounding" if config.get("rounding", DEFAULT_ROUNDING) == "stochastic" else ""
+    return f"bits {config['bits']} ({config['window']} window{rounding})"
 
 
 def build_parser(*, description=None, exit_on_error=True):
@@ -176,6 +171,9 @@ def build_parser(*, description=None, exit_on_error=True):
     g.add_argument("--window", choices=list(WINDOWS), default=DEFAULT_WINDOW,
                    help=f"the k-bit codes' window per channel: range (the batch's range of values), block (each "
                         f"256 pixels' range) or fixed (the paper's, +-3 sigma); default {DEFAULT_WINDOW}")
+    g.add_argument("--rounding", choices=list(ROUNDINGS), default=DEFAULT_ROUNDING,
+                   help="how a k-bit code rounds a value: nearest (its bin's midpoint; default) or stochastic (one "
+                        "of the two midpoints around it on its side of zero, at random, unbiased there)")
     g.add_argument("--batch", metavar="N", type=int, default=128, help="images a step (default 128; 256 on imagenet)")
     g.add_argument("--split", metavar="K", type=int, default=1,
                    help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
@@ -193,7 +191,7 @@ def build_parser(*, description=None, exit_on_error=True):
                    help="on the conv and FC weights (default 2e-4; 1e-4 on imagenet)")
     g = p.add_argument_group("run folder")
     g.add_argument("--out", metavar="DIR",
-                   help="run folder (default runs/<data>-<model>-<bits>[-<window>]-seed<seed>, the "
+                   help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>, the "
                         "window named when it is not the default)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (default off)")
     g.add_argument("--overwrite", action="store_true",
@@ -234,6 +232,9 @@ def check_config(config, *, ranks=1):
                          "share evenly: run it on a number of ranks that divides them")
     if config["iters"] < 1:
         raise ValueError("--iters must be positive")
+    if config.get("rounding") == "stochastic" and config["bits"] in ("exact", "naive"):
+        raise ValueError(f"--rounding stochastic rounds the codes of a k-bit store: --bits {config['bits']} has none "
+                         "to round (exact) or feeds them forward (naive)")
     for key in ("log_every", "val_every", "checkpoint_every"):
         if config[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be positive")
@@ -279,6 +280,7 @@ FIELDS = dict(data=(lambda v: v in data.DATASETS + ("imagenet",), "a data set's 
               model=_TEXT, model_args=(lambda v: isinstance(v, dict), "a JSON object"),
               bits=(lambda v: v in BITS, f"one of {', '.join(BITS)}"),
               window=(lambda v: v in WINDOWS, f"one of {', '.join(WINDOWS)}"),
+              rounding=(lambda v: v in ROUNDINGS, f"one of {', '.join(ROUNDINGS)}"),
               batch=(_whole(1), "a positive integer"), split=(_whole(1), "a positive integer"),
               iters=(_whole(1), "a positive integer"), seed=(_whole(0), "a non-negative integer"),
               lr_schedule=_TEXT, momentum=(_real(0), "a finite non-negative number"),
@@ -288,6 +290,7 @@ FIELDS = dict(data=(lambda v: v in data.DATASETS + ("imagenet",), "a data set's 
               image_size=(lambda v: v is None or _whole(1)(v), "a positive integer or null"),
               workers=(lambda v: v is None or _whole(1)(v), "a positive integer or null"))
 OPTIONAL = dict(window="fixed",  # runs from before the option coded through the paper's window
+                rounding="nearest",  # runs from before stochastic rounding
                 model_args={},  # runs from before your own nets: ResNets, which take none
                 graph=False, image_size=None, workers=None)
 

@@ -145,7 +145,7 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     model: a module-level function called as model(input_shape=..., classes=..., **model_args) that returns an
     uncompiled minibp.net.Net, defined in a file (a script's training code under `if __name__ == "__main__":`,
     since a resume and python3 -m minibp.evaluate import that file again); or a model spec as --model takes it
-    ("resnet20", "FILE.py:FUNCTION", "package.module:FUNCTION"). data: a data set datasets/prepare.py
+    ("resnet20", "FILE.py:FUNCTION", "package.module:FUNCTION"). data: a data set python -m minibp.prepare
     prepared ("fashion-mnist", "cifar10", ...) or "imagenet". out: the run folder. resume / overwrite: as
     --resume / --overwrite. model_args: the function's keyword arguments (numbers, strings, booleans, None, and
     lists and dicts of them: the checkpoint records them). options: any other option of the command line under
@@ -211,6 +211,7 @@ def _run(args, given, group=None, *, function=None, python=False):
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a run and --overwrite starts it again: give one")
     window = f"-{args.window}" if args.window != DEFAULT_WINDOW and args.bits not in ("exact", "naive") else ""
+    window += "-stochastic" if args.rounding == "stochastic" else ""
     out = Path(args.out or f"runs/{args.data}-{models.short_name(args.model)}-{args.bits}{window}-seed{args.seed}")
     ranks = group.size if group else 1
 
@@ -275,7 +276,8 @@ def _train(args, given, run, out, group=None, *, function=None, python=False):
     if saved is not None:
         saved.check_parameters(net, built)
     sub_batch = config["batch"] // config["split"]
-    compile_within_memory(net, batch=sub_batch, bits=config["bits"], window=config["window"], seed=config["seed"])
+    compile_within_memory(net, batch=sub_batch, bits=config["bits"], window=config["window"],
+                          rounding=config["rounding"], seed=config["seed"])
     opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
     step = TrainStep(net, opt, split=config["split"] // ranks, graph=config.get("graph", False), group=group)
     iteration = 0
@@ -393,7 +395,7 @@ def _train(args, given, run, out, group=None, *, function=None, python=False):
                 rows = group.share_of(config["batch"])
                 images, labels = images[rows], labels[rows]
             try:
-                step.run(images, labels, lr=lr)
+                step.run(images, labels, lr=lr, iteration=iteration)
             except FloatingPointError as e:
                 raise Diverged(diverged_message(f"at iteration {iteration + 1} ({e})")) from None
             iteration += 1

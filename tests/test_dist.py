@@ -53,7 +53,7 @@ def same_state(a, b):
 
 
 def without_timing(records):
-    return [{k: v for k, v in r.items() if k != "images_per_s"} for r in records]
+    return [{k: v for k, v in r.items() if k not in ("images_per_s", "time")} for r in records]
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +89,15 @@ def test_two_ranks_train_bit_for_bit_as_one_process_with_two_sub_batches(work):
     assert same_state(work / "one", work / "two")  # weights, momentum and every running statistic
     assert without_timing(read_metrics(work / "two")) == without_timing(read_metrics(work / "one"))
     assert sorted(p.name for p in (work / "two").iterdir()) == ["checkpoint.h5", "lock", "metrics.jsonl"]
+
+
+def test_two_ranks_round_at_random_as_one_process_with_two_sub_batches(work):
+    """Stochastic rounding: rank r's sub-batch draws as sub-batch r of one process (step.py numbers them)."""
+    assert train(options(work, "one-stochastic", split=2, rounding="stochastic")).returncode == 0
+    result = train(options(work, "two-stochastic", rounding="stochastic"), ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert same_state(work / "one-stochastic", work / "two-stochastic")
+    assert not same_state(work / "one", work / "one-stochastic")  # the draws reach the weights
 
 
 def test_a_checkpoint_resumes_on_the_other_number_of_ranks(work):

@@ -93,9 +93,11 @@ def test_every_store_trains_and_changes_only_what_it_should(tmp_path, data_dir):
     assert losses["8"][2] != losses["exact"][2] and losses["2"][2] != losses["8"][2]
 
 
-def test_resume_gives_bit_identical_weights(tmp_path, data_dir):
-    assert train.main(base_args(tmp_path, out="straight", iters=6)) == 0
-    assert train.main(base_args(tmp_path, out="resumed", iters=3)) == 0
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_resume_gives_bit_identical_weights(tmp_path, data_dir, rounding):
+    """Stochastic rounding too: its draws come from the seed, the iteration and the sub-batch (step.py)."""
+    assert train.main(base_args(tmp_path, out="straight", iters=6, rounding=rounding)) == 0
+    assert train.main(base_args(tmp_path, out="resumed", iters=3, rounding=rounding)) == 0
     assert train.main(["--out", str(tmp_path / "resumed"), "--resume", "--iters", "6"]) == 0
     a, b = checkpoint.load(tmp_path / "straight" / "checkpoint.h5"), checkpoint.load(tmp_path / "resumed" /
                                                                                       "checkpoint.h5")
