@@ -12,10 +12,10 @@ im2col + GEMM path (conv_direct.DIRECT_CONV off), which float64 takes on the CPU
 spin before its idle threads sleep (OPENBLAS_THREAD_TIMEOUT=28, its default), with minibp's (4: sleep at
 once, set in minibp/__init__.py), and with one BLAS thread.
 
---beside: the direct step alone, then while a second process trains the same net (as an evaluation run
-beside a trainer does), each with as many threads as there are cores. Shared evenly, the cores give
-each process half their time: a step about 2x as long, no worse (the kernels hand their blocks out
-dynamically: cpu_shim.h says why).
+--beside: each path's step alone, then while a second process trains the same net through the same
+path (as an evaluation beside a trainer does), each with as many threads as there are cores. Shared
+evenly, the cores give each process half their time: a step at most about 2x as long (less where a
+process alone leaves the cores idle part of the time).
 """
 import argparse
 import json
@@ -66,24 +66,32 @@ def run(name, steps, env=None):
     return statistics.median(json.loads(done.stdout.splitlines()[-1])["times"])
 
 
+BESIDE = ("direct", "im2col, OpenBLAS's spin", "im2col, minibp's setting")
+
+
 def beside(args):
     from speed import describe_machine
-    print(f"ResNet-20, batch 64, 4 bits, direct convolutions: {args.rounds} rounds of the step alone and beside a "
-          f"second process training the same net\n{describe_machine()}", flush=True)
-    alone, shared = [], []
+    print(f"ResNet-20, batch 64, 4 bits: {args.rounds} rounds of each path's step alone and beside a second "
+          f"process training the same net the same way\n{describe_machine()}", flush=True)
+    alone, shared = {name: [] for name in BESIDE}, {name: [] for name in BESIDE}
     for round_ in range(args.rounds):
-        alone.append(run("direct", args.steps))
-        neighbour = subprocess.Popen([sys.executable, __file__, "--child", "direct", "--forever"],
-                                     env={**os.environ, "MINIBP_DEVICE": "cpu"}, stdout=subprocess.DEVNULL)
-        try:
-            time.sleep(3)  # its warm-up done: it is training
-            shared.append(run("direct", args.steps))
-        finally:
-            neighbour.kill()
-            neighbour.wait()
-        print(f"  round {round_ + 1}: alone {alone[-1]:.3f}s  beside another {shared[-1]:.3f}s", flush=True)
-    a, b = statistics.median(alone), statistics.median(shared)
-    print(f"\nstep alone {a:.3f}s, beside another process {b:.3f}s: {b / a:.2f}x (an even share of the cores: 2x)")
+        for name in BESIDE:
+            env = {**os.environ, "MINIBP_DEVICE": "cpu", **CONFIGS[name][1]}
+            alone[name].append(run(name, args.steps, CONFIGS[name][1]))
+            neighbour = subprocess.Popen([sys.executable, __file__, "--child", name, "--forever"], env=env,
+                                         stdout=subprocess.DEVNULL)
+            try:
+                time.sleep(3)  # its warm-up done: it is training
+                shared[name].append(run(name, args.steps, CONFIGS[name][1]))
+            finally:
+                neighbour.kill()
+                neighbour.wait()
+        print(f"  round {round_ + 1}: " + "  ".join(f"{n} {alone[n][-1]:.3f}s alone, {shared[n][-1]:.3f}s beside"
+                                                  for n in BESIDE), flush=True)
+    print(f"\n{'':>26}  {'alone s':>7}  {'beside s':>8}  {'ratio':>5}   (an even share of the cores: at most 2x)")
+    for name in BESIDE:
+        a, b = statistics.median(alone[name]), statistics.median(shared[name])
+        print(f"{name:>26}  {a:7.3f}  {b:8.3f}  {b / a:5.2f}")
     return 0
 
 
