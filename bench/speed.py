@@ -14,6 +14,7 @@ set minibp's kernels and NumPy's BLAS were limited to, and the convolutions' pat
 width, or im2col + BLAS).
 """
 import argparse
+import collections
 import os
 import platform
 import statistics
@@ -115,6 +116,28 @@ def conv_seconds(net, iteration):
     return spent[0]
 
 
+def kernel_seconds(iteration, steps=2):
+    """{kernel name: seconds a step} over `steps` calls of iteration(): every kernel launch timed (the CPU
+    runs a launch to its end before returning; on the GPU each is synchronised)."""
+    spent = collections.Counter()
+    launch = kernels.Kernel.__call__
+
+    def timed(self, *args, **kwargs):
+        backend.synchronize()
+        start = time.perf_counter()
+        launch(self, *args, **kwargs)
+        backend.synchronize()
+        spent[self.name] += (time.perf_counter() - start) / steps
+
+    kernels.Kernel.__call__ = timed
+    try:
+        for _ in range(steps):
+            iteration()
+    finally:
+        kernels.Kernel.__call__ = launch
+    return spent
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet164")
@@ -125,6 +148,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cpu", choices=list(NARROWER_CPU), help="imitate a CPU of this narrower instruction "
                         "set (minibp's kernels and NumPy's BLAS limited to it)")
+    parser.add_argument("--kernels", action="store_true", help="also time every kernel of two more steps a mode "
+                        "and print where each mode's step differs from the first mode's")
     args = parser.parse_args(argv)
     limit_cpu(args.cpu)
     shape, classes = SHAPES[args.data]
@@ -172,6 +197,14 @@ def main(argv=None):
         print(f"{mode:>6}  {median:8.3f}  {min(times[mode]):7.3f}  {max(times[mode]):7.3f}  {median / base:9.3f}  "
               f"{in_convs[mode]:7.3f}  {flops / median / 1e9:20.1f}  {rate:8.1f}  {100 * rate / peak:8.0f}%")
     print(f"convolution work {flops / 1e9:.1f} GFLOP an iteration; float32 GEMM here: {peak:.1f} GFLOP/s")
+    if args.kernels:
+        spent = {mode: kernel_seconds(lambda: iteration(mode)) for mode in modes}
+        names = sorted(set().union(*spent.values()), key=lambda n: -spent[modes[0]].get(n, 0))
+        print(f"\nseconds a step in each kernel (2 steps a mode, each launch timed)\n{'kernel':>28}  "
+              + "  ".join(f"{m:>9}" for m in modes))
+        for name in names + ["all kernels"]:
+            row = [sum(spent[m].values()) if name == "all kernels" else spent[m].get(name, 0.0) for m in modes]
+            print(f"{name:>28}  " + "  ".join(f"{v:9.3f}" for v in row))
     return 0
 
 
