@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from minibp import backend, data, models
+from minibp.plot import store_style
 from minibp.quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, check_rounding, check_window, parse_bits
 
 
@@ -32,8 +33,7 @@ def label(mode):
 def line_style(mode):
     """Plot style of a mode: a colour per store precision, a line style per window, dots for stochastic rounding."""
     options = store_options(mode)
-    color = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}[options["bits"]]
-    style = dict(color=color, ls={"fixed": ":", "range": "--", "block": "-"}[options["window"]])
+    style = store_style(options["bits"], options["window"])
     return style | (dict(marker="o", markersize=3, markevery=4) if options["rounding"] == "stochastic" else {})
 
 
