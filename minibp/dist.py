@@ -241,4 +241,7 @@ class Group:
         mine = message if message.startswith(f"rank {self.rank}") else f"rank {self.rank}: {message}"
         print(f"error: {mine}", file=sys.stderr, flush=True)
         sys.stdout.flush()
+        # The launcher forwards a rank's output through a proxy that the abort kills: a moment first, or
+        # the line can be lost (seen once in CI: a stopped rank's job ended with no message).
+        time.sleep(0.5)
         self.comm.Abort(code)
