@@ -289,17 +289,21 @@ def cpu_target():
     return requested, targets[requested][1]
 
 
+# How every CPU build does its arithmetic. -fno-math-errno keeps floor inline, -fno-trapping-math lets
+# comparisons become selects (nothing here reads FP exception flags); -ffp-contract=off: no FMA
+# contraction, as --fmad=false on the GPU, so every kernel rounds like its NumPy reference (conv_direct.cu
+# alone fuses, by a pragma); no -ffast-math: kernels must see NaN and Inf.
+CPU_ARITHMETIC = ("-std=c++20", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
+
+
 def cpu_compile_command(real_name):
     compiler = os.environ.get("CXX", "g++")
-    # -fno-math-errno keeps floor inline, -fno-trapping-math lets comparisons become selects (nothing
-    # here reads FP exception flags); -ffp-contract=off: no FMA contraction, as --fmad=false on the
-    # GPU, so every kernel rounds like its NumPy reference; no -ffast-math: kernels must see NaN and Inf.
     # -frandom-seed: byte-identical builds, so processes that build the same library at once publish
     # the same bytes and its record matches whichever copy lands last. vect-max-version-for-alias-checks:
     # the batch-norm backward's loop over a row of codes reads six arrays and accumulates into two, which
     # takes 11 run-time alias checks; past g++'s default 10 the loop stays scalar (a 1.6x slower backward).
-    return [compiler, "-std=c++20", "-O3", *cpu_target()[1], "-fno-math-errno", "-fno-trapping-math",
-            "-ffp-contract=off", "--param=vect-max-version-for-alias-checks=16", "-fopenmp", "-fPIC",
+    return [compiler, *CPU_ARITHMETIC, "-O3", *cpu_target()[1], "--param=vect-max-version-for-alias-checks=16",
+            "-fopenmp", "-fPIC",
             "-fno-semantic-interposition", "-frandom-seed=minibp", "-shared", f"-Dreal_t={real_name}",
             f"-I{KERNEL_DIR}"]
 

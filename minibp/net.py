@@ -120,14 +120,14 @@ class Net(Chain):
         the classifier; cudnn_conv.py)."""
         if conv not in ("gemm", "cudnn"):
             raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
-        _, k, naive = parse_bits(bits)
+        name, k, naive = parse_bits(bits)
         if check_rounding(rounding) == "stochastic" and (k == 0 or naive):
             raise ValueError(f"stochastic rounding codes a k-bit store: bits {bits} has none to round (exact) or "
                              "feeds its codes forward (naive)")
         request = dict(batch=batch, bits=bits, window=window, training=training, input_grad=input_grad)
         plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
-        self.bits, self.k, self.naive = parse_bits(bits)
+        self.bits, self.k, self.naive = name, k, naive
         self.window = store_window(window, k=self.k, naive=self.naive)
         self.rounding, self.seed, self._draws, self.draw = rounding, seed, 0, None
         self.batch, self.training = positive_int(batch, "batch"), training

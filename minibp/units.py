@@ -139,7 +139,7 @@ class ConvUnit:
                                           extremes=extremes, windows=windows)
             # the store is written in training, and read forward by the naive net in evaluation too
             x_copy, codes = self._store(n, k=s.k) if s.train or s.naive else (None, None)
-            key = quant.rounding_key(*s.rounding_draw, self.index) if s.rounding_draw and s.train else None
+            key = quant.rounding_key(*s.rounding_draw, self.index) if s.rounding_draw else None
             layers.batchnorm_relu_forward(x, stats, self.p["beta"], a, bits=s.k if codes is not None else 0,
                                           naive=s.naive, x_copy=x_copy, codes=codes, windows=windows,
                                           rounding_key=key)

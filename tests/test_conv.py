@@ -229,9 +229,8 @@ def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
         pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64-static (apt-get install g++-aarch64-linux-gnu "
                     "qemu-user-static; .ci/run installs them)")
     flags = kernels.CPU_TARGETS["aarch64"]["neon"][1]
-    built = subprocess.run([compiler, "-std=c++20", "-O2", *flags, "-fno-math-errno", "-fno-trapping-math",
-                            "-ffp-contract=off", "-fopenmp", "-static", "-Dreal_t=float", f"-I{kernels.KERNEL_DIR}",
-                            str(ROOT / "tests" / "native" / "conv_direct_check.cpp"), "-o", str(tmp_path / "check")],
+    built = subprocess.run([compiler, *kernels.CPU_ARITHMETIC, "-O2", *flags, "-fopenmp", "-static",
+                            "-Dreal_t=float", f"-I{kernels.KERNEL_DIR}", str(ROOT / "tests" / "native" / "conv_direct_check.cpp"), "-o", str(tmp_path / "check")],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True, timeout=300)
