@@ -24,7 +24,8 @@ import time
 import numpy as np
 
 from gradients import store_options
-from minibp import backend, conv_direct, kernels, models
+from minibp import backend, kernels, models
+from minibp.layers import conv_direct
 from minibp.optim import SGD
 from minibp.plan import SHAPES
 

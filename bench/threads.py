@@ -35,7 +35,8 @@ CONFIGS = {  # name: (direct path, environment)
 
 def child(name, steps, *, forever=False):
     import numpy as np
-    from minibp import conv_direct, models
+    from minibp import models
+    from minibp.layers import conv_direct
     from minibp.optim import SGD
     conv_direct.DIRECT_CONV = CONFIGS[name][0]
     net = models.by_name("resnet20", input_shape=(32, 32, 3), classes=10).compile(batch=64, bits=4, seed=0)

@@ -1,5 +1,5 @@
 // Batch normalisation + ReLU of one unit, fused with writing (and reading) its activation store.
-// NumPy references: minibp/layers.py (batchnorm_relu_*_ref) and minibp/quant.py.
+// NumPy references: minibp/layers/bn.py (batchnorm_relu_*_ref) and minibp/quant.py.
 //
 // Activations are (rows, C), channels last. stats is the unit's (7, C) table, written by the
 // forward pass and read by the backward pass:
@@ -15,7 +15,7 @@
 // gridDim.x * blockDim.y, and lane l takes chunks l, l + lanes, ... The blockDim.x threads of a lane
 // share each of its rows: thread t takes the row's groups t, t + blockDim.x, ..., a group being one
 // channel in exact mode and one code byte (8/k channels) at k bits, so no two threads write one byte.
-// On the GPU (layers.py picks the shape by device) adjacent threads read adjacent addresses, and a
+// On the GPU (layers/launch.py picks the shape by device) adjacent threads read adjacent addresses, and a
 // thread decodes its code bytes in registers. On the CPU a block is one thread and takes one contiguous
 // run of rows; its loops over a row are the plain loops over channels, and it decodes a row's codes into
 // a local row of numbers first (for_codes), so that those loops vectorise.
@@ -153,7 +153,7 @@ __device__ void channel_sums_rows(long long rows, int C, int rows_per_chunk, boo
 
 // partial[0, chunk, c] = sum over the chunk's rows of x - shift, partial[1, chunk, c] of (x - shift)^2,
 // and with extremes partial[2, chunk, c], partial[3, chunk, c] the chunk's least and largest x (for the
-// range windows): partial is (2 or 4, chunks, C). With the shift near the mean (layers.py: the mean of
+// range windows): partial is (2 or 4, chunks, C). With the shift near the mean (layers/bn.py: the mean of
 // rows spread over the batch) one pass gives the variance without the cancellation of a large mean.
 extern "C" __global__ void channel_sums(long long rows, int C, int rows_per_chunk, int extremes,
                                         const real_t* __restrict__ x, const real_t* __restrict__ shift,

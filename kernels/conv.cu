@@ -1,5 +1,5 @@
 // NHWC convolution by im2col / col2im, with the GEMM itself through xp.matmul (BLAS / cuBLAS): the
-// reference path of Conv2D (minibp/layers.py), and the GPU's. NumPy references: layers.py (im2col_ref,
+// reference path of Conv2D (minibp/layers/conv.py), and the GPU's. NumPy references: layers/conv.py (im2col_ref,
 // col2im_ref). The CPU's float32 fast path, direct kernels with no col matrix, is kernels/conv_direct.cu.
 // x is (N, H, W, C); col is (N*Ho*Wo, kh*kw*C) with C fastest, matching weights (kh, kw, C, Cout)
 // reshaped to (kh*kw*C, Cout). pad_top/pad_left place the window; rows or columns outside x read 0.

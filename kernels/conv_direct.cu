@@ -1,4 +1,4 @@
-// NHWC direct convolutions, the CPU's float32 fast path (minibp/conv_direct.py chooses them): the
+// NHWC direct convolutions, the CPU's float32 fast path (minibp/layers/conv_direct.py chooses them): the
 // convolution (and its data gradient) and its weight gradient computed in place from x and dy, with no col
 // matrix. One source for every CPU: the float loops are written with GCC vector types whose width comes
 // from the instruction set the build targets (kernels.py's CPU target: 16 floats with AVX-512, 8 with

@@ -1,11 +1,11 @@
 // Max and average pooling over NHWC activations, and the reference's parameter-free shortcut
-// (average-pool by the stride, zero-pad the channels). NumPy references: minibp/layers.py.
+// (average-pool by the stride, zero-pad the channels). NumPy references: minibp/layers/pool.py.
 //
-// x is (N, H, W, C), y is (N, Ho, Wo, Cy). A k x k window at stride s starts at
+// x is (N, H, W, C), y is (N, Ho, Wo, Cy). A size x size region at stride s starts at
 // (oh * s - pad_top, ow * s - pad_left); taps outside x are skipped (max) or count as 0 (average,
-// which always divides by k*k).
+// which always divides by size*size).
 //
-// Layout as bn.cu's (common.cuh's ROW_LOOP; layers._launch picks the shape by device): a row per pixel a
+// Layout as bn.cu's (common.cuh's ROW_LOOP; layers/launch.py picks the shape by device): a row per pixel a
 // kernel writes. A thread takes its channels a tile at a time: one channel, t, t + blockDim.x, ..., where
 // threads share a row (the GPU: adjacent threads read adjacent addresses); a run of up to TILE_MAX channels in
 // a one-thread block (the CPU's launch), so that the loops over a tile are plain loops over consecutive
@@ -25,23 +25,23 @@
     for (int tile = blockDim.x == 1 ? TILE_MAX : 1, c0 = threadIdx.x * tile, m; \
          c0 < (C) && (m = min_int(tile, (C) - c0)) > 0; c0 += blockDim.x * tile)
 
-// The loops below read the kernels' parameters k, stride, H, W, Ho, Wo, pad_top and pad_left.
-// for (each tap (h, w) of the window at (h0, w0) that lies inside the H x W image), in scan order
+// The loops below read the kernels' parameters size, stride, H, W, Ho, Wo, pad_top and pad_left.
+// for (each tap (h, w) of the region at (h0, w0) that lies inside the H x W image), in scan order
 #define WINDOW_TAPS(h, w, h0, w0)                                 \
-    for (int h = (h0) > 0 ? (h0) : 0; h < (h0) + k && h < H; ++h) \
-        for (int w = (w0) > 0 ? (w0) : 0; w < (w0) + k && w < W; ++w)
+    for (int h = (h0) > 0 ? (h0) : 0; h < (h0) + size && h < H; ++h) \
+        for (int w = (w0) > 0 ? (w0) : 0; w < (w0) + size && w < W; ++w)
 
-// The first window (index along one axis) that covers padded position p: ceil((p - k + 1) / stride), >= 0.
-__device__ __forceinline__ int first_window(int p, int k, int stride) {
-    const int a = p - k + 1;
+// The first region (index along one axis) that covers padded position p: ceil((p - size + 1) / stride), >= 0.
+__device__ __forceinline__ int first_region(int p, int size, int stride) {
+    const int a = p - size + 1;
     return a > 0 ? (a + stride - 1) / stride : 0;
 }
 
-// for (each output window (oh, ow) that covers input pixel (h, w)), in scan order
+// for (each output region (oh, ow) that covers input pixel (h, w)), in scan order
 #define COVERING_WINDOWS(oh, ow, h, w)                                                                   \
-    for (int oh = first_window((h) + pad_top, k, stride), oh##_end = min_int(((h) + pad_top) / stride, Ho - 1); \
+    for (int oh = first_region((h) + pad_top, size, stride), oh##_end = min_int(((h) + pad_top) / stride, Ho - 1); \
          oh <= oh##_end; ++oh)                                                                                  \
-        for (int ow = first_window((w) + pad_left, k, stride),                                                  \
+        for (int ow = first_region((w) + pad_left, size, stride),                                                  \
                  ow##_end = min_int(((w) + pad_left) / stride, Wo - 1);                                         \
              ow <= ow##_end; ++ow)
 
@@ -51,8 +51,8 @@ __device__ __forceinline__ int first_window(int p, int k, int stride) {
               n = (int)((r) / ((long long)(cols) * (rows)))
 #define AT(n, i, j, rows, cols, channels) ((((long long)(n) * (rows) + (i)) * (cols) + (j)) * (channels))
 
-// The max over the window's valid taps, per channel; y is (N, Ho, Wo, C).
-extern "C" __global__ void maxpool_forward(int N, int H, int W, int C, int k, int stride, int pad_top, int pad_left,
+// The max over the region's valid taps, per channel; y is (N, Ho, Wo, C).
+extern "C" __global__ void maxpool_forward(int N, int H, int W, int C, int size, int stride, int pad_top, int pad_left,
                                            int Ho, int Wo, int rows_per_chunk, const real_t* __restrict__ x,
                                            real_t* __restrict__ y) {
     ROW_LOOP(r, (long long)N * Ho * Wo, rows_per_chunk) {
@@ -69,9 +69,9 @@ extern "C" __global__ void maxpool_forward(int N, int H, int W, int C, int k, in
     }
 }
 
-// dx[n, h, w, c] = sum of dy over the windows whose maximum (first in scan order) is at (h, w).
-// A gather, a row per input pixel: it re-finds the argmax of every window that covers it.
-extern "C" __global__ void maxpool_backward(int N, int H, int W, int C, int k, int stride, int pad_top, int pad_left,
+// dx[n, h, w, c] = sum of dy over the regions whose maximum (first in scan order) is at (h, w).
+// A gather, a row per input pixel: it re-finds the argmax of every region that covers it.
+extern "C" __global__ void maxpool_backward(int N, int H, int W, int C, int size, int stride, int pad_top, int pad_left,
                                             int Ho, int Wo, int rows_per_chunk, const real_t* __restrict__ x,
                                             const real_t* __restrict__ dy, real_t* __restrict__ dx) {
     ROW_LOOP(r, (long long)N * H * W, rows_per_chunk) {
@@ -100,16 +100,16 @@ extern "C" __global__ void maxpool_backward(int N, int H, int W, int C, int k, i
     }
 }
 
-// dst[t] = (or +=, by accumulate) sum[t] / k^2 for t < m.
-__device__ __forceinline__ void store_mean(real_t* __restrict__ dst, const real_t* __restrict__ sum, int m, int k,
+// dst[t] = (or +=, by accumulate) sum[t] / size^2 for t < m.
+__device__ __forceinline__ void store_mean(real_t* __restrict__ dst, const real_t* __restrict__ sum, int m, int size,
                                            int accumulate) {
-    const real_t inv_area = (real_t)1 / (real_t)(k * k);
+    const real_t inv_area = (real_t)1 / (real_t)(size * size);
     for (int t = 0; t < m; ++t) dst[t] = accumulate ? dst[t] + sum[t] * inv_area : sum[t] * inv_area;
 }
 
-// y[..., c] (= or +=, by accumulate) the k x k average of x for c < C; y[..., c >= C] = 0 (or unchanged
-// when accumulating). Cy >= C. With k = stride and accumulate = 1 this is the parameter-free shortcut.
-extern "C" __global__ void avgpool_forward(int N, int H, int W, int C, int k, int stride, int pad_top, int pad_left,
+// y[..., c] (= or +=, by accumulate) the size x size average of x for c < C; y[..., c >= C] = 0 (or unchanged
+// when accumulating). Cy >= C. With size = stride and accumulate = 1 this is the parameter-free shortcut.
+extern "C" __global__ void avgpool_forward(int N, int H, int W, int C, int size, int stride, int pad_top, int pad_left,
                                            int Ho, int Wo, int rows_per_chunk, int Cy, int accumulate,
                                            const real_t* __restrict__ x, real_t* __restrict__ y) {
     ROW_LOOP(r, (long long)N * Ho * Wo, rows_per_chunk) {
@@ -121,15 +121,15 @@ extern "C" __global__ void avgpool_forward(int N, int H, int W, int C, int k, in
                 const real_t* src = x + AT(n, h, w, H, W, C) + c0;
                 for (int t = 0; t < m; ++t) sum[t] += src[t];
             }
-            store_mean(y + r * Cy + c0, sum, m, k, accumulate);
+            store_mean(y + r * Cy + c0, sum, m, size, accumulate);
         }
         if (!accumulate)
             TILE_LOOP(c0, m, Cy - C) for (int t = 0; t < m; ++t) y[r * Cy + C + c0 + t] = 0;
     }
 }
 
-// The adjoint: dx[n, h, w, c] (= or +=) sum over the windows covering (h, w) of dy[..., c] / k^2, c < C.
-extern "C" __global__ void avgpool_backward(int N, int H, int W, int C, int k, int stride, int pad_top, int pad_left,
+// The adjoint: dx[n, h, w, c] (= or +=) sum over the regions covering (h, w) of dy[..., c] / size^2, c < C.
+extern "C" __global__ void avgpool_backward(int N, int H, int W, int C, int size, int stride, int pad_top, int pad_left,
                                             int Ho, int Wo, int rows_per_chunk, int Cy, int accumulate,
                                             const real_t* __restrict__ dy, real_t* __restrict__ dx) {
     ROW_LOOP(r, (long long)N * H * W, rows_per_chunk) {
@@ -141,7 +141,7 @@ extern "C" __global__ void avgpool_backward(int N, int H, int W, int C, int k, i
                 const real_t* src = dy + AT(n, oh, ow, Ho, Wo, Cy) + c0;
                 for (int t = 0; t < m; ++t) sum[t] += src[t];
             }
-            store_mean(dx + r * C + c0, sum, m, k, accumulate);
+            store_mean(dx + r * C + c0, sum, m, size, accumulate);
         }
     }
 }

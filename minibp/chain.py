@@ -1,12 +1,13 @@
 """Building a net's chain (net.py's Net is a Chain): units appended in order from the input to the
 classifier, each taking the shape the chain gives, and residual blocks wired into them.
 
-A residual block leaves one attribute on the units around it, which the schedule (Net._run and
-Net.backward) reads to keep the one outstanding residual in the `residual` buffer:
+A residual block sets one of the attributes every unit declares (units.py's Unit) on the units around it,
+which the schedule (Net._run and Net.backward) reads to keep the one outstanding residual in the `residual`
+buffer:
 
     first.saves_input       parameter-free shortcut: the block's first unit copies its input there
     after.shortcut          ... and the unit after the block adds it (a ParameterFreeShortcut) to its input
-    first.projection        projection shortcut: the first unit's strided 1x1 conv writes it there
+    first.add_projection()  projection shortcut: the first unit's strided 1x1 conv writes it there
     after.adds_projection   ... and the unit after the block adds it to its input
 """
 import contextlib
@@ -75,10 +76,7 @@ class Chain:
             raise ValueError("a residual block needs at least one unit")
         first = self.units[first_index]
         if shortcut == "projection":
-            H, Ho = first.conv_in_shape[0], self._shape[0]
-            if H % Ho:
-                raise ValueError(f"no projection maps {in_shape} to {self._shape} with an integer stride")
-            first.projection = layers.Conv2D(first.conv_in_shape, self._shape[2], kernel=1, stride=H // Ho)
+            first.add_projection(self._shape)
             self._pending = ("projection", None)
         else:
             self._pending = ("shortcut", layers.ParameterFreeShortcut(in_shape, self._shape))

@@ -21,13 +21,14 @@ ablation whose errors compound). docs/method.md derives all of it ("The schedule
 
 import numpy as np
 
-from . import backend, checks, cudnn_conv, layers
+from . import backend, checks, layers
 from . import params as table
 from .arena import Arena, Plan
 from .chain import Chain
 from .checks import positive_int
 from .params import key
-from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, check_rounding, parse_bits, store_window
+from .layers import conv_cudnn
+from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store
 from .units import Step
 
 
@@ -64,16 +65,16 @@ class Net(Chain):
     num_parameters = property(lambda self: sum(int(np.prod(p.shape)) for _, _, p in self.parameter_table()))
     num_decayed = property(lambda self: sum(int(np.prod(p.shape)) for _, _, p in self.parameter_table() if p.decayed))
 
-    def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, training=True, input_grad=False,
+    def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
              cudnn_workspace_bytes=None):
-        """The table of every buffer a step at this batch needs; allocates nothing. training=False: an
-        evaluation's (no stores, gradients or momentum). cudnn_workspace_bytes: the cuDNN path's."""
+        """The table of every buffer a step at this batch and store needs (store: a quant.Store, or the one
+        Store(bits, window) names); allocates nothing. training=False: an evaluation's (no stores, gradients
+        or momentum). cudnn_workspace_bytes: the cuDNN path's."""
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
-        _, k, naive = parse_bits(bits)
-        window = store_window(window, k=k, naive=naive)
+        store = _store(store, bits=bits, window=window)
         N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
-        checks.check_channels(units, k)
+        checks.check_channels(units, store.k)
         plan = Plan()
         plan.add("input", (N,) + self.input_shape, dtype, "input batch")
         plan.add("labels", (N,), np.int64, "input batch")
@@ -92,7 +93,7 @@ class Net(Chain):
         if training:
             plan.add("dlogits", (N, self.classes), dtype, "workspace")
         for u in units:
-            for own in u.own_buffers(N, k=k, window=window, store=training or naive):
+            for own in u.own_buffers(N, store=store, keep=training or store.naive):
                 plan.add(key(u.index, own.role), own.shape, own.dtype or dtype, own.category)
         S = sum(u.bn_channels for u in units)
         plan.add("running", (2, S), dtype, "batch-norm statistics")
@@ -105,38 +106,34 @@ class Net(Chain):
         if input_grad:
             plan.add("input_grad", (N,) + self.input_shape, dtype, "input gradient")
         if cudnn_workspace_bytes is not None:
-            cudnn_conv.plan_buffers(plan, self, workspace_bytes=cudnn_workspace_bytes)
+            conv_cudnn.plan_buffers(plan, self, workspace_bytes=cudnn_workspace_bytes)
         return plan
 
     # ------------------------------------------------------------------ allocation and state
 
-    def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, seed=0, training=True,
-                input_grad=False, conv="gemm"):
-        """Allocate the arena for a step at this batch and store; `window` is the k-bit codes' window
-        ("range", "block" or "fixed", quant.py; the naive ablation's is fixed), `rounding` how a value becomes
-        a code ("nearest" or "stochastic", quant.ROUNDINGS; stochastic draws from seed and forward()'s
-        draw). The first compile initialises the parameters (initialize(seed=...)); a later one keeps the
-        trained state. conv="gemm" (both devices) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but
-        the classifier; cudnn_conv.py)."""
+    def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, store=None, seed=0,
+                training=True, input_grad=False, conv="gemm"):
+        """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, or
+        by its three words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
+        "block" or "fixed"; the naive ablation's is fixed), and `rounding`, how a value becomes a code
+        ("nearest" or "stochastic"; stochastic draws from seed and forward()'s draw). The first compile
+        initialises the parameters (initialize(seed=...)); a later one keeps the trained state. conv="gemm"
+        (both devices) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier;
+        layers/conv_cudnn.py)."""
         if conv not in ("gemm", "cudnn"):
             raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
-        name, k, naive = parse_bits(bits)
-        if check_rounding(rounding) == "stochastic" and (k == 0 or naive):
-            raise ValueError(f"stochastic rounding codes a k-bit store: bits {bits} has none to round (exact) or "
-                             "feeds its codes forward (naive)")
-        request = dict(batch=batch, bits=bits, window=window, training=training, input_grad=input_grad)
+        store = _store(store, bits=bits, window=window, rounding=rounding)
+        request = dict(batch=batch, store=store, training=training, input_grad=input_grad)
         plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
-        self.bits, self.k, self.naive = name, k, naive
-        self.window = store_window(window, k=self.k, naive=self.naive)
-        self.rounding, self.seed, self._draws, self.draw = rounding, seed, 0, None
+        self.store, self.seed, self._draws, self.draw = store, seed, 0, None
         self.batch, self.training = positive_int(batch, "batch"), training
-        engines = cudnn_conv.net_graphs(self.units, batch=self.batch, dtype=self.dtype) if conv == "cudnn" else {}
+        engines = conv_cudnn.net_graphs(self.units, batch=self.batch, dtype=self.dtype) if conv == "cudnn" else {}
         if engines:
             plan = self.plan(**request, cudnn_workspace_bytes=max(g.workspace_bytes for g in engines.values()))
         self.arena = None  # the old arena goes before the new one comes
         self.arena = Arena(plan)
-        cudnn_conv.attach_engines(self.units, engines, self.arena)
+        conv_cudnn.attach_engines(self.units, engines, self.arena)
         self.param_views, self.grad_views = table.bind(self.units, self.arena)
         if kept is None:
             self.initialize(seed=seed)
@@ -182,7 +179,7 @@ class Net(Chain):
             raise RuntimeError("this net was compiled for evaluation (training=False): it cannot train")
         if sync:
             checks.check_labels(labels, images.shape[0], self.classes)
-        if train and self.rounding == "stochastic":
+        if train and self.store.stochastic:
             self.draw = self._draws if draw is None else checks.index(draw, "draw")
             self._draws = self.draw + 1
         xp, n = backend.xp, self._run(images, train=train)
@@ -213,7 +210,7 @@ class Net(Chain):
         n = images.shape[0]
         if not 1 <= n <= self.batch:
             raise ValueError(f"a batch of {n} images does not fit the {self.batch} the net was compiled for")
-        cudnn_conv.warn_on_other_batch(self.units, n)
+        conv_cudnn.warn_on_other_batch(self.units, n)
         xp, step = backend.xp, Step(self, n, train=train)
         if train:
             xp.copyto(self.arena["running_before"], self.arena["running"])
@@ -264,9 +261,19 @@ class Net(Chain):
         self._check_compiled()
         self.arena["grads"][...] = 0
 
+    window = property(lambda self: self.store.window)       # the compiled store's window ("fixed" for exact, naive)
     params = property(lambda self: self.arena["params"])   # (P,) flat, in parameter_table() order
     grads = property(lambda self: self.arena["grads"])     # (P,)
 
     def _check_compiled(self):
         if self.arena is None:
             raise RuntimeError("compile the net first: net.compile(batch=..., bits=...)")
+
+
+def _store(store, **words):
+    """The store plan() and compile() were given: `store` itself, or the quant.Store its words make."""
+    if store is None:
+        return Store(**words)
+    if not isinstance(store, Store):
+        raise TypeError(f"store must be a minibp.quant.Store, got {type(store).__name__}")
+    return store

@@ -1,6 +1,6 @@
 """The parameter table: every parameter of a net, named once, and the state built on it.
 
-Each unit declares its parameters by role (units.py's Param); `key(index, role)` names them
+Each unit declares its parameters by role (Param, below); `key(index, role)` names them
 ("unit3.w", "unit3.gamma", ...), and that name is what the plan's views, the gradients, the state and
 the checkpoints use. The table lays the parameters out in one flat vector, conv and FC weights first
 (so SGD decays exactly the first `num_decayed` entries), then BN gamma/beta and biases:
@@ -11,12 +11,38 @@ the checkpoints use. The table lays the parameters out in one flat vector, conv 
 A net's state is a dict of named host arrays: "params/<name>", "momentum/<name>" (a training net's)
 and "running/<unit>.bn" (2, C).
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import backend
 
 
-OWN_ROLES = ("store", "windows", "stats")  # the buffers a unit may own (units.py's Own)
+OWN_ROLES = ("store", "windows", "stats")  # the buffers a unit may own (Own)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A parameter a unit declares (units.py's parameters())."""
+    role: str
+    shape: tuple
+    decayed: bool     # weight decay applies (conv and FC weights)
+    init: str         # "he": N(0, 2/fan_in); "fan_in": N(0, 1/fan_in); "one"; "zero"
+
+
+@dataclass(frozen=True)
+class Own:
+    """A buffer a unit owns (units.py's own_buffers()): its role (one of OWN_ROLES), shape, dtype (None: the
+    net's) and the plan's category for it."""
+    role: str
+    shape: tuple
+    dtype: object
+    category: str
+
+
+def elements(n, shape):
+    """Values in a batch of n arrays of this shape."""
+    return n * int(np.prod(shape))
 
 
 def key(index, role):
@@ -48,13 +74,20 @@ def bind(units, arena):
         params[name] = by_unit[u.index][0][p.role] = arena["params"][where].reshape(p.shape)
         if "grads" in arena:
             grads[name] = by_unit[u.index][1][p.role] = arena["grads"][where].reshape(p.shape)
-    channel = 0
+    running = _running(units, arena)
     for u in units:
         own = {role: arena[key(u.index, role)] for role in OWN_ROLES if key(u.index, role) in arena}
-        C = u.bn_channels
-        u.bind(p=by_unit[u.index][0], g=by_unit[u.index][1], own=own, running=arena["running"][:, channel:channel + C])
-        channel += C
+        u.bind(p=by_unit[u.index][0], g=by_unit[u.index][1], own=own, running=running[u.index])
     return params, grads
+
+
+def _running(units, arena):
+    """{unit index: its (2, bn_channels) view of the running statistics}, the units' channels in order."""
+    views, channel = {}, 0
+    for u in units:
+        views[u.index] = arena["running"][:, channel:channel + u.bn_channels]
+        channel += u.bn_channels
+    return views
 
 
 def initialize(units, arena, *, seed, dtype):
@@ -82,7 +115,8 @@ def _state_views(units, arena):
         views["params/" + name] = arena["params"][where].reshape(p.shape)
         if "velocity" in arena:
             views["momentum/" + name] = arena["velocity"][where].reshape(p.shape)
-    views.update({"running/" + key(u.index, "bn"): u.running for u in units if u.bn_channels})
+    running = _running(units, arena)
+    views.update({"running/" + key(u.index, "bn"): running[u.index] for u in units if u.bn_channels})
     return views
 
 

@@ -40,6 +40,8 @@ The *_ref functions state this in plain NumPy float32, for readers and the tests
 (kernels/bn.cu) write and read the stores through the device functions of kernels/quant.cuh;
 quant_kernels.py runs the same functions on their own, for the tests and bench/quant.py.
 """
+from dataclasses import dataclass
+
 import numpy as np
 
 SUPPORTED_BITS = (2, 4, 8)
@@ -91,11 +93,45 @@ def check_window(window):
     return window
 
 
-def store_window(window, *, k, naive):
-    """The window a store codes through: `window` (checked) at k bits; exact mode codes nothing and the
-    naive ablation is the paper's, so both are "fixed"."""
-    check_window(window)
-    return window if k and not naive else "fixed"
+@dataclass(frozen=True)
+class Store:
+    """What each batch-norm unit keeps for its backward pass, decided once from the three words the API, the
+    CLI and checkpoints use, Store(bits, window, rounding), and read by everything after:
+
+        bits      "exact" (x itself), "8", "4", "2" (k-bit codes), "naive" (4-bit codes fed forward too)
+        window    the window the codes go through; exact codes nothing and naive is the paper's, so
+                  both are "fixed" whatever was asked
+        rounding  "nearest" or "stochastic" (k-bit stores only: exact has nothing to round, naive feeds
+                  its codes forward)
+    """
+    bits: str = "4"
+    window: str = DEFAULT_WINDOW
+    rounding: str = DEFAULT_ROUNDING
+
+    def __post_init__(self):
+        name, k, naive = parse_bits(self.bits)
+        check_window(self.window)
+        if check_rounding(self.rounding) == "stochastic" and (k == 0 or naive):
+            raise ValueError(f"stochastic rounding codes a k-bit store: bits {name} has none to round (exact) or "
+                             "feeds its codes forward (naive)")
+        object.__setattr__(self, "bits", name)  # 4 and "4" are one store
+        object.__setattr__(self, "window", self.window if k and not naive else "fixed")
+
+    k = property(lambda self: BITS[self.bits])                         # bits a value: 0 for exact
+    naive = property(lambda self: self.bits == "naive")
+    block = property(lambda self: self.window == "block")              # keeps (blocks, 3, C) windows of its own
+    stochastic = property(lambda self: self.rounding == "stochastic")
+
+    @property
+    def clip(self):
+        """The range or block window's clip, in standard deviations."""
+        return clip_of(self.window, self.k)
+
+    def __str__(self):
+        """The store in the words of every message: "bits 4 (block window)", "bits exact"."""
+        if not self.k or self.naive:
+            return f"bits {self.bits}"
+        return f"bits {self.bits} ({self.window} window{', stochastic rounding' if self.stochastic else ''})"
 
 
 def clip_of(window, bits):

@@ -45,7 +45,7 @@ class TrainStep:
             raise RuntimeError("TrainStep needs a net compiled for training")
         self.net, self.opt, self.split, self.group = net, opt, int(split), group
         self.graph = bool(graph) and backend.device == "gpu"  # the CPU fallback is eager execution
-        if self.graph and net.rounding == "stochastic":  # its draws are kernel arguments a graph would freeze
+        if self.graph and net.store.stochastic:  # its draws are kernel arguments a graph would freeze
             raise ValueError("stochastic rounding does not run in a CUDA graph yet: train without --graph")
         self.loss_scale = 1.0 / (self.split * (group.size if group else 1))
         self._last = (np.nan, np.nan)

@@ -15,44 +15,58 @@ backward(dy, dx, step) reads dy = dL/dout, accumulates its parameter gradients (
 dx = dL/dx (dx None: not wanted). `step` carries the batch size, the mode, and views of the shared
 buffers (Step.shared).
 """
-from dataclasses import dataclass
-
 import numpy as np
 
 from . import backend, layers, quant
+from .params import Own, Param, elements
 
 
-@dataclass(frozen=True)
-class Param:
-    role: str
-    shape: tuple
-    decayed: bool     # weight decay applies (conv and FC weights)
-    init: str         # "he": N(0, 2/fan_in); "fan_in": N(0, 1/fan_in); "one"; "zero"
+class Unit:
+    """What every unit has and does; the net (net.py, chain.py, params.py) reads nothing else of a unit.
+
+    Declared by the unit:
+        in_shape, out_shape       (H, W, C) of its input and output
+        is_classifier             it ends the net: its output is the logits
+        bn_channels               channels whose running statistics the net keeps for it (0: none)
+        parameters()              [Param]: its parameters by role
+        own_buffers(n, *, store, keep)   [Own]: its own buffers for a batch of n under the net's quant.Store;
+                                  keep=False (an evaluation): only what an evaluation needs
+        shared_sizes(n, *, training)     {shared buffer name: elements it uses} (net.py's SHARED)
+        bind(*, p, g, own, running)      its views: parameters and gradients by role, own buffers by role,
+                                  running (2, bn_channels)
+        forward(x, out, s), backward(dy, dx, s, *, residual_grad=None)
+    Set by the chain (chain.py) as it wires residual blocks:
+        index                     its place in the chain
+        saves_input               the first unit of a block: its input is copied to the residual buffer
+        shortcut                  the unit after a block adds the residual to its input through this
+                                  ParameterFreeShortcut (or None)
+        adds_projection           the unit after a block adds the projection its first unit wrote
+        convs()                   its Conv2D layers (the cuDNN path runs them: layers/conv_cudnn.py)
+    A unit that can start a projection block (ConvUnit) also implements add_projection().
+    """
+
+    is_classifier, bn_channels = False, 0
+    index, saves_input, shortcut, adds_projection = None, False, None, False
+
+    def add_projection(self, out_shape):
+        raise ValueError(f"a {type(self).__name__} cannot start a projection block: it has no conv input to project")
+
+    def convs(self):
+        return []
 
 
-@dataclass(frozen=True)
-class Own:
-    role: str
-    shape: tuple
-    dtype: object
-    category: str
-
-
-def elements(n, shape):
-    return n * int(np.prod(shape))
-
-
-class ConvUnit:
+class ConvUnit(Unit):
     """[x += residual] -> BN -> gamma/beta -> ReLU -> [pool] -> conv: the paper's unit.
 
-    Keeps for its backward pass only the store (the k-bit codes of v = xhat + b, or x itself in exact
-    mode) and the (7, C) statistics: mean, sigma, gamma clamped, b = beta/gamma, the code's window.
+    Keeps for its backward pass only what its BatchNormReLU layer owns: the store (the k-bit codes of
+    v = xhat + b, or x itself in exact mode), the block window's windows and the (7, C) statistics.
     batchnorm=False (the unit on the data) keeps nothing: it reads the net's input buffer again.
     """
 
     def __init__(self, in_shape, channels, *, kernel=3, stride=1, padding="same", pool=None, batchnorm=True,
                  bias=False):
-        self.in_shape, self.batchnorm = tuple(in_shape), batchnorm
+        self.in_shape = tuple(in_shape)
+        self.bn = layers.BatchNormReLU(self.in_shape) if batchnorm else None
         self.pool = {None: None, "max": lambda s: layers.MaxPool(s, kernel=3, stride=2, padding="same"),
                      "avg": lambda s: layers.AvgPool(s, kernel=2, stride=2),
                      "global": layers.GlobalAvgPool}[pool]
@@ -61,8 +75,22 @@ class ConvUnit:
         self.conv = layers.Conv2D(self.conv_in_shape, channels, kernel=kernel, stride=stride, padding=padding,
                                   bias=bias)
         self.out_shape = self.conv.out_shape
-        self.projection = None  # a Conv2D of the conv's input into the residual buffer (Net.residual)
+        self.projection = None  # a Conv2D of the conv's input into the residual buffer (add_projection)
         self.is_classifier = pool == "global"
+        self.bn_channels = self.in_shape[2] if batchnorm else 0
+
+    batchnorm = property(lambda self: self.bn is not None)
+
+    def add_projection(self, out_shape):
+        """This unit starts a projection block whose output is out_shape: a strided 1x1 conv of its conv's input
+        (pre-activated and pooled) writes the block's residual, which the unit after the block adds to its input."""
+        H, Ho = self.conv_in_shape[0], out_shape[0]
+        if H % Ho:
+            raise ValueError(f"no projection maps {self.in_shape} to {out_shape} with an integer stride")
+        self.projection = layers.Conv2D(self.conv_in_shape, out_shape[2], kernel=1, stride=H // Ho)
+
+    def convs(self):
+        return [self.conv] + ([self.projection] if self.projection is not None else [])
 
     # ------------------------------------------------------------------ declarations
 
@@ -70,36 +98,21 @@ class ConvUnit:
         params = [Param("w", self.conv.weight_shape, True, "fan_in" if self.is_classifier else "he")]
         if self.projection is not None:
             params.append(Param("projection", self.projection.weight_shape, True, "he"))
-        if self.batchnorm:
+        if self.bn is not None:
             C = self.in_shape[2]
             params += [Param("gamma", (C,), False, "one"), Param("beta", (C,), False, "zero")]
         if self.conv.has_bias:
             params.append(Param("bias", (self.conv.cout,), False, "zero"))
         return params
 
-    @property
-    def bn_channels(self):
-        """Channels whose running statistics the net keeps for this unit."""
-        return self.in_shape[2] if self.batchnorm else 0
-
-    def own_buffers(self, n, *, k, window, store):
-        """k = 0: exact store (x, float); k = 8, 4, 2: packed codes, and the block window's windows;
-        store=False (an evaluation): none. (dtype None: the net's.)"""
-        if not self.batchnorm:
-            return []
-        values, C = elements(n, self.in_shape), self.in_shape[2]
-        stores = [Own("store", (values,), None, "activation stores") if k == 0 else            # (N*H*W*C,) x
-                  Own("store", (values * k // 8,), np.uint8, "activation stores")]            # (N*H*W*C*k/8,)
-        if k and window == "block":
-            blocks = quant.blocks(elements(n, self.in_shape[:2]))
-            stores.append(Own("windows", (blocks, 3, C), None, "activation stores"))  # (ceil(N*H*W/256), 3, C)
-        stats = Own("stats", (layers.STATS_ROWS, C), None, "batch-norm statistics")  # (7, C)
-        return (stores if store else []) + [stats]
+    def own_buffers(self, n, *, store, keep):
+        """The BatchNormReLU layer's (layers/bn.py: the store, windows and statistics); none without it."""
+        return self.bn.own_buffers(n, store=store, keep=keep) if self.bn is not None else []
 
     def shared_sizes(self, n, *, training):
         """Elements of each shared buffer this unit uses."""
         sizes = {}
-        if self.batchnorm:
+        if self.bn is not None:
             rows, C = elements(n, self.in_shape[:2]), self.in_shape[2]
             sizes["a"] = elements(n, self.in_shape)
             if training:
@@ -116,33 +129,21 @@ class ConvUnit:
         return sizes
 
     def bind(self, *, p, g, own, running):
-        """The unit's views: parameters and gradients by role, own buffers by role, running (2, C)."""
-        self.p, self.g, self.own, self.running = p, g, own, running
+        self.p, self.g = p, g
+        if self.bn is not None:
+            self.bn.bind(own=own, running=running)
 
     # ------------------------------------------------------------------ forward
 
     def forward(self, x, out, s):
         """out = conv([pool](relu(bn(x)))); the store, the statistics and (training) the running ones."""
-        n = s.n
         a = x
-        if self.batchnorm:
+        if self.bn is not None:
             a = s.shared("a", self.in_shape)
-            stats = self.own["stats"]
-            window, extremes = s.window if s.train else "fixed", None  # evaluation codes only for the naive net
-            if s.train:
-                extremes = layers.batchnorm_statistics(x, stats, partial=s.shared("partial"), window=window)
-                self._update_running(stats, n, momentum=s.bn_momentum, deferred=s.deferred_running.get(self.index))
-            else:
-                stats[0], stats[1] = self.running[0], self.running[1]
-            windows = self._windows(n, window)
-            layers.batchnorm_coefficients(self.p["gamma"], self.p["beta"], stats, eps=s.eps, bits=s.k, window=window,
-                                          extremes=extremes, windows=windows)
-            # the store is written in training, and read forward by the naive net in evaluation too
-            x_copy, codes = self._store(n, k=s.k) if s.train or s.naive else (None, None)
             key = quant.rounding_key(*s.rounding_draw, self.index) if s.rounding_draw else None
-            layers.batchnorm_relu_forward(x, stats, self.p["beta"], a, bits=s.k if codes is not None else 0,
-                                          naive=s.naive, x_copy=x_copy, codes=codes, windows=windows,
-                                          rounding_key=key)
+            self.bn.forward(x, a, store=s.store, train=s.train, gamma=self.p["gamma"], beta=self.p["beta"], eps=s.eps,
+                            partial=s.shared("partial") if s.train else None, momentum=s.bn_momentum,
+                            deferred=s.deferred_running.get(self.index), rounding_key=key)
         if self.pool is not None:
             pooled = s.shared("pooled", self.conv_in_shape)
             self.pool.forward(a, pooled)
@@ -152,51 +153,24 @@ class ConvUnit:
             self.projection.forward(a, self.p["projection"], None, s.shared("residual", self.projection.out_shape),
                                     col=s.shared("col"))
 
-    def _update_running(self, stats, n, *, momentum, deferred=None):
-        """running = momentum * running + increment, the increment (1 - momentum) * (batch mean, unbiased
-        variance); deferred (2, C): the increment goes there and running stays (step.defer_running)."""
-        rows = n * self.in_shape[0] * self.in_shape[1]
-        increment = ((1 - momentum) * stats[0], (1 - momentum) * rows / max(rows - 1, 1) * stats[1])
-        for row in (0, 1):
-            if deferred is not None:
-                deferred[row] = increment[row]
-            else:
-                self.running[row] *= momentum
-                self.running[row] += increment[row]
-
-    def _store(self, n, *, k):
-        """(x_copy (n, H, W, C), None) in exact mode, (None, codes) at k bits: the store for a batch of n."""
-        store, values = self.own["store"], elements(n, self.in_shape)
-        if k == 0:
-            return store[:values].reshape((n,) + self.in_shape), None
-        return None, store[: values * k // 8]
-
-    def _windows(self, n, window):
-        """The block window's (blocks, 3, C) windows for a batch of n; None for the others (stats[4:7])."""
-        return self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2]))] if window == "block" else None
-
     # ------------------------------------------------------------------ backward
 
     def backward(self, dy, dx, s, *, residual_grad=None):
         """Gradients from dy; dx (may be None for the unit on the data) gets dL/dx [+ residual_grad]."""
-        n = s.n
-        if self.batchnorm:  # restore a~ (or recompute a exactly) from the store
-            x_copy, codes = self._store(n, k=s.k)
+        if self.bn is not None:  # restore a~ (or recompute a exactly) from the store
             a = s.shared("a", self.in_shape)
-            windows = self._windows(n, s.window)
-            layers.batchnorm_relu_restore(self.own["stats"], self.p["beta"], a, bits=s.k, x_copy=x_copy, codes=codes,
-                                          windows=windows)
+            self.bn.restore(a, store=s.store, beta=self.p["beta"])
         else:
             a = s.shared("input", self.in_shape)
         conv_in = a
         if self.pool is not None:
             conv_in = s.shared("pooled", self.conv_in_shape)
             self.pool.forward(a, conv_in)
-        needs_dx = self.batchnorm or dx is not None
+        needs_dx = self.bn is not None or dx is not None
         if self.pool is not None:
             dconv_in = s.shared("dpooled", self.conv_in_shape)
         else:
-            dconv_in = s.shared("da", self.in_shape) if self.batchnorm else dx
+            dconv_in = s.shared("da", self.in_shape) if self.bn is not None else dx
         col = s.shared("col")
         if self.projection is not None:  # the residual gradient waiting in the buffer came through it
             self.projection.backward(conv_in, self.p["projection"], s.shared("residual", self.projection.out_shape),
@@ -206,27 +180,23 @@ class ConvUnit:
         if not needs_dx:
             return
         if self.pool is not None:
-            da = s.shared("da", self.in_shape) if self.batchnorm else dx
+            da = s.shared("da", self.in_shape) if self.bn is not None else dx
             self.pool.backward(a, dconv_in, da)
         else:
             da = dconv_in
-        if self.batchnorm:
+        if self.bn is not None:
             C = self.in_shape[2]
-            layers.batchnorm_relu_backward(da, self.own["stats"], self.p["beta"], dx, bits=s.k, x_copy=x_copy,
-                                           codes=codes, windows=windows, dgamma=self.g["gamma"], dbeta=self.g["beta"],
-                                           partial=s.shared("partial"),
-                                           sums=s.shared("bn_sums")[: 2 * C].reshape(2, C),
-                                           residual_grad=residual_grad)
+            self.bn.backward(da, dx, store=s.store, beta=self.p["beta"], dgamma=self.g["gamma"], dbeta=self.g["beta"],
+                             partial=s.shared("partial"), sums=s.shared("bn_sums")[: 2 * C].reshape(2, C),
+                             residual_grad=residual_grad)
         elif residual_grad is not None:
             dx += residual_grad
 
 
-class ReluConvUnit:
+class ReluConvUnit(Unit):
     """ReLU -> conv + bias, with no batch norm. Without per-channel statistics there is no k-bit code
     for its input, so the unit keeps that input in full precision whatever the mode (a float store):
     a unit kind that costs memory, here to show that adding one touches this file only."""
-
-    is_classifier, pool, projection, batchnorm, bn_channels = False, None, None, False, 0
 
     def __init__(self, in_shape, channels, *, kernel=3, stride=1, padding="same"):
         self.in_shape = tuple(in_shape)
@@ -236,8 +206,11 @@ class ReluConvUnit:
     def parameters(self):
         return [Param("w", self.conv.weight_shape, True, "he"), Param("bias", (self.conv.cout,), False, "zero")]
 
-    def own_buffers(self, n, *, k, window, store):
-        return [Own("store", (elements(n, self.in_shape),), None, "activation stores")] if store else []  # x
+    def convs(self):
+        return [self.conv]
+
+    def own_buffers(self, n, *, store, keep):
+        return [Own("store", (elements(n, self.in_shape),), None, "activation stores")] if keep else []  # (N*H*W*C,) x
 
     def shared_sizes(self, n, *, training):
         size = elements(n, self.in_shape)
@@ -271,14 +244,13 @@ class ReluConvUnit:
 
 
 class Step:
-    """One call's view of the net for its units: batch n, the store's k and window, and the shared buffers."""
+    """One call's view of the net for its units: batch n, the net's store (quant.Store), and the shared buffers."""
 
     def __init__(self, net, n, *, train):
         self.net, self.n, self.train = net, n, train
-        self.k, self.naive, self.eps, self.bn_momentum = net.k, net.naive, net.eps, net.bn_momentum
-        self.window = net.window
+        self.store, self.eps, self.bn_momentum = net.store, net.eps, net.bn_momentum
         # stochastic rounding: (seed, draw) of this training forward pass, each unit's key from them and its index
-        self.rounding_draw = (net.seed, net.draw) if train and net.rounding == "stochastic" else None
+        self.rounding_draw = (net.seed, net.draw) if train and net.store.stochastic else None
         self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (step.defer_running)
 
     def shared(self, name, shape=None):

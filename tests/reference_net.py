@@ -27,15 +27,15 @@ def _pool(pool, a):
     if isinstance(pool, layers.GlobalAvgPool):
         return a.mean(axis=(1, 2), keepdims=True)
     kind = "max" if isinstance(pool, layers.MaxPool) else "avg"
-    return layers.pool_ref(a, pool.k, pool.stride, pool.pad_top, pool.pad_left, pool.Ho, pool.Wo, kind=kind)
+    return layers.pool_ref(a, pool.size, pool.stride, pool.pad_top, pool.pad_left, pool.Ho, pool.Wo, kind=kind)
 
 
 def _pool_backward(pool, a, dy):
     if isinstance(pool, layers.GlobalAvgPool):
         return np.broadcast_to(dy / (a.shape[1] * a.shape[2]), a.shape).copy()
     if isinstance(pool, layers.MaxPool):
-        return layers.maxpool_backward_ref(a, dy, pool.k, pool.stride, pool.pad_top, pool.pad_left)
-    return _avgpool_backward(pool.k, pool.stride, a.shape, dy)
+        return layers.maxpool_backward_ref(a, dy, pool.size, pool.stride, pool.pad_top, pool.pad_left)
+    return _avgpool_backward(pool.size, pool.stride, a.shape, dy)
 
 
 def _avgpool_backward(k, stride, x_shape, dy):

@@ -1,4 +1,4 @@
-"""The batch-norm kernels' launch layout (kernels/bn.cu, chosen by layers._launch): blocks walk chunks of rows,
+"""The batch-norm kernels' launch layout (kernels/bn.cu, chosen by layers.launch): blocks walk chunks of rows,
 the threads of a block walk a row's channels (exact mode) or code bytes (k bits).
 
 Any launch shape gives the same bytes: each element is computed by the same arithmetic whichever thread
@@ -33,7 +33,7 @@ def _case(rows, C, bits, *, window="fixed"):
                                   extremes=extremes, windows=windows)
     da, residual = rng.standard_normal((2, rows, C)).astype(np.float32)
     return dict(x=device(x), stats=stats, beta=device(beta), da=device(da), residual=device(residual),
-                **layers._window_args(stats, windows, rows))
+                **layers.bn._window_args(stats, windows, rows))
 
 
 def _empty(rows, C, bits):
@@ -86,14 +86,14 @@ def _gpu_launch(monkeypatch, rows, C, *, bits, rows_per_chunk=None):
     """The launch shape layers would choose on a GPU (only the choice: the kernels still run here)."""
     with monkeypatch.context() as m:
         m.setattr(backend, "device", "gpu")
-        return layers._launch(rows, C, bits=bits, rows_per_chunk=rows_per_chunk)
+        return layers.launch(rows, C, bits=bits, rows_per_chunk=rows_per_chunk)
 
 
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("rows,C", SHAPES)
 def test_every_launch_shape_gives_the_same_bytes(bits, rows, C):
     arrays = _case(rows, C, bits)
-    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))
+    want = _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits))
     assert not any(np.isnan(v).any() for k, v in want.items() if k != "store"), "a launch left outputs unwritten"
     for grid, block in LAUNCHES:
         for per_chunk in ROWS_PER_CHUNK:
@@ -108,7 +108,7 @@ def test_the_block_window_gives_the_same_bytes_for_every_launch_shape(bits):
     rows, C = 1000, 24
     arrays = _case(rows, C, bits, window="block")
     assert arrays["windows"].shape == (4, 3, C) and arrays["block_rows"] == quant.BLOCK_ROWS
-    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))
+    want = _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits))
     for grid, block in LAUNCHES:
         for per_chunk in ROWS_PER_CHUNK:
             got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=per_chunk))
@@ -123,8 +123,8 @@ def test_stochastic_codes_are_the_same_for_every_launch_shape(bits, window):
     GPU's launch shapes run through the shim here): 1000 rows, four block windows."""
     rows, C = 1000, 24
     arrays = _case(rows, C, bits, window=window)
-    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits), rounding_key=-77)
-    assert not np.array_equal(want["store"], _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))["store"])
+    want = _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits), rounding_key=-77)
+    assert not np.array_equal(want["store"], _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits))["store"])
     for grid, block in LAUNCHES:
         for per_chunk in ROWS_PER_CHUNK:
             got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=per_chunk),
@@ -136,7 +136,7 @@ def test_stochastic_codes_are_the_same_for_every_launch_shape(bits, window):
 def test_the_naive_forward_is_the_same_for_every_launch_shape(bits):
     rows, C = 5, 24
     arrays = _case(rows, C, bits)
-    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits), naive=True)
+    want = _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits), naive=True)
     assert np.array_equal(want["a"], want["restored"])  # a~ went forward
     for grid, block in LAUNCHES:
         got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=2), naive=True)
@@ -152,7 +152,7 @@ def test_a_nan_goes_forward_in_naive_mode_and_only_where_it_is(bits):
     x = host(arrays["x"]).copy()
     x[2, 5] = np.nan
     arrays["x"] = device(x)
-    for launch in (layers._launch(rows, C, bits=bits), dict(grid=(2,), block=(4, 2), rows_per_chunk=1)):
+    for launch in (layers.launch(rows, C, bits=bits), dict(grid=(2,), block=(4, 2), rows_per_chunk=1)):
         got = _run(arrays, rows, C, bits, launch=launch, naive=True)
         nan = np.isnan(got["a"])
         assert nan[2, 5] and nan.sum() == 1
@@ -162,12 +162,12 @@ def test_a_nan_goes_forward_in_naive_mode_and_only_where_it_is(bits):
 @pytest.mark.parametrize("bits,window", [(0, "fixed")] + [(b, w) for b in BITS if b for w in quant.WINDOWS])
 @pytest.mark.parametrize("rows,C", [(1, 8), (1000, 24), (5, 256)])
 def test_the_gpu_launch_shape_gives_the_same_bytes(monkeypatch, bits, rows, C, window):
-    """layers._launch's GPU shape: a row's groups across threadIdx.x (a power of two, adjacent threads on
+    """layers.launch's GPU shape: a row's groups across threadIdx.x (a power of two, adjacent threads on
     adjacent addresses), row lanes across threadIdx.y, 256 threads a block; run here through the shim.
     Exact mode (bits 0) codes nothing, so it runs once; the k-bit stores through every window (the block
     window's 1000 rows in four blocks, the last one short)."""
     arrays = _case(rows, C, bits, window=window)
-    want = _run(arrays, rows, C, bits, launch=layers._launch(rows, C, bits=bits))
+    want = _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits))
     launch = _gpu_launch(monkeypatch, rows, C, bits=bits)
     groups = C * bits // 8 if bits else C
     x, y = launch["block"]
@@ -187,7 +187,7 @@ def test_other_chunkings_of_a_reduction_differ_only_by_rounding(bits):
     1e-5 of that sum holds it with room and still catches a term counted twice or left out."""
     rows, C = 1000, 24
     arrays = _case(rows, C, bits)
-    launch = layers._launch(rows, C, bits=bits)
+    launch = layers.launch(rows, C, bits=bits)
     x, stats = host(arrays["x"]).astype(np.float64), host(arrays["stats"]).astype(np.float64)
     default = _run(arrays, rows, C, bits, launch=launch)
     if bits:  # xhat~ and the mask as the backward pass reads them from the codes

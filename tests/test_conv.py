@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minibp import backend, conv_direct, kernels, layers
+from minibp import backend, kernels, layers
+from minibp.layers import conv_direct
 from conftest import device, host
 
 ROOT = Path(__file__).resolve().parent.parent

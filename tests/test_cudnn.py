@@ -5,7 +5,7 @@ import json
 import pytest
 
 from minibp import models
-from minibp.cudnn_conv import ConvGraphs, krsc, nhwc
+from minibp.layers.conv_cudnn import ConvGraphs, krsc, nhwc
 from test_net import small_net
 
 pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed (.ci/run installs it)")

@@ -175,7 +175,7 @@ def test_pooling_kernels_equal_references(rng, cls, options, shape, dtype):
     y = device(np.zeros((2,) + pool.out_shape, dtype))
     pool.forward(device(x), y)
     kind = "max" if cls is layers.MaxPool else "avg"
-    want = layers.pool_ref(x, pool.k, pool.stride, pool.pad_top, pool.pad_left, pool.Ho, pool.Wo, kind=kind)
+    want = layers.pool_ref(x, pool.size, pool.stride, pool.pad_top, pool.pad_left, pool.Ho, pool.Wo, kind=kind)
     if kind == "max":
         assert np.array_equal(host(y), want)
     else:
@@ -184,10 +184,10 @@ def test_pooling_kernels_equal_references(rng, cls, options, shape, dtype):
     dx = device(np.zeros(x.shape, dtype))
     pool.backward(device(x), device(dy), dx)
     if kind == "max":
-        assert np.array_equal(host(dx), layers.maxpool_backward_ref(x, dy, pool.k, pool.stride, pool.pad_top,
+        assert np.array_equal(host(dx), layers.maxpool_backward_ref(x, dy, pool.size, pool.stride, pool.pad_top,
                                                                     pool.pad_left))
     else:  # each output's gradient spread evenly over its (valid, unpadded) window
-        k, s = pool.k, pool.stride
+        k, s = pool.size, pool.stride
         want_dx = np.zeros_like(x)
         for i in range(pool.Ho):
             for j in range(pool.Wo):

@@ -1,4 +1,4 @@
-"""The pooling kernels' launch layout (kernels/pool.cu, shape chosen by layers._launch): blocks walk chunks of
+"""The pooling kernels' launch layout (kernels/pool.cu, shape chosen by layers.launch): blocks walk chunks of
 pixels, the threads of a block walk a pixel's channels, a one-thread block (the CPU's) a run of channels at once.
 
 Any launch shape gives the same bytes, and those are the NumPy references' exactly: each value is computed
@@ -18,7 +18,7 @@ CASES = [(layers.MaxPool((7, 9, 5), kernel=3, stride=2, padding="same"), 3),
          (layers.AvgPool((8, 6, 131), kernel=2, stride=2, out_channels=262), 2),
          (layers.AvgPool((7, 5, 3), kernel=3, stride=1), 2),
          (layers.AvgPool((7, 9, 4), kernel=3, stride=2, padding="same"), 2)]
-IDS = [f"{type(p).__name__}{p.k}/{p.stride}-{p.H}x{p.W}x{p.C}" for p, _ in CASES]
+IDS = [f"{type(p).__name__}{p.size}/{p.stride}-{p.H}x{p.W}x{p.C}" for p, _ in CASES]
 # (grid, block): one thread a block (the CPU's), threads sharing a pixel's channels, 2-D blocks with pixel lanes
 LAUNCHES = [((g,), b) for g in (1, 3, 5000) for b in ((1,), (7,), (32,), (256,), (8, 4), (3, 5))]
 ROWS_PER_CHUNK = (1, 3, 1000)
@@ -88,11 +88,11 @@ def _references(pool, a):
     """The NumPy references of every call, in float32, summing taps and windows in scan order as the kernels do."""
     x, dy = a["x"], a["dy"]
     if isinstance(pool, layers.MaxPool):
-        return {"forward": layers.pool_ref(x, pool.k, pool.stride, pool.pad_top, pool.pad_left, pool.Ho, pool.Wo,
+        return {"forward": layers.pool_ref(x, pool.size, pool.stride, pool.pad_top, pool.pad_left, pool.Ho, pool.Wo,
                                            kind="max"),
-                "backward": layers.maxpool_backward_ref(x, dy, pool.k, pool.stride, pool.pad_top, pool.pad_left)}
-    C, inv_area = pool.C, np.float32(1) / np.float32(pool.k * pool.k)
-    pooled = layers.pool_ref(x, pool.k, pool.stride, pool.pad_top, pool.pad_left, pool.Ho, pool.Wo, kind="avg")
+                "backward": layers.maxpool_backward_ref(x, dy, pool.size, pool.stride, pool.pad_top, pool.pad_left)}
+    C, inv_area = pool.C, np.float32(1) / np.float32(pool.size * pool.size)
+    pooled = layers.pool_ref(x, pool.size, pool.stride, pool.pad_top, pool.pad_left, pool.Ho, pool.Wo, kind="avg")
     y = np.zeros_like(a["y_base"])
     y[..., :C] = pooled
     y_acc = a["y_base"].copy()
@@ -101,7 +101,7 @@ def _references(pool, a):
     for oh in range(pool.Ho):
         for ow in range(pool.Wo):
             h0, w0 = oh * pool.stride - pool.pad_top, ow * pool.stride - pool.pad_left
-            window_sums[:, max(h0, 0):h0 + pool.k, max(w0, 0):w0 + pool.k] += dy[:, oh:oh + 1, ow:ow + 1, :C]
+            window_sums[:, max(h0, 0):h0 + pool.size, max(w0, 0):w0 + pool.size] += dy[:, oh:oh + 1, ow:ow + 1, :C]
     dx = window_sums * inv_area
     return {"forward": y, "forward+=": y_acc, "backward": dx, "backward+=": a["dx_base"] + dx}
 
@@ -128,7 +128,7 @@ def test_the_pools_launch_as_layers_launch_says(monkeypatch, pool, n, device_nam
     threadIdx.x. The GPU's shapes run here through the shim (only the choice is the GPU's): the same bytes."""
     a = _arrays(pool, n)
     want = _host(_through_layers(pool, a))
-    launches, load = [], layers._k
+    launches, load = [], kernels.load
 
     class Recorder:  # a kernel module that records each call's arguments
         def __init__(self, module):
@@ -141,11 +141,11 @@ def test_the_pools_launch_as_layers_launch_says(monkeypatch, pool, n, device_nam
             return call
 
     load("pool.cu", np.float32)  # built for this machine before backend.device reads "gpu"
-    monkeypatch.setattr(layers, "_k", lambda filename, dtype: Recorder(load(filename, dtype)))
+    monkeypatch.setattr(kernels, "load", lambda filename, dtype: Recorder(load(filename, dtype)))
     with monkeypatch.context() as m:
         m.setattr(backend, "device", device_name)
         got = _through_layers(pool, a)
-        shapes = [layers._launch(args["N"] * (args["Ho"] * args["Wo"] if name.endswith("forward") else
+        shapes = [layers.launch(args["N"] * (args["Ho"] * args["Wo"] if name.endswith("forward") else
                                               args["H"] * args["W"]), pool.C) for name, args in launches]
     assert len(launches) == len(want)
     for (name, arguments), shape in zip(launches, shapes):

@@ -19,7 +19,7 @@ import warnings
 
 import numpy as np
 
-from . import backend
+from .. import backend
 
 
 def import_cudnn():
@@ -148,7 +148,7 @@ def net_graphs(units, *, batch, dtype):
     projections, at the compiled batch (GPU, float32)."""
     if dtype != np.float32:
         raise ValueError("the cuDNN path is float32 only")
-    convs = [u.conv for u in units if not u.is_classifier] + [u.projection for u in units if u.projection]
+    convs = [c for u in units if not u.is_classifier for c in u.convs()]
     return build_graphs(convs, batch=batch)
 
 
@@ -163,7 +163,7 @@ def plan_buffers(plan, net, *, workspace_bytes):
 def attach_engines(units, graphs, arena):
     """Every conv of the units back on the GEMM path, then the ones with graphs onto cuDNN, with the arena's
     workspace."""
-    for conv in [c for u in units for c in (u.conv, u.projection) if c]:
+    for conv in [c for u in units for c in u.convs()]:
         conv.engine = None
     for conv, g in graphs.items():
         conv.engine = CudnnEngine(g, workspace=arena["cudnn_workspace"], dw_scratch=arena["cudnn_dw"])

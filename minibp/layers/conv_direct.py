@@ -1,18 +1,18 @@
 """The CPU's fast path for float32 convolutions: kernels/conv_direct.cu, not part of the method.
 
-On the CPU, Conv2D (layers.py) hands its float32 convolutions here: conv_direct and conv_weight_grad read
+On the CPU, Conv2D (conv.py) hands its float32 convolutions here: conv_direct and conv_weight_grad read
 x and dy in place (the data gradient is conv_direct of dy, dilated by the stride, with the flipped kernel),
 with no im2col matrix and no BLAS. Why not BLAS: OpenBLAS's threads spin for a while after each GEMM and
 take the cores from the OpenMP kernels that run between (measured 2x slower kernels after a GEMM, 2
 cores). One source serves every CPU: its vectors are as wide as the build's CPU target (kernels.py:
 AVX-512, AVX2, SSE or NEON), and geometry() reads the tile sizes the build chose. The results agree with
-the im2col path (layers.py) to float32 rounding; tests/test_conv.py checks both.
+the im2col path (conv.py) to float32 rounding; tests/test_conv.py checks both.
 """
 import functools
 
 import numpy as np
 
-from . import backend, kernels
+from .. import backend, kernels
 
 GRAD_CHUNK_ELEMENTS = 1 << 18  # values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
 
