@@ -28,13 +28,36 @@
 #define SIGMA(c) stats[C + (c)]
 #define GAMMA(c) stats[2 * C + (c)]
 #define B(c) stats[3 * C + (c)]
-// A k-bit code's window: win is the (3, C) window of the row's block (windows below).
+// A k-bit code's window: win is the (3, C) window of the row's block (UnitStore::window).
 #define SHIFT(c) win[(c)]
 #define BELOW(c) win[C + (c)]
 #define ABOVE(c) win[2 * C + (c)]
-// The window of row r: windows is (blocks, 3, C), a window per channel for each block of block_rows rows.
-// (One block, the fixed and range windows', costs no division.)
-#define ROW_WINDOW(r) (!BITS ? nullptr : block_rows >= rows ? windows : windows + (r) / block_rows * 3 * C)
+
+// A unit's store as its kernels read it, built once by each kernel from its arguments: the (7, C) stats and
+// beta, and x itself (x_copy, bits = 0) or the codes of v = xhat + b (bits > 0) through windows (blocks, 3, C),
+// a window per channel for each block of block_rows rows. The row functions below take a row's parts.
+struct UnitStore {
+    long long rows;
+    int C, bits;
+    const real_t* stats;
+    const real_t* beta;
+    const real_t* windows;
+    long long block_rows;
+    real_t* x_copy;        // (rows, C), exact mode
+    unsigned char* codes;  // (rows * C * bits / 8,), k bits
+
+    // Row r's window (one block, the fixed and range windows', costs no division).
+    template <int BITS>
+    __device__ __forceinline__ const real_t* window(long long r) const {
+        return !BITS ? nullptr : block_rows >= rows ? windows : windows + r / block_rows * 3 * C;
+    }
+    template <int BITS>
+    __device__ __forceinline__ real_t* x_row(long long r) const { return BITS || !x_copy ? nullptr : x_copy + r * C; }
+    template <int BITS>
+    __device__ __forceinline__ unsigned char* codes_row(long long r) const {
+        return BITS ? codes + r * C * BITS / 8 : nullptr;
+    }
+};
 
 // The loops over a row's groups and channels that are this thread's. STEP is a template parameter of
 // the functions below: 1 when a block has one thread (the CPU's launch), so that g++ sees a unit step
@@ -244,14 +267,11 @@ __device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, 
 }
 
 template <int BITS, int STEP>
-__device__ void forward_rows(long long rows, int C, int rows_per_chunk, bool naive, bool stochastic,
-                             long long rounding_key, const real_t* x, const real_t* stats, const real_t* windows,
-                             long long block_rows, const real_t* beta, real_t* a, real_t* x_copy,
-                             unsigned char* codes) {
-    ROW_LOOP(r, rows, rows_per_chunk)
-        forward_row<BITS, STEP>(C, naive, stochastic, stochastic ? quant_row_hash(rounding_key, r) : 0u, x + r * C,
-                                stats, ROW_WINDOW(r), beta, a + r * C, x_copy ? x_copy + r * C : nullptr,
-                                BITS ? codes + r * C * BITS / 8 : nullptr);
+__device__ void forward_rows(const UnitStore& s, int rows_per_chunk, bool naive, bool stochastic,
+                             long long rounding_key, const real_t* x, real_t* a) {
+    ROW_LOOP(r, s.rows, rows_per_chunk)
+        forward_row<BITS, STEP>(s.C, naive, stochastic, stochastic ? quant_row_hash(rounding_key, r) : 0u, x + r * s.C,
+                                s.stats, s.window<BITS>(r), s.beta, a + r * s.C, s.x_row<BITS>(r), s.codes_row<BITS>(r));
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
@@ -265,8 +285,8 @@ extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int row
                                                   const real_t* __restrict__ windows, long long block_rows,
                                                   const real_t* __restrict__ beta, real_t* __restrict__ a,
                                                   real_t* __restrict__ x_copy, unsigned char* __restrict__ codes) {
-    DISPATCH(bits, forward_rows, rows, C, rows_per_chunk, naive != 0, stochastic != 0, rounding_key, x, stats,
-             windows, block_rows, beta, a, x_copy, codes);
+    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, x_copy, codes};
+    DISPATCH(bits, forward_rows, s, rows_per_chunk, naive != 0, stochastic != 0, rounding_key, x, a);
 }
 
 // ----------------------------------------------------------------------------- backward
@@ -286,12 +306,10 @@ __device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_
 }
 
 template <int BITS, int STEP>
-__device__ void restore_rows(long long rows, int C, int rows_per_chunk, const real_t* x_copy,
-                             const unsigned char* codes, const real_t* stats, const real_t* windows,
-                             long long block_rows, const real_t* beta, real_t* a) {
-    ROW_LOOP(r, rows, rows_per_chunk)
-        restore_row<BITS, STEP>(C, BITS ? nullptr : x_copy + r * C, BITS ? codes + r * C * BITS / 8 : nullptr,
-                                stats, ROW_WINDOW(r), beta, a + r * C);
+__device__ void restore_rows(const UnitStore& s, int rows_per_chunk, real_t* a) {
+    ROW_LOOP(r, s.rows, rows_per_chunk)
+        restore_row<BITS, STEP>(s.C, s.x_row<BITS>(r), s.codes_row<BITS>(r), s.stats, s.window<BITS>(r), s.beta,
+                                a + r * s.C);
 }
 
 // Recompute a (exact mode) or restore a~ = relu(gamma_c * vhat) (k-bit) from the store. a is (rows, C).
@@ -301,7 +319,9 @@ extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int row
                                                   const real_t* __restrict__ stats,
                                                   const real_t* __restrict__ windows, long long block_rows,
                                                   const real_t* __restrict__ beta, real_t* __restrict__ a) {
-    DISPATCH(bits, restore_rows, rows, C, rows_per_chunk, x_copy, codes, stats, windows, block_rows, beta, a);
+    // (a store the kernels below only read: the casts let it share UnitStore with the forward pass's)
+    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, (real_t*)x_copy, (unsigned char*)codes};
+    DISPATCH(bits, restore_rows, s, rows_per_chunk, a);
 }
 
 // dbeta_c += dy, dgamma_c += dy * xhat~ over one row, dy = da * mask (the mask as a factor, as the reference).
@@ -330,19 +350,17 @@ __device__ __forceinline__ void backward_sums_row(int C, const real_t* __restric
 }
 
 template <int BITS, int STEP>
-__device__ void backward_sums_rows(long long rows, int C, int rows_per_chunk, const real_t* da, const real_t* x_copy,
-                                   const unsigned char* codes, const real_t* stats, const real_t* windows,
-                                   long long block_rows, const real_t* beta, real_t* partial) {
+__device__ void backward_sums_rows(const UnitStore& s, int rows_per_chunk, const real_t* da, real_t* partial) {
     constexpr int PER = group_size<BITS>();
-    const long long chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+    const int C = s.C;
+    const long long chunks = (s.rows + rows_per_chunk - 1) / rows_per_chunk;
     CHUNK_LOOP(chunk, chunks) {
         real_t* dbeta = partial + chunk * C;
         real_t* dgamma = partial + (chunks + chunk) * C;
         CHANNEL_LOOP(c, C) dbeta[c] = dgamma[c] = 0;  // this thread's channels, as below
-        CHUNK_ROWS(r, chunk, rows, rows_per_chunk)
-            backward_sums_row<BITS, STEP>(C, da + r * C, BITS ? nullptr : x_copy + r * C,
-                                          BITS ? codes + r * C * BITS / 8 : nullptr, stats, ROW_WINDOW(r), beta, dbeta,
-                                          dgamma);
+        CHUNK_ROWS(r, chunk, s.rows, rows_per_chunk)
+            backward_sums_row<BITS, STEP>(C, da + r * C, s.x_row<BITS>(r), s.codes_row<BITS>(r), s.stats,
+                                          s.window<BITS>(r), s.beta, dbeta, dgamma);
     }
 }
 
@@ -355,8 +373,8 @@ extern "C" __global__ void batchnorm_relu_backward_sums(long long rows, int C, i
                                                         const real_t* __restrict__ stats,
                                                         const real_t* __restrict__ windows, long long block_rows,
                                                         const real_t* __restrict__ beta, real_t* __restrict__ partial) {
-    DISPATCH(bits, backward_sums_rows, rows, C, rows_per_chunk, da, x_copy, codes, stats, windows, block_rows, beta,
-             partial);
+    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, (real_t*)x_copy, (unsigned char*)codes};
+    DISPATCH(bits, backward_sums_rows, s, rows_per_chunk, da, partial);
 }
 
 // dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) of one row [+ residual_grad].
@@ -386,15 +404,13 @@ __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict_
 }
 
 template <int BITS, int STEP>
-__device__ void backward_dx_rows(long long rows, int C, int rows_per_chunk, const real_t* da, const real_t* x_copy,
-                                 const unsigned char* codes, const real_t* stats, const real_t* windows,
-                                 long long block_rows, const real_t* beta, const real_t* sums, real_t inv_count,
-                                 const real_t* residual_grad, real_t* dx) {
-    ROW_LOOP(r, rows, rows_per_chunk)
-        backward_dx_row<BITS, STEP>(C, da + r * C, BITS ? nullptr : x_copy + r * C,
-                                    BITS ? codes + r * C * BITS / 8 : nullptr, stats, ROW_WINDOW(r), beta, sums,
-                                    inv_count,
-                                    residual_grad ? residual_grad + r * C : nullptr, dx + r * C);
+__device__ void backward_dx_rows(const UnitStore& s, int rows_per_chunk, const real_t* da, const real_t* sums,
+                                 real_t inv_count, const real_t* residual_grad, real_t* dx) {
+    const int C = s.C;
+    ROW_LOOP(r, s.rows, rows_per_chunk)
+        backward_dx_row<BITS, STEP>(C, da + r * C, s.x_row<BITS>(r), s.codes_row<BITS>(r), s.stats, s.window<BITS>(r),
+                                    s.beta, sums, inv_count, residual_grad ? residual_grad + r * C : nullptr,
+                                    dx + r * C);
 }
 
 // dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) [+ residual_grad, the residual gradient
@@ -408,6 +424,6 @@ extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int
                                                       const real_t* __restrict__ sums, real_t inv_count,
                                                       const real_t* __restrict__ residual_grad,
                                                       real_t* __restrict__ dx) {
-    DISPATCH(bits, backward_dx_rows, rows, C, rows_per_chunk, da, x_copy, codes, stats, windows, block_rows, beta,
-             sums, inv_count, residual_grad, dx);
+    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, (real_t*)x_copy, (unsigned char*)codes};
+    DISPATCH(bits, backward_dx_rows, s, rows_per_chunk, da, sums, inv_count, residual_grad, dx);
 }
