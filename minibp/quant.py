@@ -57,14 +57,14 @@ DEFAULT_WINDOW = "block"
 ROUNDINGS = ("nearest", "stochastic")
 DEFAULT_ROUNDING = "nearest"
 # The range and the block window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
-# (README, RQ4). A block's range needs none at 4 bits, where the batch's does.
+# (docs/results.md, RQ4). A block's range needs none at 4 bits, where the batch's does.
 RANGE_CLIP = {8: np.inf, 4: 4.5, 2: 3.0}
 BLOCK_CLIP = {8: np.inf, 4: np.inf, 2: 3.0}
 # How much a range or block window weighs the coding error of values below zero against those above, when it
 # splits its bins at zero. Values above zero are read twice by the backward pass, as a~ (the next layer's
 # weight gradient) and as xhat~ (batch norm's); those below zero only as xhat~, through xhat~ * mean(dy * xhat~).
 # 1/27 puts a quarter of the bins below zero in a channel symmetric about it, which bench/gradnoise.py measured
-# best at 4 bits (against an eighth, three eighths and half) and better than an even split at 8 and 2 (README,
+# best at 4 bits (against an eighth, three eighths and half) and better than an even split at 8 and 2 (docs/results.md,
 # RQ4; bench/results/below_weight.txt); a channel with little below zero puts fewer there.
 BELOW_WEIGHT = 1 / 27
 # Rows (pixels) that share a block window: its windows are (blocks(rows), 3, C), 96 bits a channel per block,

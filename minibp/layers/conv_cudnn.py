@@ -9,7 +9,7 @@ current stream. The GEMM path (layers.Conv2D) stays the reference: the GPU tests
 Net.compile(conv="cudnn") and Net.plan wire a net's convs through the functions at the end of this file.
 
 Status: the graph descriptions are built and checked on the CPU in CI (tests/test_cudnn.py); building
-plans and executing them needs a GPU and has not yet run (see README, "GPU").
+plans and executing them needs a GPU and has not yet run (docs/gpu.md).
 
     graphs = ConvGraphs(conv, batch=128)      # descriptions only: no device needed
     graphs.build(handle)                      # on the GPU: plans, and graphs.workspace_bytes
