@@ -2,7 +2,8 @@
 
 Read in this order: backend (NumPy or CuPy) -> kernels (one loader for CUDA sources on both devices) ->
 arena (every buffer planned, one allocation) -> quant (the k-bit store) -> layers -> net (units,
-residuals, the approximate-activation schedule) -> optim -> models -> data, checkpoint, train.
+residuals, the approximate-activation schedule) -> optim -> models -> data, checkpoint, memory (a plan
+fitted to the memory), scoring (loss and accuracy over a split) -> train.
 """
 __version__ = "0.1.0"
 

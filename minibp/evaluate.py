@@ -14,8 +14,9 @@ from pathlib import Path
 
 from . import checkpoint, data, imagenet, models
 from .kernels import KernelError
+from .memory import compile_within_memory
 from .runconfig import describe_store, saved_config
-from .train import compile_within_memory, evaluate
+from .scoring import evaluate
 
 
 def main(argv=None):

@@ -142,23 +142,43 @@ def describe_store(config):
     return f"bits {config['bits']} ({config['window']} window{rounding})"
 
 
+# The options another command shares with the trainer (python -m minibp.plan), declared once: argparse's
+# keywords for each. build_parser adds them as they are, another command through add_option, with its changes.
+SHARED_OPTIONS = dict(
+    data=dict(choices=data.DATASETS + ("imagenet",), default="cifar10",
+              help="the data set (default cifar10); imagenet: its folder of JPEGs, with the paper's ImageNet "
+                   "setting as the defaults"),
+    model=dict(metavar="SPEC", default="resnet164",
+               help="resnet<9n+2> (resnet20, resnet164, resnet1001; default resnet164), on imagenet resnet50, "
+                    "resnet101 or resnet152 (default); or your own net: FILE.py:FUNCTION or package.module:FUNCTION, "
+                    "called with input_shape=, classes= and the --model-arg values, returning an uncompiled "
+                    "minibp.net.Net"),
+    batch=dict(metavar="N", type=int, default=128, help="images a step (default 128; 256 on imagenet)"),
+    bits=dict(choices=list(BITS), default="4",
+              help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)"),
+    window=dict(choices=list(WINDOWS), default=DEFAULT_WINDOW,
+                help=f"the k-bit codes' window per channel: range (the batch's range of values), block (each 256 "
+                     f"pixels' range) or fixed (the paper's, +-3 sigma); default {DEFAULT_WINDOW}"),
+)
+
+
+def add_option(parser, name, **changes):
+    """Add the trainer's option `name` (a key of SHARED_OPTIONS) to a parser or argument group, its declaration
+    with `changes` (another help, default, metavar or choices: a command's own reading of the option)."""
+    return parser.add_argument(option(name), **dict(SHARED_OPTIONS[name], **changes))
+
+
 def build_parser(*, description=None, exit_on_error=True):
     """The command line of python -m minibp.train (its module docstring, the description of --help).
     exit_on_error=False: a bad value is an argparse.ArgumentError (train.fit), not an exit."""
     p = argparse.ArgumentParser(prog="python3 -m minibp.train", description=description, exit_on_error=exit_on_error,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("model and data")
-    g.add_argument("--data", choices=data.DATASETS + ("imagenet",), default="cifar10",
-                   help="the data set (default cifar10); imagenet: its folder of JPEGs, with the paper's ImageNet "
-                        "setting as the defaults")
+    add_option(g, "data")
     g.add_argument("--data-dir", metavar="DIR", default="data",
                    help="the folder of the prepared <data>.h5 (default data); for imagenet the folder holding "
                         "train/<class>/ and val/<class>/ (default data/imagenet)")
-    g.add_argument("--model", metavar="SPEC", default="resnet164",
-                   help="resnet<9n+2> (resnet20, resnet164, resnet1001; default resnet164), on imagenet resnet50, "
-                        "resnet101 or resnet152 (default); or your own net: FILE.py:FUNCTION or "
-                        "package.module:FUNCTION, called with input_shape=, classes= and the --model-arg values, "
-                        "returning an uncompiled minibp.net.Net")
+    add_option(g, "model")
     g.add_argument("--model-arg", dest="model_args", metavar="NAME=VALUE", type=parse_model_arg, action="append",
                    default=[], help="a keyword argument for your own net's function, VALUE a Python literal "
                                     "(--model-arg width=32 --model-arg pool=\"'max'\"); repeat it (default none)")
@@ -166,15 +186,12 @@ def build_parser(*, description=None, exit_on_error=True):
                    help="no pad-and-crop or flips (default: augment the training images)")
     g.add_argument("--seed", metavar="N", type=int, default=0, help="seeds the weights and the data order (default 0)")
     g = p.add_argument_group("activation store and step")
-    g.add_argument("--bits", choices=list(BITS), default="4",
-                   help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)")
-    g.add_argument("--window", choices=list(WINDOWS), default=DEFAULT_WINDOW,
-                   help=f"the k-bit codes' window per channel: range (the batch's range of values), block (each "
-                        f"256 pixels' range) or fixed (the paper's, +-3 sigma); default {DEFAULT_WINDOW}")
+    add_option(g, "bits")
+    add_option(g, "window")
     g.add_argument("--rounding", choices=list(ROUNDINGS), default=DEFAULT_ROUNDING,
                    help="how a k-bit code rounds a value: nearest (its bin's midpoint; default) or stochastic (one "
                         "of the two midpoints around it on its side of zero, at random, unbiased there)")
-    g.add_argument("--batch", metavar="N", type=int, default=128, help="images a step (default 128; 256 on imagenet)")
+    add_option(g, "batch")
     g.add_argument("--split", metavar="K", type=int, default=1,
                    help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
     g.add_argument("--graph", action="store_true",

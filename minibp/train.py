@@ -31,6 +31,7 @@ Exit status: 0 done, 1 the run failed (diverged, a write failed), 2 a bad option
 """
 import argparse
 import contextlib
+import functools
 import os
 import signal
 import sys
@@ -40,14 +41,14 @@ from pathlib import Path
 import numpy as np
 
 from . import backend, checkpoint, data, dist, imagenet, models
-from .arena import format_bytes
 from .kernels import KernelError
+from .memory import compile_within_memory
 from .optim import SGD
-from .plan import largest_batch
 from .quant import DEFAULT_WINDOW
 from .rundir import FolderLost, MetricsLog, RunDir, read_metrics
 from .runconfig import (apply_data_defaults, build_parser, check_config, describe_store, given_options, new_config,
                         parse_schedule, resumed_config)
+from .scoring import evaluate
 from .step import TrainStep
 
 
@@ -58,56 +59,6 @@ class Diverged(Exception):
 
 class WriteFailed(Exception):
     """A checkpoint or metrics write failed (a full disk): the checkpoint before it stays."""
-
-
-def evaluate(net, split, mean, *, group=None, workers=None):
-    """(loss, accuracy) of net (running BN statistics) over a whole split, from net.predict's logits. split:
-    an HDF5 split, normalised by mean, or an imagenet.Folder (center crops of the net's input size, decoded
-    by `workers` processes). group (dist.py): rank r evaluates batches r, r + ranks, ...; their sums are
-    summed over the ranks (each batch's from one rank: exact) and added up in batch order on every rank,
-    so every rank gets one process's figures, bit for bit."""
-    if isinstance(split, imagenet.Folder):
-        batches = imagenet.evaluation_batches(split, batch=net.batch, size=net.input_shape[0], workers=workers)
-    else:
-        batches = data.evaluation_batches(split, batch=net.batch, mean=mean)
-    sums = []  # (-log-likelihood, correct) of each batch
-    for i, (images, labels) in enumerate(batches):
-        if group is not None and i % group.size != group.rank:
-            sums.append((0.0, 0.0))
-            continue
-        logits = net.predict(images).astype(np.float64)
-        shifted = logits - logits.max(axis=1, keepdims=True)
-        log_p = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
-        sums.append((-float(log_p[np.arange(len(labels)), labels].sum()), int((logits.argmax(axis=1) == labels).sum())))
-    sums = np.array(sums, np.float64).reshape(-1, 2)  # (batches, 2)
-    if group is not None:
-        group.sum(sums)
-    total_loss = total_correct = 0.0
-    for loss, correct in sums.tolist():
-        total_loss += loss
-        total_correct += correct
-    if not np.isfinite(total_loss):
-        raise FloatingPointError(f"the loss over the {split.name} split is {total_loss}")
-    return total_loss / len(split.labels), total_correct / len(split.labels)
-
-
-def compile_within_memory(net, *, batch, bits, hint="lower --batch, or compute it in parts with --split", **options):
-    """net.compile(batch=, bits=, **options), after checking that its plan fits the memory available now;
-    the refusal gives the plan's size and the largest batch that fits."""
-    training = options.get("training", True)
-    window = options.get("window", DEFAULT_WINDOW)
-    plan = net.plan(batch=batch, bits=bits, window=window, training=training)
-    available = backend.available_memory()
-    if available is not None and plan.allocation_bytes > available:
-        fits = largest_batch(net, bits=bits, window=window, budget=available, training=training) if available > 0 else 0
-        if fits == 0:  # no batch size helps: say what is too big
-            one = net.plan(batch=1, bits=bits, window=window, training=training).allocation_bytes
-            raise ValueError(f"even a batch of 1 needs {format_bytes(one)} but {backend.device} has "
-                             f"{format_bytes(available)} available: the net is too large for this machine (input "
-                             f"{'x'.join(map(str, net.input_shape))}, {net.classes:,} classes)")
-        raise ValueError(f"a batch of {batch} needs {format_bytes(plan.allocation_bytes)} but {backend.device} has "
-                         f"{format_bytes(available)} available: the largest batch that fits is {fits} ({hint})")
-    return net.compile(batch=batch, bits=bits, **options)
 
 
 def main(argv=None):
@@ -207,12 +158,14 @@ def _failed(group, error, message, code):
 
 
 def _run(args, given, group=None, *, function=None, python=False):
+    """(exit status, net) of the run the options name: its folder claimed (rank 0's), a Session trained in it."""
     apply_data_defaults(args, given)
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a run and --overwrite starts it again: give one")
-    window = f"-{args.window}" if args.window != DEFAULT_WINDOW and args.bits not in ("exact", "naive") else ""
-    window += "-stochastic" if args.rounding == "stochastic" else ""
-    out = Path(args.out or f"runs/{args.data}-{models.short_name(args.model)}-{args.bits}{window}-seed{args.seed}")
+    # the store's window and rounding in the folder's name, where they are not the defaults
+    store = f"-{args.window}" if args.window != DEFAULT_WINDOW and args.bits not in ("exact", "naive") else ""
+    store += "-stochastic" if args.rounding == "stochastic" else ""
+    out = Path(args.out or f"runs/{args.data}-{models.short_name(args.model)}-{args.bits}{store}-seed{args.seed}")
     ranks = group.size if group else 1
 
     def claim():
@@ -223,7 +176,9 @@ def _run(args, given, group=None, *, function=None, python=False):
     # several ranks: the run folder is rank 0's; the others know its paths and never touch it
     run = claim() if group is None else group.on_rank_0(claim, share_result=False) or RunDir(out, None)
     try:
-        return _train(args, given, run, out, group, function=function, python=python)
+        session = Session(run, out, group, python=python)
+        session.start(args, given, function=function)
+        return session.train()
     finally:
         if group is None or group.rank == 0:
             run.release()
@@ -245,193 +200,238 @@ def load_data(config):
     return train_split, test_split, mean, batches, train_split.images.shape[1:]
 
 
-def _train(args, given, run, out, group=None, *, function=None, python=False):
-    """(exit status, net) of the run in `run`: fresh or resumed, to its last iteration or a signal.
-    function: the model's (fit), else the one the spec names; python: advice in fit's words."""
-    saved, changed, ranks = None, {}, group.size if group else 1
+class Session:
+    """This process's part in a run: start() sets it up, fresh or resumed from the checkpoint in `run` (a
+    RunDir), and train() runs its iterations to the last one or a signal. The loop's state lives here (the
+    iteration, the last checkpoint, the signals received), and its steps are methods: log, save, validate,
+    say, stopping, and the messages of a diverged run or a failed write."""
 
-    def resume():
-        if not run.checkpoint_path.is_file():
-            raise FileNotFoundError(f"--resume: no checkpoint at {run.checkpoint_path} (a run stopped before its "
-                                    "first checkpoint starts again with --overwrite)")
-        saved = checkpoint.load(run.checkpoint_path)
-        config, changed = resumed_config(saved, given, run.checkpoint_path, ranks=ranks)
-        check_config(config, ranks=ranks)
+    def __init__(self, run, out, group=None, *, python=False):
+        """out: the run folder as given (the advice names it); group: the ranks under mpirun, None for one
+        process; python: advice in fit's words."""
+        self.run, self.out, self.group, self.python = run, out, group, python
+        self.ranks = group.size if group else 1
+        self.rank_0 = group is None or group.rank == 0  # the one that writes metrics and checkpoints
+        self.command = f"mpirun -n {self.ranks} python -m minibp.train" if self.ranks > 1 else "python -m minibp.train"
+        self.saved = None       # the checkpoint resumed from
+        self.iteration = 0      # iterations done
+        self.last_saved = None  # the iteration of the last checkpoint written (or resumed from); None: none yet
+        self.signals = []       # SIGINT or SIGTERM received: the loop stops after its iteration
+
+    def start(self, args, given, *, function=None):
+        """The run's configuration (a resumed run's from its checkpoint), data, net, step and metrics log; the
+        plan printed. function: the model's (fit), else the one the spec names."""
+        changed = {}
+        if args.resume:  # several ranks: rank 0 reads the checkpoint and sends it to the others
+            resume = functools.partial(self.resume, given)
+            self.saved, self.config, changed = resume() if self.group is None else self.group.on_rank_0(resume)
+        else:
+            self.config = new_config(args, ranks=self.ranks)
+        config, saved = self.config, self.saved
+        self.schedule = parse_schedule(config["lr_schedule"], iters=config["iters"])
+
+        self.train_split, self.test_split, self.mean, self.batches, input_shape = load_data(config)
+        if saved is not None:
+            if isinstance(self.train_split, imagenet.Folder):  # the sorted folder names are the labels
+                saved.check_classes(self.train_split.class_names, self.train_split.root)
+            self.batches.restore(saved.data_state)
+        built = models.describe(config["model"], config["model_args"])
+        self.net = net = models.build(config["model"], model_args=config["model_args"],
+                                      imagenet=config["data"] == "imagenet", input_shape=input_shape,
+                                      classes=self.train_split.classes, function=function)
+        if saved is not None:
+            saved.check_parameters(net, built)
+        sub_batch = config["batch"] // config["split"]
+        compile_within_memory(net, batch=sub_batch, bits=config["bits"], window=config["window"],
+                              rounding=config["rounding"], seed=config["seed"])
+        opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
+        self.step = TrainStep(net, opt, split=config["split"] // self.ranks, graph=config.get("graph", False),
+                              group=self.group)
+        if saved is not None:
+            checkpoint.restore(net, saved)
+            self.iteration = self.last_saved = saved.iteration
+        try:
+            self.metrics = MetricsLog(self.run.metrics_path, keep_through=self.iteration if saved else None,
+                                      check=self.run.check) if self.rank_0 else MetricsLog(os.devnull)
+        except OSError as e:
+            raise self.write_failed(self.run.metrics_path, e) from None
+        if changed:
+            self.log(kind="resume", iter=self.iteration, changed=changed)
+
+        in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
+        if self.ranks > 1:
+            in_sub_batches = f" ({self.ranks} ranks x {config['split'] // self.ranks} x {sub_batch})"
+        print(f"{built} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
+              f"({len(self.train_split.labels):,} training images), {describe_store(config)}, batch "
+              f"{config['batch']}{in_sub_batches}, device {backend.device}"
+              f"{', one CUDA graph a step' if self.step.graph else ''}")
+        print(f"plan of a step, allocated once:\n{net.arena.plan.summary()}")
+        if saved:
+            print(f"resumed from {self.run.checkpoint_path} at iteration {self.iteration}"
+                  + "".join(f"; {k} {old} -> {new}" for k, (old, new) in changed.items()))
+
+    def train(self):
+        """(exit status, net): the run's iterations from where start() left it, then 0 (done) or 130 (stopped
+        by a signal, a checkpoint saved)."""
+        config, batches, step, group = self.config, self.batches, self.step, self.group
+        self.clock = Clock(first=self.iteration, last=config["iters"])
+        # A checkpoint is saved before its validation, so a kill between the two leaves the validation undone:
+        # the resumed run does it first. (A validation point of the run as saved or as resumed: --iters may have
+        # moved the last one.)
+        if self.saved is not None and self.iteration > 0 and any(self.due("val_every", c)
+                                                                 for c in (config, self.saved.config)):
+            if self.unvalidated() if group is None else group.on_rank_0(self.unvalidated):
+                self.validate()
+
+        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            # the interval a log line averages over: its start, its images (img/s), (loss, accuracy) a step
+            interval_start, interval_images, sums = time.perf_counter(), 0, []
+            while self.iteration < config["iters"] and not self.stopping():
+                lr = self.schedule.rate(self.iteration)
+                images, labels = batches.next()
+                if group is not None:  # every rank draws the whole batch, as one process would, and keeps its rows
+                    rows = group.share_of(config["batch"])
+                    images, labels = images[rows], labels[rows]
+                try:
+                    step.run(images, labels, lr=lr, iteration=self.iteration)
+                except FloatingPointError as e:
+                    raise self.diverged(f"at iteration {self.iteration + 1} ({e})") from None
+                self.iteration += 1
+                interval_images += config["batch"]
+                sums.append(step.result())  # eager: host floats already; a graph's step: a host read a step
+                if not np.isfinite(sums[-1][0]):
+                    raise self.diverged(f"at iteration {self.iteration} (the loss is {sums[-1][0]})")
+                if self.due("log_every"):
+                    self.log_interval(sums, lr=lr, rate=interval_images / (time.perf_counter() - interval_start))
+                    interval_start, interval_images, sums = time.perf_counter(), 0, []
+                if self.due("checkpoint_every"):
+                    self.save()  # before the validation, so a failing validation loses no training
+                if self.due("val_every"):
+                    self.validate()
+                    interval_start = time.perf_counter()
+            if self.stopping():
+                if self.last_saved != self.iteration:
+                    self.save()
+                print(f"stopped at iteration {self.iteration}: checkpoint saved to {self.run.checkpoint_path}\n"
+                      f"continue with: {self.resume_advice()}", flush=True)
+                return 130, self.net
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+            self.metrics.close()
+            if isinstance(batches, imagenet.Batches):
+                batches.close()  # its decoding processes
+        if self.rank_0:
+            self.run.check()  # the folder named below is still this run's
+        print(f"done: {self.iteration} iterations in {self.clock.elapsed()}; checkpoint {self.run.checkpoint_path}, "
+              f"metrics {self.run.metrics_path}")
+        return 0, self.net
+
+    def resume(self, given):
+        """(checkpoint, configuration, changed options) of the run resumed with the options `given`."""
+        path = self.run.checkpoint_path
+        if not path.is_file():
+            raise FileNotFoundError(f"--resume: no checkpoint at {path} (a run stopped before its first checkpoint "
+                                    "starts again with --overwrite)")
+        saved = checkpoint.load(path)
+        config, changed = resumed_config(saved, given, path, ranks=self.ranks)
+        check_config(config, ranks=self.ranks)
         return saved, config, changed
 
-    if args.resume:  # several ranks: rank 0 reads the checkpoint and sends it to the others
-        saved, config, changed = resume() if group is None else group.on_rank_0(resume)
-    else:
-        config = new_config(args, ranks=ranks)
-    schedule = parse_schedule(config["lr_schedule"], iters=config["iters"])
+    def due(self, every, config=None):
+        """Whether this iteration is a log, checkpoint or validation point (every="log_every", ...) of
+        config (default the run's): every `every` iterations, and the last."""
+        config = config or self.config
+        return self.iteration % config[every] == 0 or self.iteration == config["iters"]
 
-    train_split, test_split, mean, batches, input_shape = load_data(config)
-    if saved is not None:
-        if isinstance(train_split, imagenet.Folder):  # the sorted folder names are the labels
-            saved.check_classes(train_split.class_names, train_split.root)
-        batches.restore(saved.data_state)
-    built = models.describe(config["model"], config["model_args"])
-    net = models.build(config["model"], model_args=config["model_args"], imagenet=config["data"] == "imagenet",
-                       input_shape=input_shape, classes=train_split.classes, function=function)
-    if saved is not None:
-        saved.check_parameters(net, built)
-    sub_batch = config["batch"] // config["split"]
-    compile_within_memory(net, batch=sub_batch, bits=config["bits"], window=config["window"],
-                          rounding=config["rounding"], seed=config["seed"])
-    opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
-    step = TrainStep(net, opt, split=config["split"] // ranks, graph=config.get("graph", False), group=group)
-    iteration = 0
-    if saved is not None:
-        checkpoint.restore(net, saved)
-        iteration = saved.iteration
-    rank_0 = group is None or group.rank == 0  # the one that writes metrics and checkpoints
-    last_saved = [saved.iteration if saved else None]
+    def say(self, what):
+        """A console line: the iteration, what happened, the time."""
+        width = len(str(self.config["iters"]))
+        print(f"iter {self.iteration:{width}d}/{self.config['iters']}  {what}  {self.clock.now(self.iteration)}",
+              flush=True)
 
-    def write_failed(path, error):
-        run.check()  # a folder deleted mid-write is that, not a full disk
-        kept = (f"the previous checkpoint (iteration {last_saved[0]}) is kept" if last_saved[0] is not None
+    def log(self, **record):
+        """A metrics record (rank 0's file; the others write nowhere)."""
+        try:
+            self.metrics.write(**record)
+        except OSError as e:
+            raise self.write_failed(self.metrics.path, e) from None
+
+    def log_interval(self, sums, *, lr, rate):
+        """The log line and record of the iterations since the last: loss and accuracy averaged over their
+        steps' `sums`, the rate in images a second."""
+        loss, accuracy = (float(v) for v in np.mean(sums, axis=0))
+        self.say(f"loss {loss:.4f}  acc {accuracy:.3f}  lr {lr:.3g}  {rate:.0f} img/s")
+        self.log(kind="train", iter=self.iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
+                 planned_bytes=self.net.arena.plan.total_bytes, averaged_over=len(sums))
+
+    def validate(self):
+        """Loss and accuracy on the test split, printed and logged."""
+        val_loss, val_accuracy = evaluate(self.net, self.test_split, self.mean, group=self.group,
+                                          workers=self.config.get("workers"))
+        self.say(f"validation loss {val_loss:.4f}  acc {val_accuracy:.4f}")
+        self.log(kind="val", iter=self.iteration, loss=val_loss, accuracy=val_accuracy)
+
+    def unvalidated(self):
+        """Whether the metrics lack this iteration's validation (rank 0's file)."""
+        return not any(r.get("kind") == "val" and r.get("iter") == self.iteration
+                       for r in read_metrics(self.run.metrics_path))
+
+    def save(self):
+        """A checkpoint of this iteration (rank 0 writes it; the others check the same state is finite)."""
+        try:
+            if self.rank_0:
+                self.run.check()
+                checkpoint.save(self.run.checkpoint_path, self.net, iteration=self.iteration, config=self.config,
+                                data_state=self.batches.state(),
+                                class_names=getattr(self.train_split, "class_names", None))
+            else:  # the same state as rank 0's: stop with it
+                checkpoint.check_finite(self.net.state())
+        except checkpoint.NotFinite as e:
+            raise self.diverged(f"at iteration {self.iteration} ({e})") from None
+        except OSError as e:
+            raise self.write_failed(self.run.checkpoint_path, e) from None
+        self.last_saved = self.iteration
+
+    def resume_advice(self, **change):
+        """How to continue this run, with `change`d options, in the caller's words."""
+        if self.python:
+            return "fit(..., " + "".join(f"{k}={v!r}, " for k, v in change.items()) + "resume=True)"
+        return (f"{self.command} --out {self.out} --resume"
+                + "".join(f" --{k.replace('_', '-')} {v}" for k, v in change.items()))
+
+    def diverged(self, what):
+        """Diverged, saying what and how to go on: from the last good checkpoint with a lower rate."""
+        lower = self.schedule.divided(10)
+        if self.last_saved is None:
+            again = (f"fit(..., overwrite=True, lr_schedule={lower!r})" if self.python else
+                     f"{self.command} ... --overwrite --lr-schedule {lower}")
+            return Diverged(f"training diverged {what}; no checkpoint was saved. Start again with a lower learning "
+                            f"rate: {again}")
+        return Diverged(f"training diverged {what}; the last good checkpoint is {self.run.checkpoint_path} "
+                        f"(iteration {self.last_saved}). Resume it with a lower learning rate: "
+                        f"{self.resume_advice(lr_schedule=lower)}")
+
+    def write_failed(self, path, error):
+        """WriteFailed for a write to `path` that failed with OSError `error`, naming the checkpoint kept."""
+        self.run.check()  # a folder deleted mid-write is that, not a full disk
+        kept = (f"the previous checkpoint (iteration {self.last_saved}) is kept" if self.last_saved is not None
                 else "no checkpoint had been saved yet")
         return WriteFailed(f"cannot write {path} ({os.strerror(error.errno) if error.errno else error}); {kept}")
 
-    try:
-        metrics = MetricsLog(run.metrics_path, keep_through=iteration if saved else None, check=run.check) \
-            if rank_0 else MetricsLog(os.devnull)
-    except OSError as e:
-        raise write_failed(run.metrics_path, e) from None
-
-    def log(**record):
-        try:
-            metrics.write(**record)
-        except OSError as e:
-            raise write_failed(metrics.path, e) from None
-
-    if changed:
-        log(kind="resume", iter=iteration, changed=changed)
-    planned = net.arena.plan.total_bytes
-    in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
-    if ranks > 1:
-        in_sub_batches = f" ({ranks} ranks x {config['split'] // ranks} x {sub_batch})"
-    print(f"{built} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
-          f"({len(train_split.labels):,} training images), {describe_store(config)}, batch {config['batch']}"
-          f"{in_sub_batches}, device {backend.device}{', one CUDA graph a step' if step.graph else ''}")
-    print(f"plan of a step, allocated once:\n{net.arena.plan.summary()}")
-    if saved:
-        print(f"resumed from {run.checkpoint_path} at iteration {iteration}"
-              + "".join(f"; {k} {old} -> {new}" for k, (old, new) in changed.items()))
-
-    command = f"mpirun -n {ranks} python -m minibp.train" if ranks > 1 else "python -m minibp.train"
-
-    def resume_advice(**change):  # how to continue this run, with `change`d options, in the caller's words
-        if python:
-            return "fit(..., " + "".join(f"{k}={v!r}, " for k, v in change.items()) + "resume=True)"
-        return f"{command} --out {out} --resume" + "".join(f" --{k.replace('_', '-')} {v}" for k, v in change.items())
-
-    def save():
-        try:
-            if rank_0:
-                run.check()
-                checkpoint.save(run.checkpoint_path, net, iteration=iteration, config=config,
-                                data_state=batches.state(), class_names=getattr(train_split, "class_names", None))
-            else:  # the same state as rank 0's: stop with it
-                checkpoint.check_finite(net.state())
-        except checkpoint.NotFinite as e:
-            raise Diverged(diverged_message(f"at iteration {iteration} ({e})")) from None
-        except OSError as e:
-            raise write_failed(run.checkpoint_path, e) from None
-        last_saved[0] = iteration
-
-    def diverged_message(what):
-        lower = schedule.divided(10)
-        if last_saved[0] is None:
-            again = (f"fit(..., overwrite=True, lr_schedule={lower!r})" if python else
-                     f"{command} ... --overwrite --lr-schedule {lower}")
-            return f"training diverged {what}; no checkpoint was saved. Start again with a lower learning rate: {again}"
-        return (f"training diverged {what}; the last good checkpoint is {run.checkpoint_path} (iteration "
-                f"{last_saved[0]}). Resume it with a lower learning rate: {resume_advice(lr_schedule=lower)}")
-
-    def due(every, at, cfg=config):  # a log, checkpoint or validation point: every `every` iterations, and the last
-        return at % cfg[every] == 0 or at == cfg["iters"]
-
-    clock = Clock(first=iteration, last=config["iters"])
-
-    def say(what):  # a console line: the iteration, what happened, the time
-        width = len(str(config["iters"]))
-        print(f"iter {iteration:{width}d}/{config['iters']}  {what}  {clock.now(iteration)}", flush=True)
-
-    def validate():
-        val_loss, val_accuracy = evaluate(net, test_split, mean, group=group, workers=config.get("workers"))
-        say(f"validation loss {val_loss:.4f}  acc {val_accuracy:.4f}")
-        log(kind="val", iter=iteration, loss=val_loss, accuracy=val_accuracy)
-
-    def unvalidated():
-        return not any(r.get("kind") == "val" and r.get("iter") == iteration for r in read_metrics(run.metrics_path))
-
-    # A checkpoint is saved before its validation, so a kill between the two leaves the validation undone:
-    # the resumed run does it first. (A validation point of the run as saved or as resumed: --iters may have
-    # moved the last one.)
-    if saved is not None and iteration > 0 and any(due("val_every", iteration, c) for c in (config, saved.config)):
-        if unvalidated() if group is None else group.on_rank_0(unvalidated):
-            validate()
-
-    stop = []
-
-    def on_signal(number, _frame):
-        if stop:  # a second Ctrl-C: stop at once (the last checkpoint stays)
+    def on_signal(self, number, _frame):
+        """SIGINT or SIGTERM: finish the iteration, then save and stop; a second one stops at once."""
+        if self.signals:  # a second Ctrl-C: stop at once (the last checkpoint stays)
             raise KeyboardInterrupt
-        stop.append(number)
+        self.signals.append(number)
         print(f"\n{signal.Signals(number).name}: finishing this iteration, then saving a checkpoint "
               "(Ctrl-C again to quit now)", flush=True)
 
-    def stopping():  # several ranks stop together, at the first iteration any of them was signalled by
-        return bool(stop) if group is None else group.any(stop)
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        window_start, window_images, sums = time.perf_counter(), 0, []  # sums: (loss, accuracy) a step since the log
-        while iteration < config["iters"] and not stopping():
-            lr = schedule.rate(iteration)
-            images, labels = batches.next()
-            if group is not None:  # every rank draws the whole batch, as one process would, and keeps its rows
-                rows = group.share_of(config["batch"])
-                images, labels = images[rows], labels[rows]
-            try:
-                step.run(images, labels, lr=lr, iteration=iteration)
-            except FloatingPointError as e:
-                raise Diverged(diverged_message(f"at iteration {iteration + 1} ({e})")) from None
-            iteration += 1
-            window_images += config["batch"]
-            sums.append(step.result())  # eager: host floats already; a graph's step: a host read a step
-            if not np.isfinite(sums[-1][0]):
-                raise Diverged(diverged_message(f"at iteration {iteration} (the loss is {sums[-1][0]})"))
-            if due("log_every", iteration):
-                loss, accuracy = (float(v) for v in np.mean(sums, axis=0))
-                rate = window_images / (time.perf_counter() - window_start)
-                say(f"loss {loss:.4f}  acc {accuracy:.3f}  lr {lr:.3g}  {rate:.0f} img/s")
-                log(kind="train", iter=iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
-                    planned_bytes=planned, averaged_over=len(sums))
-                window_start, window_images, sums = time.perf_counter(), 0, []
-            if due("checkpoint_every", iteration):
-                save()  # before the validation, so a failing validation loses no training
-            if due("val_every", iteration):
-                validate()
-                window_start = time.perf_counter()
-        if stopping():
-            if last_saved[0] != iteration:
-                save()
-            print(f"stopped at iteration {iteration}: checkpoint saved to {run.checkpoint_path}\n"
-                  f"continue with: {resume_advice()}", flush=True)
-            return 130, net
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
-        metrics.close()
-        if isinstance(batches, imagenet.Batches):
-            batches.close()  # its decoding processes
-    if rank_0:
-        run.check()  # the folder named below is still this run's
-    print(f"done: {iteration} iterations in {clock.elapsed()}; checkpoint {run.checkpoint_path}, metrics "
-          f"{run.metrics_path}")
-    return 0, net
+    def stopping(self):
+        """Whether a signal came; several ranks stop together, at the first iteration any of them was
+        signalled by."""
+        return bool(self.signals) if self.group is None else self.group.any(self.signals)
 
 
 class Clock:
