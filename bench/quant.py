@@ -4,11 +4,16 @@
     python bench/quant.py --values 1e6 --bits 8
 """
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from minibp import backend, quant, quant_kernels
+from minibp import backend, quant
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the kernels' harness lives with the tests
+import quant_kernels  # noqa: E402
 
 
 def best_of(repeats, fn):

@@ -18,19 +18,17 @@ checkpoint or the new one. A checkpoint is never written from a net whose state 
 loading checks the structure, the ranges, finiteness and the checksums (of the arrays and of the
 attributes), so a damaged file is named as such instead of failing later.
 """
-import contextlib
-import hashlib
 import io
 import json
-import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import h5py
 import numpy as np
 
+from .integrity import sha256_array as sha256, sha256_bytes, write_atomic
+from .integrity import stale_temporaries  # noqa: F401  (tests/test_reliability.py, test_run_folder.py, test_dist.py)
 
 FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read
@@ -88,52 +86,9 @@ def check_finite(arrays):
         raise NotFinite(f"the net's {', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''} hold NaN or Inf")
 
 
-def sha256(array):
-    return hashlib.sha256(np.ascontiguousarray(array).tobytes()).hexdigest()
-
-
 def attrs_sha256(attrs):
     """The SHA-256 of a checkpoint's ATTRS, as their text (an HDF5 integer reads back as numpy's)."""
-    return hashlib.sha256(json.dumps([str(attrs[k]) for k in ATTRS]).encode()).hexdigest()
-
-
-def stale_temporaries(path):
-    """Temporary files that interrupted writes of `path` left behind (atomic_file's naming)."""
-    path = Path(path)
-    return sorted(path.parent.glob(f"{path.name}.*.tmp"))
-
-
-@contextlib.contextmanager
-def atomic_file(path):
-    """The name of a temporary file beside path (in a folder that exists) for the block to write; renamed
-    to path when the block ends without error, with path's mode (a new file: the one the umask gives),
-    removed otherwise."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield tmp
-        with open(tmp, "rb") as written:  # on disk before the rename, so a crash cannot publish a hole
-            os.fsync(written.fileno())
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)  # mkstemp makes the file private
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-@contextlib.contextmanager
-def atomic_h5(path):
-    """An HDF5 file open for writing, published at path atomically (atomic_file); path's folder is made."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
-        yield f
+    return sha256_bytes(json.dumps([str(attrs[k]) for k in ATTRS]).encode())
 
 
 def save(path, net, *, iteration, config, data_state, class_names=None):
@@ -154,8 +109,7 @@ def save(path, net, *, iteration, config, data_state, class_names=None):
         for name, array in arrays.items():
             f[name] = array
             f[name].attrs["sha256"] = sha256(array)
-    with atomic_file(path) as tmp:
-        Path(tmp).write_bytes(image.getbuffer())
+    write_atomic(path, image.getbuffer())
     return path
 
 

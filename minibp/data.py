@@ -17,7 +17,6 @@ image), crop a random window of the original size, flip horizontally with probab
 and the augmentation come from one seeded generator whose state is part of `state()`, so a resumed
 run sees exactly the batches an uninterrupted one would.
 """
-import hashlib
 import json
 import os
 import sys
@@ -28,7 +27,7 @@ import h5py
 import numpy as np
 
 from . import backend
-from .checkpoint import atomic_h5
+from .integrity import atomic_file, sha256_array
 
 PREPARE = "python -m minibp.prepare"
 DATASETS = ("cifar10", "cifar100", "fashion-mnist")
@@ -69,8 +68,7 @@ def missing_dataset_message(name, path):
 def split_checksums(images, labels):
     """{images_sha256, labels_sha256}: the SHA-256 of each array's bytes (C order, its own dtype), as `write`
     stores them on a split."""
-    return {f"{key}_sha256": hashlib.sha256(np.ascontiguousarray(array).data).hexdigest()
-            for key, array in (("images", images), ("labels", labels))}
+    return {f"{key}_sha256": sha256_array(array) for key, array in (("images", images), ("labels", labels))}
 
 
 def write(path, *, train, test, classes, name=None, class_names=None, attrs=None):
@@ -97,7 +95,8 @@ def write(path, *, train, test, classes, name=None, class_names=None, attrs=None
     if clashing:
         raise ValueError(f"attrs may not set {', '.join(clashing)}: they are write's own arguments")
     try:
-        with atomic_h5(path) as f:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
             f.attrs.update(attrs or {}, name=str(name or Path(path).stem), classes=int(classes))
             if names is not None:
                 f.attrs["class_names"] = np.array(names, dtype=h5py.string_dtype())

@@ -1,4 +1,4 @@
-"""ImageNet from its standard folder layout, streamed: JPEGs decoded by worker processes into seeded,
+"""ImageNet from its standard folder layout, streamed: JPEGs decoded by worker processes (workers.py) into seeded,
 resumable batches, with a few batches in memory at a time.
 
     DIR/train/<class>/*.JPEG            the class folders' sorted names give the labels 0..K-1
@@ -27,34 +27,26 @@ the epoch's order) resumes a run exactly. Workers ignore Ctrl-C (the main proces
 closes them), exit when the main process dies, and a dead worker or an undecodable file is a one-line
 error naming it, never a silently skipped image.
 """
-import hashlib
 import importlib.util
 import itertools
 import json
 import math
 import os
-import pickle
-import signal
-import subprocess
 import sys
-import weakref
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .integrity import sha256_bytes
+from .workers import Pool, default_count
+
 MEAN = (0.485, 0.456, 0.406)   # per-channel mean and std of ImageNet's training images, in [0, 1] units
 STD = (0.229, 0.224, 0.225)
 EXTENSIONS = (".jpeg", ".jpg", ".png")
 READER = "minibp.imagenet"     # marks this reader's data state in a checkpoint
 LAYOUT = "it must hold train/<class>/*.JPEG and val/<class>/*.JPEG"
-
-
-def default_workers():
-    """One decoding process per core the process may run on, less one for the trainer."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores - 1)
 
 
 # ----------------------------------------------------------------------------- the listing
@@ -75,9 +67,7 @@ class Folder:
 
     def sha256(self):
         """A digest of the class names and the file list: which images a data state's order refers to."""
-        digest = hashlib.sha256("\n".join(self.class_names).encode())
-        digest.update(b"\0" + b"\n".join(self.files.tolist()))
-        return digest.hexdigest()
+        return sha256_bytes("\n".join(self.class_names).encode(), b"\0" + b"\n".join(self.files.tolist()))
 
 
 def load_folders(data_dir):
@@ -187,148 +177,14 @@ def decode_chunk(root, size, items):
     return out
 
 
-def serve():
-    """A worker process's loop: pickled (root, size, items) tasks in on stdin, one pickled result each out
-    on stdout (the uint8 images, or the one-line text of a file that does not decode), until stdin ends:
-    when the trainer closes it or dies, however it dies."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's: it finishes a step, then closes us
-    tasks, results = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing else may write into the results
-    try:
-        while True:
-            try:
-                task = pickle.load(tasks)
-            except EOFError:
-                return
-            try:
-                result = decode_chunk(*task)
-            except ValueError as e:
-                result = str(e)
-            pickle.dump(result, results, protocol=pickle.HIGHEST_PROTOCOL)
-            results.flush()
-    except BrokenPipeError:  # the trainer is gone
-        return
-
-
 # ----------------------------------------------------------------------------- the workers
 
-WORKER = "import sys; sys.path.insert(0, {!r}); from minibp.imagenet import serve; serve()"
-
-
-def _stop(processes):
-    for p in processes:
-        if p.poll() is None:
-            p.terminate()  # decoding holds nothing worth finishing
-    for p in processes:
-        try:
-            p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-        for pipe in (p.stdin, p.stdout):
-            try:
-                pipe.close()
-            except OSError:  # a broken pipe's unflushed task
-                pass
-
-
-CHUNK = 64      # images a task at most: its pickle stays a few kB
-IN_FLIGHT = 2   # tasks written to a worker and not yet answered: with CHUNK, far below a pipe's 64 kB, so a
-                # write never blocks while the worker waits for its answer to be read (no deadlock)
-
-
-class Workers:
-    """Decoding processes: submit() gives them a batch's images in chunks and returns a ticket,
-    collect(ticket) reads the chunks back. Each is a fresh interpreter (not a fork of the trainer: no
-    CUDA state, threads, MPI state or open files such as the run folder's lock) in a session of its own
-    (a Ctrl-C in the terminal reaches the trainer only), fed through its stdin, so it ends when the
-    trainer closes it or dies. Each answers its tasks in order, one at a time."""
-
-    def __init__(self, count):
-        if count < 1:
-            raise ValueError(f"the reader needs at least 1 worker process, got {count}")
-        command = [sys.executable, "-c", WORKER.format(str(Path(__file__).resolve().parent.parent))]
-        self.processes = []
-        self._close = weakref.finalize(self, _stop, self.processes)
-        for _ in range(count):
-            self.processes.append(subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                                   start_new_session=True))
-        self._tickets, self._turn = itertools.count(), itertools.cycle(range(count))
-        self._queued = [deque() for _ in range(count)]   # ((ticket, chunk), task) not yet written, in order
-        self._sent = [deque() for _ in range(count)]     # (ticket, chunk) written, answered in this order
-        self._waiting = {}   # ticket -> [worker of each chunk]
-        self._ready = {}     # (ticket, chunk) -> a result read while looking for another
-
-    def _fail(self, worker):
-        p = self.processes[worker]
-        try:
-            code = p.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            code = "none yet"
-        return ChildProcessError(f"an image-decoding worker (pid {p.pid}) stopped, exit code {code} (its error, if "
-                                 "any, is above; -9 is a SIGKILL, e.g. the kernel's out-of-memory killer)")
-
-    def _feed(self, worker):
-        """Write the worker's queued tasks while it holds fewer than IN_FLIGHT (discarded batches' are dropped)."""
-        queued, sent, pipe = self._queued[worker], self._sent[worker], self.processes[worker].stdin
-        while queued and len(sent) < IN_FLIGHT:
-            key, task = queued.popleft()
-            if key[0] not in self._waiting:
-                continue
-            try:
-                pickle.dump(task, pipe, protocol=pickle.HIGHEST_PROTOCOL)
-                pipe.flush()
-            except BrokenPipeError:
-                raise self._fail(worker) from None
-            sent.append(key)
-
-    def submit(self, root, size, items):
-        """Give the workers items [(relative path, key)] in chunks, in turn; returns the batch's ticket."""
-        ticket, per = next(self._tickets), min(CHUNK, math.ceil(len(items) / len(self.processes)))
-        owners = []
-        for chunk, start in enumerate(range(0, len(items), per)):
-            worker = next(self._turn)
-            self._queued[worker].append(((ticket, chunk), (str(root), size, items[start:start + per])))
-            owners.append(worker)
-        self._waiting[ticket] = owners
-        for worker in set(owners):
-            self._feed(worker)
-        return ticket
-
-    def _result(self, ticket, chunk, worker):
-        while (ticket, chunk) not in self._ready:
-            self._feed(worker)
-            got = self._sent[worker].popleft()
-            try:
-                result = pickle.load(self.processes[worker].stdout)
-            except (EOFError, pickle.UnpicklingError):
-                raise self._fail(worker) from None
-            if got[0] in self._waiting:  # not a discarded batch's
-                self._ready[got] = result
-        self._feed(worker)  # its next task, to decode while the caller computes
-        return self._ready.pop((ticket, chunk))
-
-    def collect(self, ticket):
-        """The ticket's images, (n, size, size, 3) uint8; a ValueError naming a file that does not decode,
-        ChildProcessError when a worker died."""
-        parts = [self._result(ticket, chunk, worker) for chunk, worker in enumerate(self._waiting[ticket])]
-        del self._waiting[ticket]
-        failed = [p for p in parts if isinstance(p, str)]
-        if failed:
-            raise ValueError(failed[0])
-        return np.concatenate(parts)
-
-    def discard(self, ticket):
-        """Forget a submitted batch: its chunks not yet written are dropped, the others read and dropped."""
-        for chunk in range(len(self._waiting.pop(ticket, []))):
-            self._ready.pop((ticket, chunk), None)
-
-    def close(self):
-        self._close()
-
-    @property
-    def closed(self):
-        return not self._close.alive
+def start_workers(count=None):
+    """The pool of image-decoding processes: count of them (None: one a core, less one for the trainer)."""
+    count = default_count() if count is None else count
+    if count < 1:
+        raise ValueError(f"the reader needs at least 1 worker process, got {count}")
+    return Pool(count, "minibp.imagenet:decode_chunk", what="an image-decoding worker")
 
 
 def _normalised(images):
@@ -349,7 +205,7 @@ def _stream(workers, folder, size, batches, *, prefetch):
     def fill():
         for indices, keys, info in itertools.islice(batches, prefetch - len(pending)):
             items = list(zip(folder.files[indices].tolist(), keys))
-            pending.append((workers.submit(folder.root, size, items), info))
+            pending.append((workers.submit(items, str(folder.root), size), info))
 
     try:
         fill()
@@ -380,7 +236,7 @@ class Batches:
         if size < 8:
             raise ValueError(f"the image size must be at least 8 pixels, got {size}")
         self.folder, self.batch, self.size, self.augment, self.seed = folder, int(batch), int(size), augment, seed
-        self.prefetch, self.workers = prefetch, workers if workers is not None else default_workers()
+        self.prefetch, self.workers = prefetch, workers if workers is not None else default_count()
         self.image_shape = (self.size, self.size, 3)
         self.epoch, self.position, self.order = 0, 0, epoch_order(seed, 0, len(folder))
         self._listing = folder.sha256()
@@ -401,7 +257,7 @@ class Batches:
         """(images (B, size, size, 3) float32 on the device, labels (B,) int64 on the host)."""
         if self._stream is None:
             if self._pool is None or self._pool.closed:
-                self._pool = Workers(self.workers)
+                self._pool = start_workers(self.workers)
             self._stream = _stream(self._pool, self.folder, self.size,
                                    self._batches(self.epoch, self.position, self.order), prefetch=self.prefetch)
         try:
@@ -455,7 +311,7 @@ class Batches:
 def evaluation_batches(folder, *, batch, size=224, workers=None, prefetch=2):
     """(images, labels) of the whole Folder in order, evaluation-cropped, in batches of at most
     `batch`, normalised; its worker processes stop when the iteration ends or is abandoned."""
-    pool = Workers(workers if workers is not None else default_workers())
+    pool = start_workers(workers)
     spans = (np.arange(start, min(start + batch, len(folder))) for start in range(0, len(folder), batch))
     try:
         for images, indices in _stream(pool, folder, size, ((i, [None] * len(i), i) for i in spans),

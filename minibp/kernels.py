@@ -13,35 +13,24 @@ Arguments go by name, each checked against the parameter of that name in the sou
 
 GPU: the source is compiled by NVRTC through cupy.RawModule, once per process.
 CPU: the same source is wrapped in a generated C++ file (kernels/cpu_shim.h supplies the CUDA
-names) that adds one exported launcher per kernel, compiled by g++ with OpenMP, cached on disk
-under $XDG_CACHE_HOME/minibp/kernels keyed by the CPU target (the instruction set it is built for:
-the CPU's widest, or MINIBP_CPU_TARGET's) and a hash of the sources, flags and compiler, and
-called through ctypes. A build is published whole (os.replace) with its size and SHA-256 in a
-`<name>.so.sha256` record beside it; a cached build that does not match its record is rebuilt,
-never loaded, and an unwritable cache falls back to a private temporary one.
+names) that adds one exported launcher per kernel, built by build.py (g++ with OpenMP, for the CPU's
+instruction set, cached on disk) and called through ctypes.
 
 `real_t` is a macro every kernel file may use for its floating-point type; `load(..., dtype=)`
 picks float (float32, the default) or double (float64, for gradient checks).
 """
-import atexit
-import contextlib
 import ctypes
 import functools
-import hashlib
 import os
-import platform
 import re
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from . import backend
+from . import backend, build
+from .build import KernelError
+# build.py's CPU targets, read through this module by tests/test_conv.py, bench/speed.py and conv_direct.py
+from .build import CPU_ARITHMETIC, CPU_TARGETS, TARGET_VARIABLE, cpu_target, usable_cpu_targets  # noqa: F401
 
 # The sources are the top-level kernels/ folder. A wheel ships a copy of it as minibp/kernels_src
 # (setup.cfg maps the folder to that package); a checkout or an editable install reads kernels/ itself.
@@ -56,10 +45,6 @@ _C_TYPES = {
     "unsigned char": np.uint8, "real_t": None,
 }
 _SIGNATURE = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(\w+)\s*\(([^)]*)\)', re.S)
-
-
-class KernelError(RuntimeError):
-    """A kernel source that does not compile, or a compiler that is missing."""
 
 
 class Param:
@@ -186,8 +171,8 @@ def load(filename, dtype=np.float32):
     signatures = parse_signatures(source, dtype)
     if not signatures:
         raise KernelError(f"{path} declares no extern \"C\" __global__ kernel")
-    build = _load_gpu if backend.device == "gpu" else _load_cpu
-    return Module(path, build(path, source, signatures, _real_name(dtype)))
+    loader = _load_gpu if backend.device == "gpu" else _load_cpu
+    return Module(path, loader(path, source, signatures, _real_name(dtype)))
 
 
 # ----------------------------------------------------------------------------- GPU: NVRTC
@@ -235,78 +220,7 @@ def compile_cubin(filename, *, dtype=np.float32, arch="sm_90"):
         nvrtc.destroyProgram(program)
 
 
-# ----------------------------------------------------------------------------- CPU: g++ + shim
-
-# The instruction sets a CPU build can target, widest first, by the machine's architecture: the
-# /proc/cpuinfo flags each needs and the g++ flags that select it (named levels, never -march=native,
-# whose meaning a cache key could not see). conv_direct.cu's vectors take their width from it.
-_X86_64_V2 = {"sse4_2", "ssse3", "popcnt"}
-_X86_64_V3 = _X86_64_V2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave", "abm"}
-CPU_TARGETS = {
-    "x86_64": {
-        "avx512": (_X86_64_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}, ["-march=x86-64-v4"]),
-        "avx2": (_X86_64_V3, ["-march=x86-64-v3"]),
-        "sse4": (_X86_64_V2, ["-march=x86-64-v2"]),
-        "x86-64": (set(), ["-march=x86-64"]),
-    },
-    "aarch64": {"neon": (set(), ["-march=armv8-a"])},  # NEON is part of the base architecture
-}
-TARGET_VARIABLE = "MINIBP_CPU_TARGET"  # names a narrower target than the CPU's widest, e.g. avx2
-
-
-def _cpu_flags():
-    try:
-        return set(re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M).group(1).split())
-    except (OSError, AttributeError):
-        return set()
-
-
-def _machine_targets():
-    return CPU_TARGETS.get(platform.machine().lower().replace("amd64", "x86_64"), {"generic": (set(), [])})
-
-
-def usable_cpu_targets():
-    """The names of the targets this CPU runs, widest first."""
-    flags = _cpu_flags()
-    return [name for name, (needs, _) in _machine_targets().items() if needs <= flags]
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_target():
-    """(name, g++ flags) of the instruction set this process's CPU builds target: the widest the CPU has,
-    or the one MINIBP_CPU_TARGET names (a KernelError if this CPU lacks it)."""
-    targets, usable = _machine_targets(), usable_cpu_targets()
-    requested = os.environ.get(TARGET_VARIABLE, "").strip()
-    if not requested:
-        return usable[0], targets[usable[0]][1]
-    if requested not in targets:
-        raise KernelError(f"{TARGET_VARIABLE}={requested} is not a CPU target of this {platform.machine()} "
-                          f"machine: its targets are {', '.join(targets)}")
-    if requested not in usable:
-        missing = sorted(targets[requested][0] - _cpu_flags())
-        raise KernelError(f"{TARGET_VARIABLE}={requested}, but this CPU lacks {', '.join(missing)}: "
-                          f"it runs {', '.join(usable)}")
-    return requested, targets[requested][1]
-
-
-# How every CPU build does its arithmetic. -fno-math-errno keeps floor inline, -fno-trapping-math lets
-# comparisons become selects (nothing here reads FP exception flags); -ffp-contract=off: no FMA
-# contraction, as --fmad=false on the GPU, so every kernel rounds like its NumPy reference (conv_direct.cu
-# alone fuses, by a pragma); no -ffast-math: kernels must see NaN and Inf.
-CPU_ARITHMETIC = ("-std=c++20", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
-
-
-def cpu_compile_command(real_name):
-    compiler = os.environ.get("CXX", "g++")
-    # -frandom-seed: byte-identical builds, so processes that build the same library at once publish
-    # the same bytes and its record matches whichever copy lands last. vect-max-version-for-alias-checks:
-    # the batch-norm backward's loop over a row of codes reads six arrays and accumulates into two, which
-    # takes 11 run-time alias checks; past g++'s default 10 the loop stays scalar (a 1.6x slower backward).
-    return [compiler, *CPU_ARITHMETIC, "-O3", *cpu_target()[1], "--param=vect-max-version-for-alias-checks=16",
-            "-fopenmp", "-fPIC",
-            "-fno-semantic-interposition", "-frandom-seed=minibp", "-shared", f"-Dreal_t={real_name}",
-            f"-I{KERNEL_DIR}"]
-
+# ----------------------------------------------------------------------------- CPU: launchers built by build.py
 
 def _cpu_wrapper_source(path, signatures):
     """C++ that includes the kernel file and exports minibp_launch_<name>(grid, block, args...)."""
@@ -319,141 +233,13 @@ def _cpu_wrapper_source(path, signatures):
     return "\n".join(lines) + "\n"
 
 
-def _cache_dir():
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "minibp" / "kernels"
-
-
-def _warn(message):
-    print(f"minibp: warning: {message}", file=sys.stderr)
-
-
-def _writable_cache(cache):
-    """cache if this process can write there, else a private temporary cache."""
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=cache).close()  # mkdir succeeds on an existing read-only folder
-        return cache
-    except OSError as e:
-        return _fallback_cache(cache, e.strerror or str(e))
-
-
-@functools.lru_cache(maxsize=None)  # one fallback, and one warning, per unwritable cache a process
-def _fallback_cache(cache, why):
-    fallback = Path(tempfile.mkdtemp(prefix="minibp-kernels-"))
-    atexit.register(shutil.rmtree, fallback, ignore_errors=True)  # the loaded libraries stay mapped
-    _warn(f"cannot write the kernel cache {cache} ({why}); building the kernels in {fallback}")
-    return fallback
-
-
-def _record_path(library):
-    return library.with_name(library.name + ".sha256")
-
-
-def _fingerprint(data):
-    return f"{len(data)} {hashlib.sha256(data).hexdigest()}"
-
-
-def _damage(library):
-    """Why a cached build must not be loaded, or None when its size and SHA-256 match its record."""
-    try:
-        recorded = _record_path(library).read_text().strip()
-    except FileNotFoundError:
-        return "it has no size/SHA-256 record"
-    except OSError as e:
-        return f"its record cannot be read: {e.strerror}"
-    try:
-        data = library.read_bytes()
-    except OSError as e:
-        return f"it cannot be read: {e.strerror}"
-    return None if recorded == _fingerprint(data) else "its size or SHA-256 differs from its record"
-
-
-def _remove_stale_builds(cache):
-    """Remove the build-<pid>-* folders of processes that died while compiling (SIGKILL, power cut)."""
-    for folder in cache.glob("build-*-*"):
-        pid = folder.name.split("-")[1]
-        if pid.isdigit() and pid != str(os.getpid()):
-            try:
-                os.kill(int(pid), 0)  # signal 0: only asks whether the process exists
-            except ProcessLookupError:
-                shutil.rmtree(folder, ignore_errors=True)
-            except OSError:  # PermissionError: it exists, as another user
-                pass
-
-
-def _run_compiler(command, cwd):
-    """(returncode, stderr) of the compiler, run in its own process group so that an exception here
-    (KeyboardInterrupt) kills all of it, cc1plus and ld included, not only the g++ driver."""
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        _, stderr = process.communicate()
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        raise
-    return process.returncode, stderr
-
-
-def _compiler_version(compiler):
-    if shutil.which(compiler) is None:
-        raise KernelError(f"the C++ compiler {compiler!r} was not found: minibp compiles its kernels for the CPU "
-                          "with it. Install g++ (Debian/Ubuntu: apt-get install g++) or set CXX to a C++20 compiler.")
-    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-
-
-def _compile_cpu_library(path, signatures, real_name):
-    """The path of a verified build of the kernel file: the cached one, or a new one published to the cache."""
-    command = cpu_compile_command(real_name)
-    wrapper = _cpu_wrapper_source(path, signatures)
-    digest = hashlib.sha256()
-    for part in [wrapper, " ".join(command), _compiler_version(command[0])]:
-        digest.update(part.encode())
-    for dependency in sorted(KERNEL_DIR.glob("*")):  # the .cu itself and every header it may include
-        if dependency.suffix in (".cu", ".cuh", ".h"):
-            digest.update(dependency.name.encode() + dependency.read_bytes())
-    # The target in the name as well as in the digest (its flags are in the command): a cache shared by an
-    # AVX-512 machine and an AVX2 one holds a build for each, and each loads its own.
-    name = f"{path.stem}-{real_name}-{cpu_target()[0]}-{digest.hexdigest()[:20]}.so"
-    library = _cache_dir() / name
-    if os.path.exists(library):
-        damage = _damage(library)
-        if damage is None:
-            return library
-        _warn(f"the cached kernel build {library} is damaged ({damage}); rebuilding it")
-    cache = _writable_cache(_cache_dir())
-    library = cache / name
-    _remove_stale_builds(cache)
-    # The pid in the name lets a later process remove the folder if this one dies mid-build.
-    with tempfile.TemporaryDirectory(prefix=f"build-{os.getpid()}-", dir=cache) as tmp:
-        build = Path(tmp)
-        # Relative names in the build folder: its random path must not end up in the library's bytes.
-        cpp = f"{path.stem}_launchers.cpp"
-        (build / cpp).write_text(wrapper)
-        # A first run compiles every kernel file (minutes on a loaded machine): say so, not a silent wait.
-        print(f"minibp: compiling {path.name} ({real_name}) for this CPU ({cpu_target()[0]}), once: later runs "
-              f"load it from {cache}", end="", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        returncode, stderr = _run_compiler(command + ["-o", "kernel.so", cpp], cwd=build)
-        print(f" ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
-        if returncode != 0:
-            raise KernelError(f"g++ could not compile {path} (real_t={real_name}):\n{stderr}")
-        (build / "record").write_text(_fingerprint((build / "kernel.so").read_bytes()) + "\n")
-        # Atomic: a concurrent process sees the old state or the whole file. The record lands last, so
-        # a library without a matching record (a publish cut short) is rebuilt, never loaded.
-        os.replace(build / "kernel.so", library)
-        os.replace(build / "record", _record_path(library))
-    return library
-
-
 def _load_cpu(path, source, signatures, real_name):
     # OpenMP threads that spin between kernels fight NumPy's BLAS threads (which spin between GEMMs)
     # for the same cores: measured 13x slower on 2 cores. Sleeping at once costs a few microseconds
     # a launch instead. libgomp reads this when the first kernel library loads it.
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    library = ctypes.CDLL(str(_compile_cpu_library(path, signatures, real_name)))
+    library = ctypes.CDLL(str(build.cached_library(path, _cpu_wrapper_source(path, signatures), real_name,
+                                                       KERNEL_DIR)))
     c_scalar = {np.float32: ctypes.c_float, np.float64: ctypes.c_double, np.int32: ctypes.c_int32,
                 np.int64: ctypes.c_int64, np.uint8: ctypes.c_uint8}
     kernels = {}

@@ -17,8 +17,6 @@ download or a write that failed.
 """
 import argparse
 import gzip
-import hashlib
-import os
 import pickle
 import sys
 import tarfile
@@ -29,6 +27,7 @@ import h5py
 import numpy as np
 
 from . import data
+from .integrity import atomic_file, file_digest, sha256_bytes
 
 CIFAR = {
     "cifar10": dict(url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
@@ -58,22 +57,14 @@ class DataError(ValueError):
     a folder: a bad input or option (exit status 2). A download or a write that fails is an OSError (1)."""
 
 
-def file_digest(path, algorithm):
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def download(url, destination):
     """Fetch url to destination atomically, printing progress."""
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
-    tmp = destination.with_name(destination.name + ".part")
     print(f"downloading {url}", flush=True)
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+        with atomic_file(destination) as tmp, urllib.request.urlopen(url, timeout=60) as response, \
+                open(tmp, "wb") as out:
             total, done = int(response.headers.get("Content-Length") or 0), 0
             for block in iter(lambda: response.read(1 << 20), b""):
                 out.write(block)
@@ -82,9 +73,7 @@ def download(url, destination):
                     print(f"\r  {done / 2**20:.1f} / {total / 2**20:.1f} MiB", end="", flush=True)
         print()
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise OSError(f"could not download {url}: {e}") from None
-    os.replace(tmp, destination)
     return destination
 
 
@@ -154,7 +143,7 @@ def read_idx(path, *, expected_sha256=None):
     if len(raw) != header + int(np.prod(shape)):
         raise DataError(f"{path} holds {len(raw) - header} bytes of data where its header promises shape {shape}: "
                         "truncated or corrupt")
-    sha256 = hashlib.sha256(raw).hexdigest()
+    sha256 = sha256_bytes(raw)
     if expected_sha256 is not None and sha256 != expected_sha256:
         raise DataError(f"{path} has content sha256 {sha256}, not the official {expected_sha256}")
     return np.frombuffer(raw, np.uint8, offset=header).reshape(shape), sha256

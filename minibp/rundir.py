@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from .checkpoint import atomic_file, stale_temporaries
+from .integrity import stale_temporaries, write_atomic
 
 LOCK, CHECKPOINT, METRICS = "lock", "checkpoint.h5", "metrics.jsonl"
 
@@ -114,8 +114,7 @@ class MetricsLog:
         if keep_through is not None and self.path.exists():
             kept = [r for r in read_metrics(self.path) if r.get("iter", 0) <= keep_through]
             self._check()
-            with atomic_file(self.path) as tmp:
-                Path(tmp).write_text("".join(json.dumps(r) + "\n" for r in kept))
+            write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         self.file = open(self.path, "a")
 
     def write(self, **record):

@@ -179,19 +179,19 @@ def test_a_cache_shared_by_two_cpu_targets_holds_a_build_for_each(tmp_path):
 def test_a_cpu_target_this_cpu_cannot_run_is_refused_in_one_line(monkeypatch, target, message):
     """Never SIGILL: a target the CPU lacks is refused before anything is built (here on a CPU made to
     look like an AVX2-only one)."""
-    from minibp import kernels
-    if kernels.platform.machine().lower() != "x86_64":
+    from minibp import build
+    if build.platform.machine().lower() != "x86_64":
         pytest.skip("the flags below are x86-64's")
-    monkeypatch.setattr(kernels, "_cpu_flags", lambda: set(kernels.CPU_TARGETS["x86_64"]["avx2"][0]))
+    monkeypatch.setattr(build, "_cpu_flags", lambda: set(build.CPU_TARGETS["x86_64"]["avx2"][0]))
     monkeypatch.setenv("MINIBP_CPU_TARGET", target)
-    kernels.cpu_target.cache_clear()
+    build.cpu_target.cache_clear()
     try:
-        with pytest.raises(kernels.KernelError, match=message):
-            kernels.cpu_target()
+        with pytest.raises(build.KernelError, match=message):
+            build.cpu_target()
         monkeypatch.delenv("MINIBP_CPU_TARGET")
-        assert kernels.cpu_target()[0] == "avx2"  # unset: the widest this CPU has
+        assert build.cpu_target()[0] == "avx2"  # unset: the widest this CPU has
     finally:
-        kernels.cpu_target.cache_clear()
+        build.cpu_target.cache_clear()
 
 
 def test_a_build_says_what_it_compiles_and_how_long_it_took(tmp_path):

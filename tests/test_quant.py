@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from minibp import quant, quant_kernels
+from minibp import quant
+import quant_kernels
 from conftest import device, host
 
 BITS = [2, 4, 8]

@@ -9,7 +9,8 @@ the shift's clamp at 1 and cap at K-1 begin."""
 import numpy as np
 import pytest
 
-from minibp import layers, quant, quant_kernels
+from minibp import layers, quant
+import quant_kernels
 from conftest import device, host
 
 BITS = [8, 4, 2]

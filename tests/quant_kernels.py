@@ -1,7 +1,7 @@
 """The k-bit store's kernels on their own: kernels/quant.cu, built from kernels/quant.cuh, the device
 functions the training kernels (kernels/bn.cu) write and read the stores with, so testing these
-wrappers against quant.py's NumPy reference tests those. They serve the tests and bench/quant.py;
-training never calls them.
+wrappers against quant.py's NumPy reference tests those. They serve the tests and bench/quant.py
+(which imports them from here); training never calls them, and the package does not ship them.
 
     table = window(b, bits=4, kind="range", v=v)               # (3, C): shift, below, above per channel
     codes = quantize(v, table, bits=4)                          # (size * 4 / 8,) uint8
@@ -9,8 +9,8 @@ training never calls them.
 """
 import numpy as np
 
-from . import backend, kernels, quant
-from .quant import check_bits, check_window, clip_of
+from minibp import backend, kernels, quant
+from minibp.quant import check_bits, check_window, clip_of
 
 
 def _check_values(name, values, channels=None):
