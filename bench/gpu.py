@@ -18,7 +18,8 @@ import numpy as np
 from minibp import backend, kernels, models
 from minibp.arena import format_bytes
 from minibp.optim import SGD
-from minibp.plan import largest_batch, parse_bytes
+from minibp.memory import largest_batch, parse_bytes
+from minibp.quant import Store
 from minibp.step import TrainStep
 
 
@@ -104,7 +105,7 @@ def main(argv=None):
         net = models.by_name(model)
         for name, budget in (("11 GiB", parse_bytes(args.budget)), ("this GPU", device_bytes)):
             print(f"largest batch within {name}: " +
-                  ", ".join(f"{b} {largest_batch(net, bits=b, budget=budget)}" for b in stores))
+                  ", ".join(f"{b} {largest_batch(net, store=Store(b), budget=budget)}" for b in stores))
     return 0
 
 

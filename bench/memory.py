@@ -30,8 +30,8 @@ def resident_bytes(field):
 def child(model, batch, mode, data):
     from minibp import models
     from minibp.optim import SGD
-    from minibp.plan import SHAPES
-    shape, classes = SHAPES[data]
+    from minibp.models import DATA_SHAPES
+    shape, classes = DATA_SHAPES[data]
     rng = np.random.default_rng(0)
     tiny = models.by_name("resnet11", input_shape=(8, 8, shape[2]), classes=classes).compile(batch=2, bits=mode)
     tiny.forward(rng.standard_normal((2, 8, 8, shape[2])).astype(np.float32), np.zeros(2, np.int64))

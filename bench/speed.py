@@ -27,7 +27,7 @@ from gradients import store_options
 from minibp import backend, kernels, models
 from minibp.layers import conv_direct
 from minibp.optim import SGD
-from minibp.plan import SHAPES
+from minibp.models import DATA_SHAPES
 
 # A narrower CPU imitated on a wider one (--cpu avx2 on an AVX-512 machine): minibp's kernels, NumPy's
 # OpenBLAS and PyTorch's kernels (ATen, oneDNN, MKL) all limited to that instruction set, so that the
@@ -143,7 +143,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet164")
     parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--data", default="cifar10", choices=list(SHAPES))
+    parser.add_argument("--data", default="cifar10", choices=list(DATA_SHAPES))
     parser.add_argument("--modes", default="exact,8,4,4:fixed", help="stores as gradients.py names them "
                         "(k bits through the default window, or k:window)")
     parser.add_argument("--rounds", type=int, default=5)
@@ -153,7 +153,7 @@ def main(argv=None):
                         "and print where each mode's step differs from the first mode's")
     args = parser.parse_args(argv)
     limit_cpu(args.cpu)
-    shape, classes = SHAPES[args.data]
+    shape, classes = DATA_SHAPES[args.data]
     rng = np.random.default_rng(0)
     images = rng.standard_normal((args.batch,) + shape).astype(np.float32)  # (N, H, W, C)
     labels = rng.integers(0, classes, args.batch)

@@ -15,7 +15,7 @@ from pathlib import Path
 from . import checkpoint, data, imagenet, models
 from .kernels import KernelError
 from .memory import compile_within_memory
-from .runconfig import describe_store, saved_config
+from .runconfig import saved_config, store_of
 from .scoring import evaluate
 
 
@@ -52,7 +52,7 @@ def main(argv=None):
                            input_shape=input_shape, classes=split.classes)
         saved.check_parameters(net, built)
         batch = min(args.batch or config["batch"] // config["split"], len(split.labels))  # no bigger than the split
-        compile_within_memory(net, batch=batch, bits=config["bits"], training=False, hint="lower --batch")
+        compile_within_memory(net, batch=batch, store=store_of(config), training=False, hint="lower --batch")
         checkpoint.restore(net, saved)
         loss, accuracy = evaluate(net, split, mean, workers=args.workers)
     except FloatingPointError as e:
@@ -70,7 +70,7 @@ def main(argv=None):
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{built}, {describe_store(config)}, at iteration {saved.iteration}: {args.split} accuracy "
+        print(f"{built}, {store_of(config)}, at iteration {saved.iteration}: {args.split} accuracy "
               f"{accuracy:.4f} (loss {loss:.4f}) on {len(split.labels):,} {config['data']} images")
     return 0
 

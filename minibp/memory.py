@@ -7,7 +7,7 @@ import re
 
 from . import backend
 from .arena import format_bytes
-from .quant import DEFAULT_WINDOW
+from .params import key
 
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40,
@@ -38,15 +38,14 @@ def check_budget(budget):
     return int(budget)
 
 
-def largest_batch(net, *, bits, budget, training=True, window=DEFAULT_WINDOW):
-    """The largest batch (at most MAX_BATCH) whose arena fits the budget; 0 if not even one image fits.
+def largest_batch(net, *, store, budget, training=True):
+    """The largest batch, at this store (quant.Store), (at most MAX_BATCH) whose arena fits the budget; 0 if not even one image fits.
 
     The arena grows with the batch, monotonically and nearly linearly (alignment padding and reduction
     chunks aside): plans at batch 1 and FAR predict the answer, a bracket widened from the prediction by
     doubling steps and then a bisection pin it down in O(log(error)) more plans, whatever the budget."""
     budget = check_budget(budget)
-    allocation = lambda batch: net.plan(batch=batch, bits=bits, window=window,  # noqa: E731
-                                        training=training).allocation_bytes
+    allocation = lambda batch: net.plan(batch=batch, store=store, training=training).allocation_bytes  # noqa: E731
     fits = lambda batch: allocation(batch) <= budget  # noqa: E731
     one = allocation(1)
     if one > budget:
@@ -70,20 +69,27 @@ def largest_batch(net, *, bits, budget, training=True, window=DEFAULT_WINDOW):
     return lo
 
 
-def compile_within_memory(net, *, batch, bits, hint="lower --batch, or compute it in parts with --split", **options):
-    """net.compile(batch=, bits=, **options), after checking that its plan fits the memory available now;
+def compile_within_memory(net, *, batch, store, hint="lower --batch, or compute it in parts with --split", **options):
+    """net.compile(batch=, store=, **options), after checking that its plan fits the memory available now;
     the refusal gives the plan's size and the largest batch that fits."""
     training = options.get("training", True)
-    window = options.get("window", DEFAULT_WINDOW)
-    plan = net.plan(batch=batch, bits=bits, window=window, training=training)
+    plan = net.plan(batch=batch, store=store, training=training)
     available = backend.available_memory()
     if available is not None and plan.allocation_bytes > available:
-        fits = largest_batch(net, bits=bits, window=window, budget=available, training=training) if available > 0 else 0
+        fits = largest_batch(net, store=store, budget=available, training=training) if available > 0 else 0
         if fits == 0:  # no batch size helps: say what is too big
-            one = net.plan(batch=1, bits=bits, window=window, training=training).allocation_bytes
+            one = net.plan(batch=1, store=store, training=training).allocation_bytes
             raise ValueError(f"even a batch of 1 needs {format_bytes(one)} but {backend.device} has "
                              f"{format_bytes(available)} available: the net is too large for this machine (input "
                              f"{'x'.join(map(str, net.input_shape))}, {net.classes:,} classes)")
         raise ValueError(f"a batch of {batch} needs {format_bytes(plan.allocation_bytes)} but {backend.device} has "
                          f"{format_bytes(available)} available: the largest batch that fits is {fits} ({hint})")
-    return net.compile(batch=batch, bits=bits, **options)
+    return net.compile(batch=batch, store=store, **options)
+
+
+def unit_rows(net, plan):
+    """[(unit index, input shape, store bytes)] of the units that keep a store in this plan (the block
+    window's windows included)."""
+    return [(u.index, u.in_shape, sum(plan[key(u.index, role)].nbytes for role in ("store", "windows")
+                                      if key(u.index, role) in plan))
+            for u in net.units if key(u.index, "store") in plan]

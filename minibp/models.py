@@ -41,6 +41,9 @@ import numpy as np
 
 from .net import Net
 
+# The input shape and classes of each named data set's net, to plan it without the data (plan, plot, benches).
+DATA_SHAPES = {"cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100), "fashion-mnist": ((28, 28, 1), 10),
+               "imagenet": ((224, 224, 3), 1000)}
 STAGES = ((16, 64), (32, 128), (64, 256))  # (bottleneck width, block output channels)
 IMAGENET_BLOCKS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}  # blocks a stage
 IMAGENET_WIDTHS = (64, 128, 256, 512)  # bottleneck widths; each block outputs 4x as many channels

@@ -21,31 +21,23 @@ import sys
 
 from . import backend, models
 from .arena import format_bytes
-from .memory import MAX_BATCH, check_budget, largest_batch, parse_bytes
+from .memory import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
 from .memory import MAX_BUDGET  # noqa: F401  read as plan.MAX_BUDGET by callers from before memory.py
-from .params import key
-from .quant import BITS, DEFAULT_WINDOW
+from .quant import BITS, Store
 from .runconfig import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option
 
-SHAPES = {"cifar10": ((32, 32, 3), 10), "cifar100": ((32, 32, 3), 100), "fashion-mnist": ((28, 28, 1), 10),
-          "imagenet": ((224, 224, 3), 1000)}
-def unit_rows(net, plan):
-    """[(unit index, input shape, store bytes)] of the units that keep a store (the block window's windows
-    included)."""
-    return [(u.index, u.in_shape, sum(plan[key(u.index, role)].nbytes for role in ("store", "windows")
-                                      if key(u.index, role) in plan))
-            for u in net.units if key(u.index, "store") in plan]
 
-
-def report(net, *, model, batch, bits, window=DEFAULT_WINDOW, budget=None):
-    plan = net.plan(batch=batch, bits=bits, window=window)
-    result = dict(model=model, batch=batch, bits=bits, window=window, units=len(net.units),
+def report(net, *, model, batch, store, budget=None):
+    """(the plan of a training step at this batch and store, the dict --json prints); with a budget, the
+    largest batch of every store's precision, through the same window."""
+    plan = net.plan(batch=batch, store=store)
+    result = dict(model=model, batch=batch, bits=store.bits, window=store.window, units=len(net.units),
                   parameters=net.num_parameters, categories=plan.bytes_by_category(), total_bytes=plan.total_bytes,
                   allocation_bytes=plan.allocation_bytes,
                   unit_stores=[dict(unit=i, input_shape=list(s), bytes=b) for i, s, b in unit_rows(net, plan)])
     if budget is not None:
         result["budget_bytes"] = budget
-        result["largest_batch"] = {m: largest_batch(net, bits=m, window=window, budget=budget) for m in BITS}
+        result["largest_batch"] = {m: largest_batch(net, store=Store(m, store.window), budget=budget) for m in BITS}
     return plan, result
 
 
@@ -67,7 +59,7 @@ def main(argv=None):
     # following --data, no ImageNet defaults beyond it
     add_option(parser, "model", metavar=None, default=None, help="resnet<9n+2> (default resnet164); with --data "
                "imagenet resnet50, resnet101 or resnet152 (default)")
-    add_option(parser, "data", choices=list(SHAPES),
+    add_option(parser, "data", choices=list(models.DATA_SHAPES),
                help="input shape and classes; imagenet: 224x224x3, 1000 classes and the ImageNet ResNets")
     add_option(parser, "batch", metavar=None, help=None)
     add_option(parser, "bits", help=None)
@@ -79,16 +71,16 @@ def main(argv=None):
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
-        input_shape, classes = SHAPES[args.data]
+        input_shape, classes = models.DATA_SHAPES[args.data]
         if not args.model:  # the trainer's default for the data
             args.model = IMAGENET_DEFAULTS["model"] if args.data == "imagenet" else SHARED_OPTIONS["model"]["default"]
         net = models.by_name(args.model, imagenet=args.data == "imagenet", input_shape=input_shape, classes=classes)
         budget = check_budget(parse_bytes(args.budget)) if args.budget is not None else None
         if args.batch < 1:
             raise ValueError("--batch must be positive")
+        store = Store(args.bits, args.window)
         with planning_for(args.device or backend.device):
-            plan, result = report(net, model=args.model, batch=args.batch, bits=args.bits, window=args.window,
-                                  budget=budget)
+            plan, result = report(net, model=args.model, batch=args.batch, store=store, budget=budget)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -98,7 +90,7 @@ def main(argv=None):
         print(json.dumps(result, indent=1))
         return 0
     print(f"{args.model} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
-          f"batch {args.batch}, bits {args.bits}" + (f", {args.window} window" if BITS[args.bits] else ""))
+          f"batch {args.batch}, bits {args.bits}" + (f", {store.window} window" if store.has_window else ""))
     print(plan.summary())
     print(f"(one allocation of {format_bytes(plan.allocation_bytes)} with alignment)")
     if args.units:

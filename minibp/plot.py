@@ -101,9 +101,9 @@ def save(fig, out):
 def plot_plan(model, *, batch, bits, out, data="cifar10"):
     """Each unit's store, and the shared buffers as one bar, in MiB."""
     from . import models
-    from .plan import SHAPES, unit_rows
+    from .memory import unit_rows
     plt = _pyplot()
-    shape, classes = SHAPES[data]
+    shape, classes = models.DATA_SHAPES[data]
     net = models.by_name(model, input_shape=shape, classes=classes)
     plan = net.plan(batch=batch, bits=bits)
     rows = unit_rows(net, plan)

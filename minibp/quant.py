@@ -38,7 +38,7 @@ in the high nibble, i+1 in the low one); C is a multiple of 8/k, so a byte never
 
 The *_ref functions state this in plain NumPy float32, for readers and the tests. The training kernels
 (kernels/bn.cu) write and read the stores through the device functions of kernels/quant.cuh;
-quant_kernels.py runs the same functions on their own, for the tests and bench/quant.py.
+tests/quant_kernels.py runs the same functions on their own, for the tests and bench/quant.py.
 """
 from dataclasses import dataclass
 
@@ -115,10 +115,11 @@ class Store:
             raise ValueError(f"stochastic rounding codes a k-bit store: bits {name} has none to round (exact) or "
                              "feeds its codes forward (naive)")
         object.__setattr__(self, "bits", name)  # 4 and "4" are one store
-        object.__setattr__(self, "window", self.window if k and not naive else "fixed")
+        object.__setattr__(self, "window", self.window if self.has_window else "fixed")
 
     k = property(lambda self: BITS[self.bits])                         # bits a value: 0 for exact
     naive = property(lambda self: self.bits == "naive")
+    has_window = property(lambda self: self.k > 0 and not self.naive)  # its codes go through the chosen window
     block = property(lambda self: self.window == "block")              # keeps (blocks, 3, C) windows of its own
     stochastic = property(lambda self: self.rounding == "stochastic")
 
@@ -129,7 +130,7 @@ class Store:
 
     def __str__(self):
         """The store in the words of every message: "bits 4 (block window)", "bits exact"."""
-        if not self.k or self.naive:
+        if not self.has_window:
             return f"bits {self.bits}"
         return f"bits {self.bits} ({self.window} window{', stochastic rounding' if self.stochastic else ''})"
 

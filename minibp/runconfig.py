@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import data, models
-from .quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS
+from .quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
 
 REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
 # ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate
@@ -134,12 +134,10 @@ def model_args(pairs):
     return recorded
 
 
-def describe_store(config):
-    """The activation store in the words of every message: "bits 4 (block window)", "bits exact"."""
-    if config["bits"] in ("exact", "naive"):
-        return f"bits {config['bits']}"
-    rounding = ", stochastic rounding" if config.get("rounding", DEFAULT_ROUNDING) == "stochastic" else ""
-    return f"bits {config['bits']} ({config['window']} window{rounding})"
+def store_of(config):
+    """The activation store (quant.Store) a checked configuration names; str() of it is the store in the words
+    of every message: "bits 4 (block window)", "bits exact"."""
+    return Store(config["bits"], config["window"], config.get("rounding", DEFAULT_ROUNDING))
 
 
 # The options another command shares with the trainer (python -m minibp.plan), declared once: argparse's

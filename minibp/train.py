@@ -44,9 +44,9 @@ from . import backend, checkpoint, data, dist, imagenet, models
 from .kernels import KernelError
 from .memory import compile_within_memory
 from .optim import SGD
-from .quant import DEFAULT_WINDOW
+from .quant import DEFAULT_WINDOW, Store
 from .rundir import FolderLost, MetricsLog, RunDir, read_metrics
-from .runconfig import (apply_data_defaults, build_parser, check_config, describe_store, given_options, new_config,
+from .runconfig import (apply_data_defaults, build_parser, check_config, given_options, new_config, store_of,
                         parse_schedule, resumed_config)
 from .scoring import evaluate
 from .step import TrainStep
@@ -163,7 +163,8 @@ def _run(args, given, group=None, *, function=None, python=False):
     if args.resume and args.overwrite:
         raise ValueError("--resume continues a run and --overwrite starts it again: give one")
     # the store's window and rounding in the folder's name, where they are not the defaults
-    store = f"-{args.window}" if args.window != DEFAULT_WINDOW and args.bits not in ("exact", "naive") else ""
+    store = Store(args.bits, args.window)  # (the rounding is checked with the rest, by check_config)
+    store = f"-{store.window}" if store.has_window and store.window != DEFAULT_WINDOW else ""
     store += "-stochastic" if args.rounding == "stochastic" else ""
     out = Path(args.out or f"runs/{args.data}-{models.short_name(args.model)}-{args.bits}{store}-seed{args.seed}")
     ranks = group.size if group else 1
@@ -242,8 +243,7 @@ class Session:
         if saved is not None:
             saved.check_parameters(net, built)
         sub_batch = config["batch"] // config["split"]
-        compile_within_memory(net, batch=sub_batch, bits=config["bits"], window=config["window"],
-                              rounding=config["rounding"], seed=config["seed"])
+        compile_within_memory(net, batch=sub_batch, store=store_of(config), seed=config["seed"])
         opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
         self.step = TrainStep(net, opt, split=config["split"] // self.ranks, graph=config.get("graph", False),
                               group=self.group)
@@ -262,7 +262,7 @@ class Session:
         if self.ranks > 1:
             in_sub_batches = f" ({self.ranks} ranks x {config['split'] // self.ranks} x {sub_batch})"
         print(f"{built} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
-              f"({len(self.train_split.labels):,} training images), {describe_store(config)}, batch "
+              f"({len(self.train_split.labels):,} training images), {store_of(config)}, batch "
               f"{config['batch']}{in_sub_batches}, device {backend.device}"
               f"{', one CUDA graph a step' if self.step.graph else ''}")
         print(f"plan of a step, allocated once:\n{net.arena.plan.summary()}")

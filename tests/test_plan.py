@@ -9,7 +9,7 @@ import pytest
 
 from minibp import models, plan
 from minibp.net import Net
-from minibp.quant import BITS
+from minibp.quant import BITS, Store
 
 
 @pytest.mark.parametrize("mode", list(BITS))
@@ -33,10 +33,10 @@ def assert_largest(net, mode, budget, batch):
 @pytest.mark.parametrize("budget", [300 * 2**20, 11 * 2**30 + 12345])
 def test_largest_batch_fits_and_one_more_does_not(mode, budget):
     net = models.by_name("resnet20")
-    batch = plan.largest_batch(net, bits=mode, budget=budget)
+    batch = plan.largest_batch(net, store=Store(mode), budget=budget)
     assert batch > 1
     assert_largest(net, mode, budget, batch)
-    assert plan.largest_batch(net, bits=mode, budget=1000) == 0
+    assert plan.largest_batch(net, store=Store(mode), budget=1000) == 0
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_huge_budgets_take_a_few_plans(plan_calls, budget):
     net = models.by_name("resnet20")
     for mode in ("exact", "2"):
         plan_calls.clear()
-        batch = plan.largest_batch(net, bits=mode, budget=plan.parse_bytes(budget))
+        batch = plan.largest_batch(net, store=Store(mode), budget=plan.parse_bytes(budget))
         assert len(plan_calls) <= 40
         assert_largest(net, mode, plan.parse_bytes(budget), batch)
 
@@ -67,7 +67,7 @@ def test_the_batch_is_capped(plan_calls, monkeypatch):
     net = models.by_name("resnet20")
     real = Net.plan
     monkeypatch.setattr(Net, "plan", lambda self, **o: real(self, **dict(o, batch=min(o["batch"], 5))))
-    assert plan.largest_batch(net, bits="4", budget=2**40) == plan.MAX_BATCH
+    assert plan.largest_batch(net, store=Store("4"), budget=2**40) == plan.MAX_BATCH
 
 
 def test_cli_answers_huge_budgets_quickly(plan_calls, capsys):
@@ -80,7 +80,7 @@ def test_cli_answers_huge_budgets_quickly(plan_calls, capsys):
 
 def test_four_bits_fit_more_than_exact():
     net = models.by_name("resnet56")
-    batches = {m: plan.largest_batch(net, bits=m, budget=2**30) for m in ("exact", "8", "4")}
+    batches = {m: plan.largest_batch(net, store=Store(m), budget=2**30) for m in ("exact", "8", "4")}
     assert batches["4"] > batches["8"] > batches["exact"]
 
 
@@ -107,7 +107,7 @@ def test_cli_errors(capsys, argv, match):
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), 2**50 + 1])
 def test_bad_budgets_are_refused(budget):
     with pytest.raises(ValueError, match="budget"):
-        plan.largest_batch(models.by_name("resnet20"), bits="4", budget=budget)
+        plan.largest_batch(models.by_name("resnet20"), store=Store("4"), budget=budget)
 
 
 def test_parse_bytes():
