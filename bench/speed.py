@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from gradients import store_options
-from minibp import backend, kernels, models
+from minibp import backend, build, kernels, models
 from minibp.layers import conv_direct
 from minibp.optim import SGD
 from minibp.models import DATA_SHAPES
@@ -33,7 +33,7 @@ from minibp.models import DATA_SHAPES
 # OpenBLAS and PyTorch's kernels (ATen, oneDNN, MKL) all limited to that instruction set, so that the
 # ratios measured stand for that class of machine. Each library reads its variable when it loads.
 NARROWER_CPU = {
-    "avx2": {kernels.TARGET_VARIABLE: "avx2", "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
+    "avx2": {build.TARGET_VARIABLE: "avx2", "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
              "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
 }
 
@@ -42,8 +42,8 @@ def limit_cpu(target):
     """Run this process again with every library limited to target (NARROWER_CPU), unless it already is."""
     if target is None:
         return
-    if target not in kernels.usable_cpu_targets():
-        sys.exit(f"--cpu {target}: this CPU runs {', '.join(kernels.usable_cpu_targets())}")
+    if target not in build.usable_cpu_targets():
+        sys.exit(f"--cpu {target}: this CPU runs {', '.join(build.usable_cpu_targets())}")
     variables = NARROWER_CPU[target]
     if any(os.environ.get(k) != v for k, v in variables.items()):
         sys.stdout.flush()
@@ -60,10 +60,10 @@ def cpu_model():
 
 def describe_machine():
     """What a figure was measured on: the CPU, the instruction sets in use and the convolutions' path."""
-    widest = kernels.usable_cpu_targets()[0]
-    limited = [f"{k}={v}" for k, v in NARROWER_CPU.get(kernels.cpu_target()[0], {}).items() if os.environ.get(k) == v]
+    widest = build.usable_cpu_targets()[0]
+    limited = [f"{k}={v}" for k, v in NARROWER_CPU.get(build.cpu_target()[0], {}).items() if os.environ.get(k) == v]
     return (f"CPU: {cpu_model()}, {len(os.sched_getaffinity(0))} cores, widest target {widest}"
-            + (f", limited to {kernels.cpu_target()[0]} ({' '.join(limited)})" if limited else "")
+            + (f", limited to {build.cpu_target()[0]} ({' '.join(limited)})" if limited else "")
             + f"; minibp's float32 convolutions: {conv_direct.path()}")
 
 

@@ -4,7 +4,7 @@
 // Activations are (rows, C), channels last. stats is the unit's (7, C) table, written by the
 // forward pass and read by the backward pass:
 //     stats[0] = mean_c      stats[1] = sigma_c = sqrt(var_c + eps)
-//     stats[2] = gamma_c, gamma clamped to >= 1e-8      stats[3] = b_c = beta_c / gamma_c
+//     stats[2] = gamma_c, gamma clamped to >= GAMMA_MIN (1e-8)      stats[3] = b_c = beta_c / gamma_c
 //     stats[4:7] = shift_c, below_c, above_c: the window of channel c's k-bit code (quant.cuh)
 // The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh), coded
 // through windows (blocks, 3, C): a window per channel for each block of block_rows rows. The fixed and
@@ -23,6 +23,10 @@
 // the chunks up: their results do not depend on the launch shape.
 #include "common.cuh"
 #include "quant.cuh"
+
+#ifndef GAMMA_MIN
+#error "GAMMA_MIN comes from minibp/constants.py: build through minibp.kernels"
+#endif
 
 #define MEAN(c) stats[(c)]
 #define SIGMA(c) stats[C + (c)]
@@ -191,7 +195,7 @@ extern "C" __global__ void batchnorm_coefficients(int C, real_t eps, const real_
                                                   const real_t* __restrict__ beta, real_t* __restrict__ stats) {
     GRID_STRIDE_LOOP(c, C) {
         SIGMA(c) = sqrt(SIGMA(c) + eps);
-        const real_t g = gamma[c] < (real_t)1e-8 ? (real_t)1e-8 : gamma[c];  // (NaN passes through)
+        const real_t g = gamma[c] < (real_t)GAMMA_MIN ? (real_t)GAMMA_MIN : gamma[c];  // (NaN passes through)
         GAMMA(c) = g;
         B(c) = beta[c] / g;
     }

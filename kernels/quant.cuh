@@ -3,7 +3,7 @@
 //
 // Each element's v = xhat + b (b = beta/gamma of its channel) is kept as a code q of K = 2^k bins
 // (k = BITS = 2, 4, 8) through its channel's window (shift, below, above): shift bins lie below zero,
-// `below` and `above` wide. With u = v - 1e-6 and w = below if u < 0, else above:
+// `below` and `above` wide. With u = v - MASK_THRESHOLD (1e-6) and w = below if u < 0, else above:
 //     q     = clamp(floor(u*(1/w)) + shift, 0, K-1)            the code (NaN -> 0)
 //     vhat  = (q - shift + 0.5)*(q < shift ? below : above)    the bin's midpoint
 //     mask  = q >= shift                                       (= v >= 1e-6, the ReLU's sign)
@@ -25,6 +25,11 @@
 // element in the most significant bits. Rows are decoded through the codes as numbers in a scratch row
 // of real_t: the loops that then use them read plain floats and vectorise on the CPU.
 #pragma once
+
+// MASK_THRESHOLD (float) and GAMMA_MIN come from minibp/constants.py, defined on every build's command line.
+#ifndef MASK_THRESHOLD
+#error "MASK_THRESHOLD comes from minibp/constants.py: build through minibp.kernels"
+#endif
 
 // relu that lets NaN through, so that a diverged net shows in its loss.
 __device__ __forceinline__ real_t relu(real_t y) { return y <= 0 ? (real_t)0 : y; }
@@ -55,10 +60,11 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
                                                    float* shift, float* below, float* above) {
     const float K = (float)(1 << bits);
     // not across zero: lo stays below 1e-6 (the mask's threshold) if it was, hi at or above it if it was
-    const float lo_clip = b - clip < 0.0f ? b - clip : 0.0f, hi_clip = b + clip > 1e-6f ? b + clip : 1e-6f;
+    const float lo_clip = b - clip < 0.0f ? b - clip : 0.0f,
+                hi_clip = b + clip > MASK_THRESHOLD ? b + clip : MASK_THRESHOLD;
     lo = lo > lo_clip ? lo : lo_clip;
     hi = hi < hi_clip ? hi : hi_clip;
-    const float u_lo = lo - 1e-6f, u_hi = hi - 1e-6f;
+    const float u_lo = lo - MASK_THRESHOLD, u_hi = hi - MASK_THRESHOLD;
     const bool one_sign = u_lo >= 0.0f || u_hi < 0.0f;
     float wb = (u_hi - u_lo) / (K - 1.0f), wa = wb, j_best = 1.0f;
     if (!one_sign) {
@@ -89,7 +95,7 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
 // three values a channel. Measured: a ResNet-20 forward pass at batch 128 went from 0.216 to 0.235 s, a
 // ResNet-164 step no slower than its rounds vary (bench/speed.py).
 __device__ __forceinline__ float quant_code(float v, float shift, float below, float above, int bits) {
-    const float u = v - 1e-6f;
+    const float u = v - MASK_THRESHOLD;
     return clampf(floorf(u * (1.0f / (u < 0.0f ? below : above))) + shift, 0.0f, (float)((1 << bits) - 1));
 }
 
@@ -123,7 +129,7 @@ __device__ __forceinline__ float quant_uniform(unsigned int row_hash, int c) {
 // clamp to the K codes, are the only biases (docs/method.md). NaN -> 0, as quant_code.
 __device__ __forceinline__ float quant_code_stochastic(float v, float shift, float below, float above, int bits,
                                                        float r) {
-    const float u = v - 1e-6f;
+    const float u = v - MASK_THRESHOLD;
     const bool negative = u < 0.0f;
     float d = floorf(u * (1.0f / (negative ? below : above)) - 0.5f + r);
     d = negative ? (d >= -1.0f ? -1.0f : d) : (d <= 0.0f ? 0.0f : d);  // (comparisons that keep NaN)

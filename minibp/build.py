@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import constants
 from .integrity import sha256_bytes, write_atomic
 
 
@@ -104,7 +105,8 @@ def cpu_compile_command(real_name):
     # takes 11 run-time alias checks; past g++'s default 10 the loop stays scalar (a 1.6x slower backward).
     return [compiler, *CPU_ARITHMETIC, "-O3", *cpu_target()[1], "--param=vect-max-version-for-alias-checks=16",
             "-fopenmp", "-fPIC",
-            "-fno-semantic-interposition", "-frandom-seed=minibp", "-shared", f"-Dreal_t={real_name}"]
+            "-fno-semantic-interposition", "-frandom-seed=minibp", "-shared", f"-Dreal_t={real_name}",
+            *constants.defines()]
 
 
 # ----------------------------------------------------------------------------- the cache

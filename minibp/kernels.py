@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, build
+from . import backend, build, constants
 from .build import KernelError
 # build.py's CPU targets, read through this module by tests/test_conv.py, bench/speed.py and conv_direct.py
 from .build import CPU_ARITHMETIC, CPU_TARGETS, TARGET_VARIABLE, cpu_target, usable_cpu_targets  # noqa: F401
@@ -179,7 +179,7 @@ def load(filename, dtype=np.float32):
 
 def gpu_compile_options(real_name):
     # --fmad=false: no fused multiply-add contraction, so float kernels round as g++ does on the CPU.
-    return ("-std=c++17", "--fmad=false", f"-Dreal_t={real_name}", f"-I{KERNEL_DIR}")
+    return ("-std=c++17", "--fmad=false", f"-Dreal_t={real_name}", *constants.defines(), f"-I{KERNEL_DIR}")
 
 
 def _load_gpu(path, source, signatures, real_name):

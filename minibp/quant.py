@@ -44,6 +44,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .constants import MASK_THRESHOLD
+
 SUPPORTED_BITS = (2, 4, 8)
 # The stores a net can keep, by the name the API, the CLI and checkpoints give them ("bits"): exact keeps
 # the float input; naive is the 4-bit store fed forward too (the ablation).
@@ -70,7 +72,6 @@ BELOW_WEIGHT = 1 / 27
 # Rows (pixels) that share a block window: its windows are (blocks(rows), 3, C), 96 bits a channel per block,
 # 0.375 bits a value on top of the k.
 BLOCK_ROWS = 256
-MASK_THRESHOLD = np.float32(1e-6)
 
 
 def parse_bits(bits):

@@ -10,11 +10,11 @@
 import numpy as np
 
 from .. import backend, kernels, quant
+from ..constants import GAMMA_MIN  # gamma is clamped to at least this (docs/method.md, "The unit")
 from ..params import Own, elements
 from ..quant import check_window
 from .launch import launch
 
-GAMMA_MIN = 1e-8         # gamma is clamped to at least this (docs/method.md, "The unit")
 ROWS_PER_CHUNK = 16      # rows a reduction sums in order into one row of partial sums, which xp adds up
 
 # stats is a unit's (7, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma, and

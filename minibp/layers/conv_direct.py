@@ -4,7 +4,7 @@ On the CPU, Conv2D (conv.py) hands its float32 convolutions here: conv_direct an
 x and dy in place (the data gradient is conv_direct of dy, dilated by the stride, with the flipped kernel),
 with no im2col matrix and no BLAS. Why not BLAS: OpenBLAS's threads spin for a while after each GEMM and
 take the cores from the OpenMP kernels that run between (measured 2x slower kernels after a GEMM, 2
-cores). One source serves every CPU: its vectors are as wide as the build's CPU target (kernels.py:
+cores). One source serves every CPU: its vectors are as wide as the build's CPU target (build.py:
 AVX-512, AVX2, SSE or NEON), and geometry() reads the tile sizes the build chose. The results agree with
 the im2col path (conv.py) to float32 rounding; tests/test_conv.py checks both.
 """
@@ -12,7 +12,7 @@ import functools
 
 import numpy as np
 
-from .. import backend, kernels
+from .. import backend, build, kernels
 
 GRAD_CHUNK_ELEMENTS = 1 << 18  # values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
 
@@ -42,7 +42,7 @@ def path(dtype=np.float32):
     """The way Conv2D computes convolutions on arrays of dtype here, in words (the benchmarks print it)."""
     if not applies(dtype):
         return f"im2col + {'cuBLAS' if backend.device == 'gpu' else 'BLAS'} GEMM"
-    return f"direct, {kernels.cpu_target()[0]} ({geometry().lanes} floats a vector)"
+    return f"direct, {build.cpu_target()[0]} ({geometry().lanes} floats a vector)"
 
 
 def applies(dtype):

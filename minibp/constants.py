@@ -1,0 +1,29 @@
+"""The numbers the Python side and the kernels share, each defined once, here.
+
+The NumPy references and layers read them as Python values; every kernel build, by g++ (build.py) or
+NVRTC (kernels.py), gets each as a macro (-DNAME=value, defines()), written as an exact hexadecimal
+literal of the same value and type, so the two sides cannot drift apart. A build's cache key covers its
+command line, so changing a value rebuilds the kernels.
+"""
+import numpy as np
+
+# The ReLU mask's threshold in the k-bit code: a value v codes as u = v - MASK_THRESHOLD, and its mask
+# is u >= 0 (quant.py; kernels/quant.cuh). float32: the kernels' codes are float arithmetic.
+MASK_THRESHOLD = np.float32(1e-6)
+# gamma is clamped to at least this (docs/method.md, "The unit"; layers/bn.py; kernels/bn.cu). A double,
+# cast to the kernel's real_t as NumPy casts it to the array's dtype.
+GAMMA_MIN = 1e-8
+
+SHARED = {"MASK_THRESHOLD": MASK_THRESHOLD, "GAMMA_MIN": GAMMA_MIN}
+
+
+def literal(value):
+    """value as an exact C literal: a hexadecimal float, with the f suffix for a float32."""
+    if isinstance(value, np.float32):
+        return f"{float(value).hex()}f"
+    return float(value).hex()
+
+
+def defines():
+    """The compiler options that define every shared constant for a kernel build."""
+    return [f"-D{name}=({literal(value)})" for name, value in SHARED.items()]
