@@ -14,11 +14,13 @@ def _import_backend(device):
                           env=env, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_cpu_is_numpy():
     done = _import_backend("cpu")
     assert done.returncode == 0 and done.stdout.strip() == "cpu"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(backend.device == "gpu", reason="this machine has a GPU")
 def test_gpu_without_a_device_fails_with_a_clear_message():
     done = _import_backend("gpu")
@@ -26,12 +28,14 @@ def test_gpu_without_a_device_fails_with_a_clear_message():
     assert "MINIBP_DEVICE=gpu" in done.stderr and "CuPy" in done.stderr
 
 
+@pytest.mark.slow
 def test_unknown_device_is_refused():
     done = _import_backend("tpu")
     assert done.returncode != 0 and "must be 'cpu' or 'gpu'" in done.stderr
     assert "RuntimeError" in done.stderr  # from Python, a library import fails loudly
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", ["tpu", pytest.param("gpu", id="absent-gpu", marks=pytest.mark.skipif(
     backend.device == "gpu", reason="this machine has a GPU"))])  # (an id "gpu" would mark it a GPU test)
 def test_the_commands_refuse_a_bad_device_in_one_line(device):

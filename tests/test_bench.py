@@ -1,15 +1,17 @@
-"""Every script in bench/ runs (tiny settings: seconds), so none rots between the long runs."""
+"""Every script in bench/ runs (tiny settings: seconds), so none rots between the long runs; and the benches' own
+helpers, tested directly (bench/stores.py's candidate stores: the mask exact, the error within half a bin)."""
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from test_train import make_dataset
+from runs import ROOT, make_dataset
 
-ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))  # the benches' own helpers, tested directly below
+T = np.float32(1e-6)  # the mask threshold (quant.MASK_THRESHOLD): bench/stores.py codes bins of v - T
 
 
 def run(*argv):
@@ -18,21 +20,25 @@ def run(*argv):
     return done.stdout
 
 
+@pytest.mark.slow
 def test_quant_bench():
     out = run("bench/quant.py", "--values", "1e5", "--repeats", "2")
     assert "kernels   quantize+dequantize" in out and "NumPy ref" in out
 
 
+@pytest.mark.slow
 def test_speed_bench():
     out = run("bench/speed.py", "--model", "resnet11", "--batch", "4", "--rounds", "1")
     assert "vs exact" in out and "GFLOP/s" in out
 
 
+@pytest.mark.slow
 def test_memory_bench():
     out = run("bench/memory.py", "--model", "resnet11", "--batch", "4", "--modes", "exact,4")
     assert "peak - baseline" in out and "worst" in out
 
 
+@pytest.mark.slow
 def test_accuracy_bench_quick(tmp_path):
     make_dataset(tmp_path / "data", "fashion-mnist", shape=(8, 8, 1))
     out = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
@@ -48,16 +54,19 @@ def test_accuracy_bench_quick(tmp_path):
     assert [row.split()[:-1] for row in again] == [row.split()[:-1] for row in table]
 
 
+@pytest.mark.slow
 def test_accumulation_bench_quick(tmp_path):
     out = run("bench/accumulation.py", "--quick", "--plot", str(tmp_path / "acc.png"))
     assert "naive mean" in out and (tmp_path / "acc.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_gradnoise_bench_quick(tmp_path):
     out = run("bench/gradnoise.py", "--quick", "--plot", str(tmp_path / "gn.png"))
     assert "g_exact|| / SGD noise" in out and (tmp_path / "gn.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_gradnoise_systematic_share(tmp_path):
     """The repeated share is 1 for one error on every batch and 1/sqrt(n) for n orthogonal ones of one size;
     the bench prints it for every mode and point."""
@@ -90,6 +99,7 @@ def test_only_the_default_run_writes_the_committed_result():
         assert written.name == "x.png" and (ROOT / "bench") not in written.resolve().parents
 
 
+@pytest.mark.slow
 def test_quick_runs_write_no_committed_result():
     """--quick without --plot writes its figure to a temporary folder, never over bench/results."""
     results = ROOT / "bench" / "results"
@@ -101,6 +111,7 @@ def test_quick_runs_write_no_committed_result():
     assert {p: p.read_bytes() for p in results.glob("*.png")} == before
 
 
+@pytest.mark.slow
 def test_bounds_bench_quick():
     """The floor it prints holds: no quantizer below the rate-distortion bound, Lloyd-Max at or below the
     best uniform one, which is at or below the paper's window."""
@@ -110,3 +121,113 @@ def test_bounds_bench_quick():
         tokens = line.split()  # k, fixed, then each error followed by its "(ratio)"
         fixed, uniform, lloyd, bound = (float(tokens[i]) for i in (1, 2, 4, 6))
         assert bound == 2.0 ** -k < lloyd <= uniform * 1.001 <= fixed * 1.001, line
+
+
+@pytest.fixture
+def stores(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import stores
+    return stores
+
+
+def heavy_tailed(rng, rows=512):
+    """(rows, 8) float32 v: straddling channels with outliers to ~11 sigma, one all positive, one all
+    negative, one constant, one with values right at the threshold."""
+    v = rng.standard_t(3, (rows, 8)) + np.array([0, 1, -2, 2.5, 0, 0, 0, 0])
+    v[rng.integers(0, rows, 4), 0] = [11, -9, 7, 10]
+    v[:, 4] = 5 + rng.random(rows)
+    v[:, 5] = -5 - rng.random(rows)
+    v[:, 6] = 0.25
+    v[:, 7] = np.where(rng.random(rows) < 0.5, T, np.nextafter(T, np.float32(0)))
+    return v.astype(np.float32)
+
+
+@pytest.mark.parametrize("k", [8, 4, 2])
+@pytest.mark.parametrize("zero_inside", [False, True])
+def test_window_codes_keep_the_mask_and_decode_within_half_a_bin(stores, rng, k, zero_inside):
+    v = heavy_tailed(rng)
+    K = 1 << k
+    w, s = stores.window(v.min(axis=0), v.max(axis=0), K, zero_inside=zero_inside)
+    q = stores.encode(v, w, s, K)
+    vhat, mask = stores.decode(q, w, s)
+    assert q.min() >= 0 and q.max() <= K - 1 and np.all(q == np.floor(q))
+    np.testing.assert_array_equal(mask, v >= T)
+    assert np.all(np.abs(vhat - v) <= w / 2 * (1 + 1e-9) + 2e-6)
+    straddling = (v.min(axis=0) < T) & (v.max(axis=0) >= T)
+    assert np.all((s[straddling] >= 1) & (s[straddling] <= K - 1))  # zero on an edge inside the codes
+
+
+@pytest.mark.parametrize("k", [8, 4, 2])
+def test_every_candidate_keeps_the_mask_and_only_fixed_windows_clip(stores, rng, k):
+    v = heavy_tailed(rng)
+    b = np.zeros(v.shape[1], np.float32)
+    for name, store in stores.CANDIDATES.items():
+        xhat, mask, side, clipped = store(v, b, k)
+        np.testing.assert_array_equal(mask, v >= T, err_msg=name)
+        if name in ("range, no clip", "group 256 f16", "group 256 f32"):
+            assert not clipped.any(), name
+    _, _, _, clipped = stores.fixed(v, b, k)
+    xhat, _, _, _ = stores.sidebuf(v, b, k, capacity=0.5)  # room for every value beyond the window
+    assert clipped.any()  # the outliers lie beyond +-3
+    np.testing.assert_allclose(xhat[clipped], v[clipped], rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_quick_run_writes_its_tables_outside_the_repository(tmp_path):
+    done = subprocess.run([sys.executable, "bench/stores.py", "--quick"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    written = Path(done.stdout.strip().splitlines()[-1].removeprefix("wrote "))
+    assert ROOT not in written.parents
+    text = written.read_text()
+    for k in (8, 4, 2):
+        assert f"k = {k} bits" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith(("fixed", "range", "sidebuf", "group"))]
+    assert len(rows) == 3 * 7
+    assert all(row[-1] == "0" for row in rows)  # no store loses a mask bit
+
+
+@pytest.mark.slow
+def test_the_reader_bench_runs(tmp_path):
+    done = subprocess.run([sys.executable, "bench/reader.py", "--images", "12", "--batch", "4", "--size", "32",
+                           "--workers", "1", "--tree", str(tmp_path / "tree")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "train, 1 worker" in done.stdout and "images/s" in done.stdout
+
+
+@pytest.mark.slow
+def test_scaling_bench_runs():
+    from test_dist import ENV  # (test_dist skips itself without mpi4py, which the bench's ranks need)
+    done = subprocess.run([sys.executable, "bench/scaling.py", "--model", "resnet11", "--batch", "8", "--steps", "1",
+                           "--repeats", "1", "--rounds", "1"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "images/s median" in done.stdout and "resnet1001  10,285,722" in done.stdout
+
+
+def _bench(*argv, env=None):
+    return subprocess.run([sys.executable, "bench/versus_pytorch.py", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600, env=env)
+
+
+@pytest.mark.slow
+def test_versus_pytorch_without_torch_says_how_to_install_it(tmp_path):
+    """A torch that does not import (here a stand-in package raising ImportError): exit 2 and the hint."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    done = _bench("--quick", env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("PyTorch is not installed: pip install torch==2.13.0 "
+                                                    "(or pip install -e '.[bench]')")
+
+
+@pytest.mark.slow
+def test_versus_pytorch_quick_prints_the_table():
+    pytest.importorskip("torch")
+    done = _bench("--quick")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for row in ("PyTorch", "minibp exact", "minibp 4-bit"):
+        assert any(line.strip().startswith(row) for line in done.stdout.splitlines()), done.stdout
+    assert "vs PyTorch" in done.stdout and "float32 GEMM" in done.stdout

@@ -10,16 +10,10 @@ import pytest
 
 from minibp import evaluate, train
 from minibp.runconfig import build_parser
-from test_train import ROOT, base_args, make_dataset, read_metrics
+from runs import ROOT, base_args, read_metrics
 
 LINE = re.compile(r"iter +\d+/\d+  (loss \d\.\d{4}  acc \d\.\d{3}  lr \S+  \d+ img/s|validation loss \d\.\d{4}  "
                   r"acc \d\.\d{4})  elapsed \d+:\d\d  eta (\d+:)?\d+:\d\d$")
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    make_dataset(tmp_path / "data")
-    return tmp_path / "data"
 
 
 def test_every_line_tells_time_and_a_train_line_averages_its_interval(tmp_path, data_dir, capsys):

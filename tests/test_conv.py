@@ -1,6 +1,7 @@
 """Conv2D's ways of computing against the NumPy im2col reference, to float32 rounding: conv_direct.cu's
-direct kernels (the CPU's fast path, conv_direct.py) and the chunked im2col path, odd shapes included;
-the workspace each needs; and bench/versus_pytorch.py."""
+direct kernels (the CPU's fast path, conv_direct.py) on every CPU target and on aarch64, and the chunked im2col
+path, odd shapes included; the workspace each needs; and OpenBLAS's idle threads, which would take the cores
+from the direct kernels. (bench/versus_pytorch.py: tests/test_bench.py.)"""
 import os
 import shutil
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minibp import backend, kernels, layers
+from minibp import backend, build, kernels, layers
 from minibp.layers import conv_direct
 from conftest import device, host
 
@@ -118,21 +119,22 @@ def cpu_target(monkeypatch):
     own again: the target, the loaded modules and the direct kernels' geometry are cached per process."""
     def use(target):
         monkeypatch.setenv("MINIBP_CPU_TARGET", target)
-        for cache in (kernels.cpu_target, kernels.load, conv_direct.geometry):
+        for cache in (build.cpu_target, kernels.load, conv_direct.geometry):
             cache.cache_clear()
     yield use
     monkeypatch.delenv("MINIBP_CPU_TARGET")
-    for cache in (kernels.cpu_target, kernels.load, conv_direct.geometry):
+    for cache in (build.cpu_target, kernels.load, conv_direct.geometry):
         cache.cache_clear()
 
 
+@pytest.mark.slow
 def test_every_cpu_target_computes_the_same_convolutions(rng, cpu_target):
     """One source, every vector width this CPU runs (AVX-512's 16 floats, AVX2's 8, SSE's 4): each agrees
     with the reference to float32 rounding, and those with fused multiply-adds (AVX-512, AVX2) agree bit
     for bit, as do those without (SSE4, x86-64): every output sums the same products in the same order."""
     if backend.device != "cpu":
         pytest.skip("CPU targets")
-    targets = kernels.usable_cpu_targets()
+    targets = build.usable_cpu_targets()
     cases = [(9, 9, 17, 40, 3, 1, "same"), (8, 8, 16, 32, 3, 2, "same"), (6, 6, 64, 10, 1, 1, "same")]
     data = []
     for H, W, cin, cout, k, s, padding in cases:
@@ -183,31 +185,7 @@ def test_a_workspace_smaller_than_planned_is_a_clear_error(rng, monkeypatch, dir
         run_conv(conv, x, w, np.zeros(16, np.float32), dy, col_values=1)
 
 
-def _bench(*argv, env=None):
-    return subprocess.run([sys.executable, "bench/versus_pytorch.py", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600, env=env)
-
-
-def test_versus_pytorch_without_torch_says_how_to_install_it(tmp_path):
-    """A torch that does not import (here a stand-in package raising ImportError): exit 2 and the hint."""
-    (tmp_path / "torch").mkdir()
-    (tmp_path / "torch" / "__init__.py").write_text("raise ImportError('no torch here')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    done = _bench("--quick", env=env)
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.strip().splitlines()[-1] == ("PyTorch is not installed: pip install torch==2.13.0 "
-                                                    "(or pip install -e '.[bench]')")
-
-
-def test_versus_pytorch_quick_prints_the_table():
-    pytest.importorskip("torch")
-    done = _bench("--quick")
-    assert done.returncode == 0, done.stdout + done.stderr
-    for row in ("PyTorch", "minibp exact", "minibp 4-bit"):
-        assert any(line.strip().startswith(row) for line in done.stdout.splitlines()), done.stdout
-    assert "vs PyTorch" in done.stdout and "float32 GEMM" in done.stdout
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("given, expected", [(None, "4"), ("20", "20")])
 def test_minibp_makes_openblas_threads_sleep_at_once_unless_told_otherwise(given, expected):
     """The im2col path's GEMMs on the CPU: OpenBLAS's idle threads would spin for 2^28 cycles and take the
@@ -221,6 +199,7 @@ def test_minibp_makes_openblas_threads_sleep_at_once_unless_told_otherwise(given
     assert done.stdout.strip() == expected, done.stderr
 
 
+@pytest.mark.slow
 def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
     """An aarch64 CPU takes the same source with NEON's 4-float vectors: tests/native/conv_direct_check.cpp
     (the vector kernels against their plain loops in double) cross-compiled with the neon target's flags and
@@ -229,8 +208,8 @@ def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
     if compiler is None or emulator is None:
         pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64-static (apt-get install g++-aarch64-linux-gnu "
                     "qemu-user-static; .ci/run installs them)")
-    flags = kernels.CPU_TARGETS["aarch64"]["neon"][1]
-    built = subprocess.run([compiler, *kernels.CPU_ARITHMETIC, "-O2", *flags, "-fopenmp", "-static",
+    flags = build.CPU_TARGETS["aarch64"]["neon"][1]
+    built = subprocess.run([compiler, *build.CPU_ARITHMETIC, "-O2", *flags, "-fopenmp", "-static",
                             "-Dreal_t=float", f"-I{kernels.KERNEL_DIR}", str(ROOT / "tests" / "native" / "conv_direct_check.cpp"), "-o", str(tmp_path / "check")],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr

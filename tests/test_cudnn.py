@@ -6,7 +6,7 @@ import pytest
 
 from minibp import models
 from minibp.layers.conv_cudnn import ConvGraphs, krsc, nhwc
-from test_net import small_net
+from nets import small_net
 
 pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend is not installed (.ci/run installs it)")
 

@@ -17,8 +17,10 @@ import pytest
 
 pytest.importorskip("mpi4py", reason="the tests of several ranks need mpi4py and mpich: pip install -e '.[dist]'")
 
-from minibp import checkpoint  # noqa: E402
-from test_train import ROOT, base_args, make_dataset, read_metrics  # noqa: E402
+from minibp import checkpoint, integrity  # noqa: E402
+from runs import ROOT, base_args, make_dataset, read_metrics  # noqa: E402
+
+pytestmark = pytest.mark.slow  # every test starts trainers, most under mpirun
 
 # One thread a rank, as 2 ranks on 2 cores should run; the one-process runs they are compared with too.
 ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
@@ -199,13 +201,5 @@ def test_a_rank_that_dies_or_stops_ends_the_job_and_the_checkpoint_resumes(work,
     assert saved.iteration >= 4 and (saved.iteration % 2 == 0 or how == "interrupted")
     resumed = train(["--out", str(work / out), "--resume", "--iters", str(saved.iteration + 1)], ranks=2)
     assert resumed.returncode == 0, resumed.stderr
-    assert not checkpoint.stale_temporaries(work / out / "checkpoint.h5")
+    assert not integrity.stale_temporaries(work / out / "checkpoint.h5")
     assert json.loads((work / out / "metrics.jsonl").read_text().splitlines()[-1])["iter"] == saved.iteration + 1
-
-
-def test_scaling_bench_runs():
-    done = subprocess.run([sys.executable, "bench/scaling.py", "--model", "resnet11", "--batch", "8", "--steps", "1",
-                           "--repeats", "1", "--rounds", "1"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "images/s median" in done.stdout and "resnet1001  10,285,722" in done.stdout

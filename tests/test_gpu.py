@@ -13,6 +13,7 @@ import pytest
 
 from minibp import backend, models
 from minibp.optim import SGD
+from nets import resnet20_16x16
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +41,7 @@ def losses_on(device, mode, conv="gemm"):
     return np.array(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["exact", "4"])
 def test_twenty_training_steps_match_the_cpu(mode):
     gpu, cpu = losses_on("gpu", mode), losses_on("cpu", mode)
@@ -47,6 +49,7 @@ def test_twenty_training_steps_match_the_cpu(mode):
     assert gpu[-1] < gpu[0]
 
 
+@pytest.mark.slow
 def test_cudnn_and_gemm_convolutions_agree():
     pytest.importorskip("cudnn")
     rng = np.random.default_rng(0)
@@ -54,7 +57,7 @@ def test_cudnn_and_gemm_convolutions_agree():
     y = rng.integers(0, 10, 16)
     grads, losses = {}, {}
     for conv in ("gemm", "cudnn"):
-        net = models.preact_resnet(20, input_shape=(16, 16, 3)).compile(batch=16, bits="4", seed=0, conv=conv)
+        net = resnet20_16x16().compile(batch=16, bits="4", seed=0, conv=conv)
         losses[conv] = net.forward(x, y)[0]
         net.backward()
         grads[conv] = backend.to_host(net.grads).astype(np.float64)
@@ -66,7 +69,7 @@ def test_cudnn_and_gemm_convolutions_agree():
 
 def test_backward_and_step_never_synchronise_with_the_host():
     import cupyx
-    net = models.preact_resnet(20, input_shape=(16, 16, 3)).compile(batch=16, bits="4", seed=0)
+    net = resnet20_16x16().compile(batch=16, bits="4", seed=0)
     opt = SGD(net)
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((16, 16, 16, 3)).astype(np.float32), rng.integers(0, 10, 16)

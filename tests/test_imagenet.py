@@ -1,5 +1,5 @@
-"""ImageNet: the bottleneck ResNets (shapes, parameters, gradients, the plan), the streaming JPEG reader on
-a small tree generated here, and the trainer on that tree at reduced resolution."""
+"""ImageNet: the streaming JPEG reader on a small tree generated here, and the trainer on that tree at reduced
+resolution. (The bottleneck ResNets: tests/test_models.py; the decoding processes: test_workers.py.)"""
 import json
 import os
 import signal
@@ -12,126 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from minibp import checkpoint, evaluate, imagenet, models, plan, runconfig, train
-from conftest import device, host
-from gradcheck import relative_error
-
-ROOT = Path(__file__).resolve().parent.parent
-COLORS = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200], [200, 200, 40]])  # a colour a class
-
-
-def make_tree(root, *, train=12, val=4, seed=0):
-    """ImageNet's layout with 4 classes: JPEGs of 40-90 px a side, each its class's colour plus noise."""
-    rng = np.random.default_rng(seed)
-    for split, count in (("train", train), ("val", val)):
-        for label, color in enumerate(COLORS):
-            folder = Path(root) / split / f"n{label:08d}"
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                height, width = rng.integers(40, 91, 2)
-                pixels = np.clip(color + rng.normal(0, 30, (height, width, 3)), 0, 255).astype(np.uint8)
-                Image.fromarray(pixels).save(folder / f"n{label:08d}_{i}.JPEG", quality=90)
-    return Path(root)
-
-
-@pytest.fixture
-def tree(tmp_path):
-    return make_tree(tmp_path / "imagenet")
-
-
-# ----------------------------------------------------------------------------- the models
-
-TORCHVISION = {50: 25_557_032, 101: 44_549_160, 152: 60_192_808}  # its v1 ResNets' parameters: a sanity check
-WIDTHS = (64, 128, 256, 512)
-
-
-def expected_architecture(blocks, size=224):
-    """(parameters, batch-normalised unit inputs (H, W, C)) of the pre-activation bottleneck ResNet,
-    counted from its description: the 7x7/2 stem, max pool, bottlenecks, projections, classifier."""
-    parameters, inputs = 7 * 7 * 3 * 64, []
-    channels, side = 64, size // 2                     # the stem's output
-    for stage, (count, width) in enumerate(zip(blocks, WIDTHS)):
-        half = side // 2  # stage 1: the first unit's max pool; later stages: the first block's 3x3 conv
-        for block in range(count):
-            unit1 = side if block == 0 else half           # a stage's first block reads the previous size
-            unit2 = side if block == 0 and stage > 0 else half
-            inputs += [(unit1, unit1, channels), (unit2, unit2, width), (half, half, width)]
-            parameters += 2 * channels + channels * width        # BN-ReLU-conv1x1
-            parameters += 2 * width + 9 * width * width          # BN-ReLU-conv3x3
-            parameters += 2 * width + width * 4 * width          # BN-ReLU-conv1x1 to 4x the width
-            if block == 0:
-                parameters += channels * 4 * width        # the projection, a 1x1 conv
-            channels = 4 * width
-        side = half
-    inputs.append((side, side, channels))
-    return parameters + 2 * channels + channels * 1000 + 1000, inputs
-
-
-@pytest.mark.parametrize("depth", [50, 101, 152])
-def test_imagenet_resnets_have_the_standard_shapes_and_parameters(depth):
-    net = models.by_name(f"resnet{depth}", imagenet=True)
-    blocks = models.IMAGENET_BLOCKS[depth]
-    parameters, inputs = expected_architecture(blocks)
-    assert len(net.units) == depth == 3 * sum(blocks) + 2
-    assert net.num_parameters == parameters
-    assert abs(parameters / TORCHVISION[depth] - 1) < 1e-3  # BN on unit inputs instead of conv outputs
-    stem, first = net.units[0], net.units[1]
-    assert (stem.conv.kh, stem.conv.stride, stem.out_shape, stem.batchnorm) == (7, 2, (112, 112, 64), False)
-    assert first.conv_in_shape == (56, 56, 64)  # BN-ReLU, then the 3x3/2 max pool
-    assert [u.in_shape for u in net.units if u.batchnorm] == inputs
-    ends = [u.out_shape for u in net.units[1:-1]]
-    assert [ends[3 * sum(blocks[:s + 1]) - 1] for s in range(4)] == [(56, 56, 256), (28, 28, 512), (14, 14, 1024),
-                                                                    (7, 7, 2048)]
-    projected = [u.index for u in net.units if u.projection is not None]
-    assert projected == [1 + 3 * sum(blocks[:s]) for s in range(4)]
-    assert [net.units[i].projection.stride for i in projected] == [1, 2, 2, 2]
-    assert net.units[-1].in_shape == (7, 7, 2048) and net.classes == 1000
-    stores = net.plan(batch=256, bits="4", window="range").bytes_by_category()["activation stores"]  # planned only
-    assert stores == sum(256 * h * w * c // 2 for h, w, c in inputs)
-
-
-def test_resnet101_keeps_its_cifar_meaning_and_misused_names_are_refused():
-    cifar, ours = models.by_name("resnet101"), models.by_name("resnet101", imagenet=True)
-    assert (cifar.input_shape, cifar.units[0].conv.kh, cifar.classes) == ((32, 32, 3), 3, 10)
-    assert (ours.input_shape, ours.units[0].conv.kh, ours.classes) == ((224, 224, 3), 7, 1000)
-    with pytest.raises(ValueError, match="needs ImageNet data, --data imagenet"):
-        models.by_name("resnet152")
-    with pytest.raises(ValueError, match="not an ImageNet ResNet: on ImageNet use resnet50, resnet101, resnet152"):
-        models.by_name("resnet164", imagenet=True)
-
-
-def test_a_tiny_imagenet_resnet_matches_finite_differences_in_float64(rng):
-    """The ImageNet builder's path (7x7/2 stem, max pool, projections, identity blocks) at 16x16."""
-    net = models.bottleneck_resnet((2, 1), (4, 8), stem=4, input_shape=(16, 16, 3), classes=3, dtype=np.float64)
-    net.compile(batch=2, bits="exact", seed=5, input_grad=True)
-    x, y = device(rng.standard_normal((2, 16, 16, 3))), rng.integers(0, 3, 2)
-    net.forward(x, y)
-    net.backward()
-    loss = lambda: net.forward(x, y)[0]  # noqa: E731
-    h = 1e-5
-    for name, analytic in list(net.grad_views.items()) + [("input", net.arena["input_grad"])]:
-        values = net.param_views[name] if name != "input" else x
-        flat, picks = values.reshape(-1), rng.choice(values.size, min(values.size, 8), replace=False)
-        numeric = []
-        for i in picks:
-            old = float(flat[i])
-            flat[i] = old + h
-            plus = loss()
-            flat[i] = old - h
-            numeric.append((plus - loss()) / (2 * h))
-            flat[i] = old
-        analytic = host(analytic).reshape(-1)[picks]  # (some are 0: a shift the next BN takes out again)
-        assert relative_error(analytic, numeric) < 1e-6 or np.abs(analytic - numeric).max() < 1e-9, name
-
-
-def test_the_plan_command_gives_the_imagenet_resnets(capsys):
-    assert plan.main(["--model", "resnet152", "--data", "imagenet", "--batch", "256", "--bits", "4"]) == 0
-    out = capsys.readouterr().out
-    assert "resnet152 on imagenet (152 units, 60,185,128 parameters), batch 256, bits 4" in out
-    assert plan.main(["--data", "imagenet", "--batch", "2", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["model"] == "resnet152"  # the default model on imagenet
-    assert plan.main(["--model", "resnet164", "--data", "imagenet"]) == 2
-    assert "not an ImageNet ResNet" in capsys.readouterr().err
+from minibp import checkpoint, evaluate, imagenet, models, train
+from conftest import host
+from nets import tiny_resnet
+from runs import COLORS, ROOT, read_metrics, wait_gone
 
 
 # ----------------------------------------------------------------------------- the listing
@@ -263,7 +147,7 @@ def test_the_stream_resumes_from_a_checkpoint_whatever_the_workers(tree, tmp_pat
         taken = [straight.next() for _ in range(3)]
         state = straight.state()
         rest = [straight.next() for _ in range(5)]  # 4 batches an epoch: across the epoch's end
-    net = models.preact_resnet(11, input_shape=(8, 8, 3), classes=4).compile(batch=2, bits="4")
+    net = tiny_resnet(classes=4).compile(batch=2, bits="4")
     checkpoint.save(tmp_path / "c.h5", net, iteration=3, config={}, data_state=state)  # the fields it checks
     saved = checkpoint.load(tmp_path / "c.h5").data_state
     with imagenet.Batches(train_split, batch=10, size=32, seed=1, workers=1) as resumed:
@@ -298,92 +182,7 @@ def test_evaluation_batches_cover_the_split_in_order(tree):
     assert np.allclose(np.concatenate([host(images) for images, _ in got]), normalised(expected), atol=1e-5)
 
 
-# ----------------------------------------------------------------------------- the worker processes
-
-def running(pid):
-    """True while pid is a live process (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
-def wait_gone(pids, seconds=30):  # (generous: CI machines can be loaded)
-    deadline = time.time() + seconds
-    while time.time() < deadline and any(running(p) for p in pids):
-        time.sleep(0.05)
-    return not any(running(p) for p in pids)
-
-
-READER_SCRIPT = """
-import signal, sys, time
-# Ctrl-C raises KeyboardInterrupt, as in a terminal, even where this test runs with SIGINT ignored (a
-# background job of a shell without job control inherits it ignored, and Python keeps it so)
-signal.signal(signal.SIGINT, signal.default_int_handler)
-sys.path.insert(0, {root!r})
-from minibp import imagenet
-train_split, _ = imagenet.load_folders(sys.argv[1])
-batches = imagenet.Batches(train_split, batch=4, size=32, workers=2)
-batches.next()
-print(*[p.pid for p in batches._pool.processes], flush=True)
-sys.stdin.readline()  # the test has seen them running
-if sys.argv[2] == "close":
-    batches.close()
-    print("closed", flush=True)
-elif sys.argv[2] == "exit":
-    sys.exit(0)
-elif sys.argv[2] == "error":
-    raise RuntimeError("a failure in the trainer")
-time.sleep(60)  # for the signal the test sends
-"""
-
-
-@pytest.mark.parametrize("how", ["close", "exit", "error", "ctrl-c", "sigkill"])
-def test_workers_stop_with_the_reader_however_it_ends(tree, how):
-    process = subprocess.Popen([sys.executable, "-c", READER_SCRIPT.format(root=str(ROOT)), str(tree), how],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                               start_new_session=True)
-    try:
-        workers = [int(p) for p in process.stdout.readline().split()]
-        assert len(workers) == 2 and all(running(p) for p in workers)
-        process.stdin.write("go\n")
-        process.stdin.flush()
-        if how == "close":
-            assert process.stdout.readline() == "closed\n" and wait_gone(workers)
-            assert process.poll() is None  # the reader stopped its workers; the program goes on
-        elif how == "ctrl-c":  # as a terminal does: to the whole foreground group (again each second, as a
-            deadline = time.time() + 60  # user would: in a loaded full CI run one was seen to go unanswered)
-            while process.poll() is None and time.time() < deadline:
-                os.killpg(process.pid, signal.SIGINT)
-                time.sleep(1)
-        elif how == "sigkill":
-            process.kill()  # no handler runs: the workers see their input end
-        process.wait(timeout=60) if how != "close" else None
-        assert wait_gone(workers), f"workers left running after {how}"
-    finally:
-        process.kill()
-        process.wait()
-
-
-def test_a_dead_worker_is_an_error(tree):
-    train_split, _ = imagenet.load_folders(tree)
-    with imagenet.Batches(train_split, batch=4, size=32, workers=2) as batches:
-        batches.next()
-        batches._pool.processes[1].kill()
-        with pytest.raises(ChildProcessError, match=r"image-decoding worker \(pid \d+\) stopped, exit code -9"):
-            for _ in range(6):  # (what it wrote before it died is still read)
-                batches.next()
-
-
 # ----------------------------------------------------------------------------- the trainer
-
-def test_imagenet_defaults_are_the_papers_setting():
-    argv = ["--data", "imagenet", "--batch", "32"]
-    args = runconfig.apply_data_defaults(runconfig.build_parser().parse_args(argv), runconfig.given_options(argv))
-    assert (args.model, args.batch, args.iters, args.lr_schedule, args.weight_decay, args.image_size, args.data_dir) \
-        == ("resnet152", 32, 640000, "0:0.1,160000:0.01,320000:0.001,480000:0.0001", 1e-4, 224, "data/imagenet")
-    cifar = runconfig.apply_data_defaults(runconfig.build_parser().parse_args([]), {})
-    assert (cifar.model, cifar.batch, cifar.iters, cifar.image_size) == ("resnet164", 128, 64000, None)
 
 
 def imagenet_args(tree, out, **overrides):
@@ -393,10 +192,7 @@ def imagenet_args(tree, out, **overrides):
     return [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
 
 
-def read_metrics(run):
-    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-
-
+@pytest.mark.slow
 def test_resnet50_trains_on_the_tree_at_32_pixels(tree, tmp_path, capsys):
     assert train.main(imagenet_args(tree, tmp_path / "run")) == 0
     records = read_metrics(tmp_path / "run")
@@ -414,6 +210,7 @@ def tiny_family(monkeypatch):
     monkeypatch.setattr(models, "IMAGENET_WIDTHS", (8, 8, 8, 8))
 
 
+@pytest.mark.slow
 def test_an_imagenet_run_learns_resumes_bit_identically_and_evaluates(tree, tmp_path, tiny_family, capsys):
     # 36 iterations: at 24 the 4-bit store's noise alone could move the 16 validation images across 0.75
     common = dict(iters=36, lr_schedule="0:0.05", log_every=6, val_every=36, checkpoint_every=12)
@@ -459,6 +256,7 @@ def test_bad_imagenet_options_are_clear_errors(tree, tmp_path, capsys, overrides
     assert match in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_ctrl_c_saves_and_leaves_no_worker_running(tree, tmp_path):
     run = tmp_path / "run"
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from minibp import models, train; "
@@ -483,11 +281,3 @@ def test_ctrl_c_saves_and_leaves_no_worker_running(tree, tmp_path):
     assert process.returncode == 130, output
     assert len(workers) == 2 and wait_gone(workers)
     assert checkpoint.load(run / "checkpoint.h5").iteration >= 2
-
-
-def test_the_reader_bench_runs(tmp_path):
-    done = subprocess.run([sys.executable, "bench/reader.py", "--images", "12", "--batch", "4", "--size", "32",
-                           "--workers", "1", "--tree", str(tmp_path / "tree")], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "train, 1 worker" in done.stdout and "images/s" in done.stdout

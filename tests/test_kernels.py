@@ -1,10 +1,9 @@
-"""The kernel loader: signatures, argument checks, launch shapes, compiler errors, GPU builds."""
-import shutil
-
+"""The kernel loader: signatures, argument checks, launch shapes, GPU builds. (The CPU's g++ builds, their compiler
+errors and their cache: tests/test_build.py.)"""
 import numpy as np
 import pytest
 
-from minibp import backend, build, kernels
+from minibp import backend, kernels
 from conftest import device, host
 
 KERNEL_FILES = sorted(p.name for p in kernels.KERNEL_DIR.glob("*.cu"))
@@ -14,6 +13,7 @@ def test_every_kernel_file_is_found():
     assert {"quant.cu"} <= set(KERNEL_FILES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("filename", KERNEL_FILES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_kernel_compiles_for_sm90_with_nvrtc(filename, dtype):
@@ -112,39 +112,6 @@ def test_any_launch_shape_gives_the_same_result(quant_module, grid, block):
     quant_module.quantize(n_bytes=v.size // 2, C=6, bits=4, v=device(v), window=device(window), codes=codes,
                           grid=grid, block=block)
     assert np.array_equal(host(codes), quantize_ref(v, window, bits=4))
-
-
-@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
-def test_compiler_errors_name_the_file_and_show_the_log(tmp_path, monkeypatch):
-    kdir = tmp_path / "kernels"
-    kdir.mkdir()
-    for header in ("cpu_shim.h", "common.cuh"):
-        shutil.copy(kernels.KERNEL_DIR / header, kdir / header)
-    (kdir / "broken.cu").write_text('#include "common.cuh"\nextern "C" __global__ void f(int n) { undefined_name; }\n')
-    monkeypatch.setattr(kernels, "KERNEL_DIR", kdir)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    with pytest.raises(kernels.KernelError, match=r"(?s)broken\.cu.*undefined_name"):
-        kernels.load.__wrapped__("broken.cu", np.float32)
-
-
-@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
-def test_missing_compiler_says_what_to_install(tmp_path, monkeypatch):
-    monkeypatch.setenv("CXX", "no-such-compiler-minibp")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    with pytest.raises(kernels.KernelError, match="apt-get install g\\+\\+"):
-        kernels.load.__wrapped__("quant.cu", np.float32)
-
-
-@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
-def test_cpu_builds_are_cached_under_xdg_cache_home_without_march_native(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    kernels.load.__wrapped__("quant.cu", np.float32)
-    built = list((tmp_path / "minibp" / "kernels").glob("quant-float-*.so"))
-    assert len(built) == 1
-    mtime = built[0].stat().st_mtime_ns
-    kernels.load.__wrapped__("quant.cu", np.float32)  # a second process-level load reuses the file
-    assert built[0].stat().st_mtime_ns == mtime
-    assert "-march=native" not in build.cpu_compile_command("float")
 
 
 def test_missing_kernel_file_is_a_clear_error():

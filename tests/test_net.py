@@ -1,4 +1,5 @@
-"""The net: exact mode is ordinary backprop; the approximate modes change only the backward pass."""
+"""The net: exact mode is ordinary backprop; the approximate modes change only the backward pass; recompiling keeps
+the trained state, and prediction runs through an evaluation-only arena."""
 import tracemalloc
 
 import numpy as np
@@ -10,29 +11,15 @@ from minibp.net import Net
 from minibp.optim import SGD
 from conftest import device, host
 from gradcheck import numerical_gradient, relative_error
+from nets import odd_net, resnet20_16x16, small_net, tiny_net, train_steps
 import reference_net
-
-
-def small_net(*, dtype=np.float32, classes=5):
-    """Both shortcut kinds, a stride-2 stage, an identity block, max pooling and the loss."""
-    net = Net((8, 8, 3), dtype=dtype)
-    net.conv(8, kernel=3)                                  # unit 0, on the data
-    with net.residual():                                   # identity shortcut
-        net.conv(8, kernel=3)
-    with net.residual():                                   # parameter-free, stride 2 and 8 -> 16 channels
-        net.conv(4, kernel=1)
-        net.conv(4, kernel=3, stride=2)
-        net.conv(16, kernel=1)
-    with net.residual(shortcut="projection"):              # projection, after max pooling
-        net.conv(8, kernel=3, pool="max")
-    net.classifier(classes)
-    return net
 
 
 def batch(rng, n=4, shape=(8, 8, 3), classes=5, dtype=np.float32):
     return rng.standard_normal((n,) + shape).astype(dtype), rng.integers(0, classes, n)
 
 
+@pytest.mark.slow
 def test_whole_net_gradients_match_finite_differences_in_float64(rng):
     net = small_net(dtype=np.float64).compile(batch=3, bits="exact", seed=7, input_grad=True)
     x, y = batch(rng, 3, dtype=np.float64)
@@ -44,6 +31,27 @@ def test_whole_net_gradients_match_finite_differences_in_float64(rng):
         numeric = numerical_gradient(loss, net.param_views[name])
         assert relative_error(host(analytic), numeric) < 1e-6, name
     assert relative_error(host(net.arena["input_grad"]), numerical_gradient(loss, x_device)) < 1e-6
+
+
+@pytest.mark.slow
+def test_projection_block_then_fewer_channels_matches_finite_differences(rng):
+    """The residual buffer carries the projection's output, the adding unit's input (16 channels here),
+    not the adding unit's output (4 channels)."""
+    net = Net((8, 8, 3), dtype=np.float64)
+    net.conv(8, kernel=3)
+    with net.residual(shortcut="projection"):
+        net.conv(8, kernel=1)
+        net.conv(16, kernel=3, stride=2)
+    net.conv(4, kernel=1)  # adds the projection, then reduces the channels
+    net.classifier(3)
+    net.compile(batch=2, bits="exact", seed=1)
+    x = device(rng.standard_normal((2, 8, 8, 3)))
+    y = rng.integers(0, 3, 2)
+    net.forward(x, y)
+    net.backward()
+    loss = lambda: net.forward(x, y)[0]  # noqa: E731
+    for name, analytic in net.grad_views.items():
+        assert relative_error(host(analytic), numerical_gradient(loss, net.param_views[name])) < 1e-6, name
 
 
 def test_exact_mode_equals_ordinary_backprop(rng):
@@ -95,7 +103,7 @@ def test_approximate_gradients_are_close_to_exact(rng):
     and that clipping, not the bin width, is most of the 8-bit error.
     """
     x, y = batch(rng, 16, shape=(16, 16, 3), classes=10)
-    net_fn = lambda: preact_resnet(20, input_shape=(16, 16, 3))  # noqa: E731
+    net_fn = resnet20_16x16
     exact, _ = _grads(net_fn, "exact", x, y)
     cosine = {mode: _cosine(_grads(net_fn, mode, x, y)[0], exact) for mode in ("8", "4", "2", "naive")}
     assert cosine["8"] > 0.997
@@ -157,7 +165,7 @@ def test_a_training_step_allocates_little_outside_the_arena(rng):
     a 19-30 MB arena, whose largest activation buffer is 2 MB."""
     x, y = batch(rng, 32, shape=(16, 16, 3), classes=10)
     for mode in ("exact", "4"):
-        net = preact_resnet(20, input_shape=(16, 16, 3)).compile(batch=32, bits=mode)
+        net = resnet20_16x16().compile(batch=32, bits=mode)
         opt = SGD(net)
         net.forward(x, y)
         net.backward()
@@ -238,10 +246,37 @@ def test_misuse_is_refused():
         with nested.residual():
             with nested.residual():
                 pass
-    odd = Net((4, 4, 3))
-    odd.conv(3)
-    odd.classifier(2)
+    odd = odd_net()
     with pytest.raises(ValueError, match="multiple of 2"):
         odd.compile(batch=2, bits="4")
     with pytest.raises(ValueError, match="9n\\+2"):
         preact_resnet(50)
+
+
+def test_recompiling_keeps_the_trained_state(rng):
+    net = tiny_net().compile(batch=4, bits=4)
+    train_steps(net, rng)
+    before = net.state()
+    net.compile(batch=2, bits=8)
+    after = net.state()
+    assert before.keys() == after.keys()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+    net.initialize(seed=0)  # initialisation is its own call
+    assert not np.array_equal(net.state()["params/unit0.w"], before["params/unit0.w"])
+
+
+def test_predict_runs_any_number_of_images_through_an_evaluation_arena(rng):
+    trained = tiny_net().compile(batch=4, bits=4)
+    train_steps(trained, rng)
+    evaluator = tiny_net().compile(batch=3, bits=4, training=False)
+    evaluator.load_state(trained.state())  # momentum ignored: the evaluation arena has none
+    plan = evaluator.arena.plan
+    assert not any(n in plan for n in ("grads", "velocity", "unit1.store", "dlogits", "da"))
+    assert plan.total_bytes < trained.arena.plan.total_bytes
+    x = rng.standard_normal((7, 8, 8, 3)).astype(np.float32)
+    logits = evaluator.predict(device(x))
+    assert logits.shape == (7, 3)
+    reference = np.concatenate([trained.predict(device(x[i:i + 4])) for i in (0, 4)])
+    np.testing.assert_allclose(logits, reference, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="compiled for evaluation"):
+        evaluator.forward(device(x[:3]), np.zeros(3, np.int64))

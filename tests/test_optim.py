@@ -1,4 +1,5 @@
-"""SGD with momentum: the kernel against its reference, and weight decay on weights only."""
+"""SGD with momentum: the kernel against its reference, weight decay on weights only, hyperparameters and learning
+rates that are not numbers in range refused, and a net recompiled under it."""
 import re
 
 import numpy as np
@@ -6,7 +7,9 @@ import pytest
 
 from minibp import optim
 from minibp.net import Net
+from minibp.optim import SGD
 from conftest import device, host
+from nets import tiny_batch, tiny_net
 
 
 def _net():
@@ -84,3 +87,32 @@ def test_step_needs_a_net_compiled_for_training():
         opt.step(lr=0.1)
     with pytest.raises(RuntimeError, match="compiled for evaluation"):
         optim.SGD(net)
+
+
+@pytest.mark.parametrize("options,error,match", [
+    (dict(weight_decay=float("nan")), ValueError, "weight_decay must be finite and >= 0, got nan"),
+    (dict(weight_decay=float("inf")), ValueError, "weight_decay must be finite and >= 0"),
+    (dict(weight_decay=-1e-4), ValueError, "weight_decay must be finite and >= 0"),
+    (dict(weight_decay="2e-4"), TypeError, r"weight_decay must be a real number, got '2e-4' \(str\)"),
+    (dict(momentum=float("nan")), ValueError, r"momentum must be in \[0, 1\), got nan"),
+    (dict(momentum=1.0), ValueError, r"momentum must be in \[0, 1\), got 1.0"),
+    (dict(momentum="0.9"), TypeError, "momentum must be a real number"),
+    (dict(momentum=False), TypeError, "momentum must be a real number, got False"),
+])
+def test_sgd_refuses_hyperparameters_that_are_not_numbers_in_range(options, error, match):
+    net = tiny_net().compile(batch=2, bits="4")
+    with pytest.raises(error, match=match):
+        SGD(net, **options)
+
+
+def test_sgd_follows_a_recompiled_net(rng):
+    net = tiny_net().compile(batch=4, bits="4")
+    opt = SGD(net, momentum=0.9)
+    net.compile(batch=2, bits="4")  # a new arena, with a new momentum buffer
+    x, y = tiny_batch(rng, 2)
+    net.zero_grad()
+    net.forward(x, y)
+    net.backward()
+    opt.step(lr=0.1)
+    momentum = [v for name, v in net.state().items() if name.startswith("momentum/")]
+    assert max(np.abs(v).max() for v in momentum) > 0  # the step's momentum is in the state a checkpoint saves

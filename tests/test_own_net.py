@@ -9,16 +9,9 @@ import pytest
 
 import minibp
 from minibp import checkpoint, evaluate, models, train
-from test_reliability import one_line_error
-from test_train import ROOT, base_args, make_dataset, read_metrics
+from runs import ROOT, base_args, one_line_error, read_metrics
 
 VGG = str(ROOT / "docs" / "vgg_example.py")
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    make_dataset(tmp_path / "data")
-    return tmp_path / "data"
 
 
 def same_weights(a, b):
@@ -124,6 +117,7 @@ def test_a_resume_or_evaluation_refuses_a_net_built_otherwise_naming_the_first_d
     assert train.main(["--out", run, "--resume", "--iters", "3"]) == 0
 
 
+@pytest.mark.slow
 def test_two_ranks_train_your_own_net_as_one_process_with_split_2(tmp_path, data_dir):
     pytest.importorskip("mpi4py", reason="several ranks need mpi4py and mpich: pip install -e '.[dist]'")
     from test_dist import train as run_trainer  # (test_dist skips itself without mpi4py)

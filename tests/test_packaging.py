@@ -9,6 +9,9 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # builds the wheel and installs it in a fresh venv
 REPO = Path(__file__).resolve().parent.parent
 
 TRAIN_ONE_STEP = """

@@ -73,6 +73,7 @@ def test_errors(tmp_path, capsys):
     assert plot.main(["--out", str(tmp_path / "x.png")]) == 2
 
 
+@pytest.mark.slow
 def test_without_matplotlib_it_says_how_to_install(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from minibp import plot; plot.main(['--plan', 'resnet11', '--out', 'x.png'])")

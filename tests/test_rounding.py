@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from minibp import quant
-from minibp.models import preact_resnet
 from minibp.optim import SGD
 from minibp.step import TrainStep
 from conftest import device, host
+from nets import tiny_resnet
 
 DRAWS = 1 << 14  # rows: each row of a column draws anew
 
@@ -71,7 +71,7 @@ def test_the_draws_are_uniform_and_differ_by_key_row_and_channel():
 
 
 def _net(rounding):
-    net = preact_resnet(11, input_shape=(8, 8, 3), classes=10)
+    net = tiny_resnet()
     return net.compile(batch=4, bits=2, rounding=rounding, seed=3)
 
 
@@ -106,6 +106,6 @@ def test_stochastic_rounding_takes_no_memory_and_only_k_bit_stores():
     assert _net("stochastic").arena.plan.total_bytes == _net("nearest").arena.plan.total_bytes
     for bits in ("exact", "naive"):
         with pytest.raises(ValueError, match="stochastic rounding codes a k-bit store"):
-            preact_resnet(11, input_shape=(8, 8, 3), classes=10).compile(batch=4, bits=bits, rounding="stochastic")
+            tiny_resnet().compile(batch=4, bits=bits, rounding="stochastic")
     with pytest.raises(ValueError, match="rounding must be one of nearest, stochastic"):
-        preact_resnet(11, input_shape=(8, 8, 3), classes=10).compile(batch=4, bits=4, rounding="up")
+        tiny_resnet().compile(batch=4, bits=4, rounding="up")

@@ -1,14 +1,18 @@
-"""A run's configuration: the learning-rate schedules (steps, and cosine with a linear warm-up) and your
-own net's keyword arguments, as the command line reads them and a run records them."""
+"""A run's configuration: the learning-rate schedules (steps, and cosine with a linear warm-up), your own net's
+keyword arguments, ImageNet's defaults, and on --resume the options a run keeps, those it may change and the
+fields of a configuration read back from a checkpoint."""
 import argparse
+import json
 import math
 
+import h5py
 import numpy as np
 import pytest
 
-from minibp import checkpoint, train
+from minibp import checkpoint, evaluate, runconfig, train
 from minibp.runconfig import CosineSchedule, StepSchedule, model_args, parse_model_arg, parse_schedule
-from test_train import base_args, make_dataset, read_metrics
+from runs import base_args, make_dataset, one_line_error, read_metrics, untimed
+from test_checkpoint import _set_attrs
 
 
 def test_the_cosine_schedule_warms_up_linearly_then_follows_a_half_cosine():
@@ -77,3 +81,78 @@ def test_model_arguments_are_recorded_as_json_would_give_them_back():
         model_args({"channels": {8, 16}})
     with pytest.raises(ValueError, match="cannot be recorded"):
         model_args({"scale": float("nan")})
+
+
+def test_imagenet_defaults_are_the_papers_setting():
+    argv = ["--data", "imagenet", "--batch", "32"]
+    args = runconfig.apply_data_defaults(runconfig.build_parser().parse_args(argv), runconfig.given_options(argv))
+    assert (args.model, args.batch, args.iters, args.lr_schedule, args.weight_decay, args.image_size, args.data_dir) \
+        == ("resnet152", 32, 640000, "0:0.1,160000:0.01,320000:0.001,480000:0.0001", 1e-4, 224, "data/imagenet")
+    cifar = runconfig.apply_data_defaults(runconfig.build_parser().parse_args([]), {})
+    assert (cifar.model, cifar.batch, cifar.iters, cifar.image_size) == ("resnet164", 128, 64000, None)
+
+
+def test_resume_refuses_options_that_define_the_run(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    run = str(tmp_path / "run")
+    assert train.main(["--out", run, "--resume", "--bits", "8", "--batch", "8", "--seed", "0"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "--bits 8 (the run has 4)" in line and "--batch 8 (the run has 16)" in line and "--seed" not in line
+
+
+def test_resume_keeps_the_window_and_runs_from_before_it_resume_with_the_papers(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2, window="fixed")) == 0
+    run = str(tmp_path / "run")
+    assert train.main(["--out", run, "--resume", "--window", "range"]) == 2
+    assert "--window range (the run has fixed)" in one_line_error(capsys.readouterr().err)
+    # a checkpoint from before the option has no window in its config: it trained through the fixed one
+    with h5py.File(tmp_path / "run" / "checkpoint.h5", "r+") as f:
+        config = json.loads(f.attrs["config"])
+        del config["window"]
+        _set_attrs(f, config=json.dumps(config))
+    assert train.main(["--out", run, "--resume", "--window", "range"]) == 2
+    assert "(the run has fixed)" in one_line_error(capsys.readouterr().err)
+    assert train.main(["--out", run, "--resume", "--iters", "3"]) == 0
+    assert "(fixed window)" in capsys.readouterr().out
+
+
+def test_resume_applies_and_records_options_that_may_change(tmp_path, data_dir, monkeypatch):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    monkeypatch.chdir(moved)  # the data folder was stored absolute: resuming from anywhere works
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4", "--lr-schedule", "0:0.01",
+                       "--log-every", "1"]) == 0
+    records = read_metrics(tmp_path / "run")
+    resume = [untimed(r) for r in records if r["kind"] == "resume"]
+    assert resume == [dict(kind="resume", iter=2, changed=dict(iters=[2, 4], lr_schedule=["0:0.05", "0:0.01"],
+                                                               log_every=[2, 1]))]
+    assert [r["lr"] for r in records if r["kind"] == "train" and r["iter"] > 2] == [0.01, 0.01]
+
+
+def test_duplicate_schedule_iterations_are_refused(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, lr_schedule="0:0.1,0:0.5")) == 2
+    assert "iteration 0 more than one rate" in one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("edit,match", [
+    (dict(batch="sixteen"), "configuration's batch is 'sixteen', not a positive integer"),
+    (dict(model=None), "configuration lacks model"),
+    (dict(momentum=float("nan")), "configuration's momentum is nan, not a finite non-negative number"),
+    (dict(no_augment="no"), "configuration's no_augment is 'no', not true or false"),
+    (dict(model="resnet12"), "holds a configuration that cannot run"),
+])
+def test_a_hand_made_config_is_checked_field_by_field(tmp_path, data_dir, capsys, edit, match):
+    """The checksum rewritten too, as a hand-made checkpoint's would be: each field is still checked."""
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    path = tmp_path / "run" / "checkpoint.h5"
+    with h5py.File(path, "r+") as f:
+        config = json.loads(f.attrs["config"])
+        config.update(edit)
+        _set_attrs(f, config=json.dumps({k: v for k, v in config.items() if v is not None}))
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert str(path) in line and match in line
+    assert evaluate.main([str(tmp_path / "run")]) == 2
+    assert match in one_line_error(capsys.readouterr().err)

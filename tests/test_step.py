@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 
 from minibp import backend, checkpoint, train
-from minibp.models import preact_resnet
 from minibp.optim import SGD
 from minibp.step import TrainStep
 from conftest import device, host
-from test_train import base_args, make_dataset
+from nets import tiny_resnet
+from runs import base_args, make_dataset
 
 
 def net_and_opt(batch=4, seed=1):
-    net = preact_resnet(11, input_shape=(8, 8, 3), classes=3).compile(batch=batch, bits=4, seed=seed)
+    net = tiny_resnet(classes=3).compile(batch=batch, bits=4, seed=seed)
     return net, SGD(net, momentum=0.9, weight_decay=2e-4)
 
 

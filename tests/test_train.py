@@ -5,59 +5,15 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
-from minibp import checkpoint, data, evaluate, train
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def make_dataset(directory, name="cifar10", *, n_train=256, n_test=64, shape=(8, 8, 3), classes=4, seed=0):
-    """A learnable data set: each class has its own mean image, plus noise."""
-    rng = np.random.default_rng(seed)
-    prototypes = rng.integers(40, 216, (classes,) + shape)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.h5"
-    with h5py.File(path, "w") as f:
-        f.attrs.update(name=name, classes=classes)
-        for split, n in (("train", n_train), ("test", n_test)):
-            labels = rng.integers(0, classes, n)
-            images = np.clip(prototypes[labels] + rng.normal(0, 25, (n,) + shape), 0, 255).astype(np.uint8)
-            f.create_dataset(f"{split}/images", data=images)
-            f.create_dataset(f"{split}/labels", data=labels)
-            f[split].attrs.update(data.split_checksums(images, labels))
-    return path
+from minibp import checkpoint, evaluate, train
+from runs import ROOT, base_args, read_metrics, untimed
 
 
-def base_args(tmp_path, out="run", **overrides):
-    options = dict(data="cifar10", data_dir=str(tmp_path / "data"), model="resnet11", batch=16, iters=6,
-                   lr_schedule="0:0.05", log_every=2, val_every=3, checkpoint_every=3, out=str(tmp_path / out))
-    options.update(overrides)
-    argv = []
-    for key, value in options.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    return argv
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    make_dataset(tmp_path / "data")
-    return tmp_path / "data"
-
-
-def read_metrics(run):
-    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
-
-
-def untimed(record):
-    """A metrics record less its wall-clock time, which no two runs share."""
-    return {k: v for k, v in record.items() if k != "time"}
-
-
+@pytest.mark.slow
 def test_training_lowers_the_loss_and_writes_metrics(tmp_path, data_dir, capsys):
     # the rate drops for the last 20 iterations, as a schedule's does: at 0.05 this small net's validation
     # swings between chance and 0.9 from one iteration to the next (in exact training too)
@@ -108,6 +64,7 @@ def test_resume_gives_bit_identical_weights(tmp_path, data_dir, rounding):
         untimed(r) for r in read_metrics(tmp_path / "resumed") if r["kind"] == "val"]
 
 
+@pytest.mark.slow
 def test_split_computes_a_batch_in_smaller_sub_batches(tmp_path, data_dir):
     common = dict(batch=16, iters=30, log_every=10, val_every=30, lr_schedule="0:0.05")
     assert train.main(base_args(tmp_path, out="whole", **common)) == 0
@@ -118,6 +75,7 @@ def test_split_computes_a_batch_in_smaller_sub_batches(tmp_path, data_dir):
     assert split[-1]["accuracy"] > split[0]["accuracy"] + 0.1
 
 
+@pytest.mark.slow
 def test_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path, data_dir):
     argv = base_args(tmp_path, iters=100000, log_every=1, val_every=100000, checkpoint_every=100000)
     env = dict(os.environ, PYTHONUNBUFFERED="1")

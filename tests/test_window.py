@@ -5,6 +5,7 @@ import pytest
 from minibp import backend, layers, models, quant
 from minibp.params import key
 from conftest import device, host
+from nets import tiny_resnet
 
 
 def _gradients(bits, window, images, labels):
@@ -30,7 +31,7 @@ def test_the_range_window_removes_the_clipping_error_of_heavy_tails():
 
 
 def test_window_option_is_checked_and_the_naive_ablation_keeps_the_papers():
-    net = models.preact_resnet(11, input_shape=(8, 8, 1), classes=10)
+    net = tiny_resnet(channels=1)
     for bits in (4, "exact", "naive"):  # checked even where it would not be used
         with pytest.raises(ValueError, match="window must be one of"):
             net.compile(batch=4, bits=bits, window="sigma")
@@ -68,7 +69,7 @@ def test_the_block_window_fits_each_block_of_rows():
 
 def test_the_plan_holds_the_block_windows_with_the_store():
     """(blocks, 3, C) windows a unit, in the activation stores: at most 0.375/k more than the codes."""
-    net = models.preact_resnet(11, input_shape=(8, 8, 1), classes=10)
+    net = tiny_resnet(channels=1)
     plans = {w: net.plan(batch=16, bits=4, window=w) for w in ("range", "block")}
     extra = (plans["block"].bytes_by_category()["activation stores"]
              - plans["range"].bytes_by_category()["activation stores"])

@@ -1,5 +1,7 @@
-"""The run folder under hostile conditions: its lock or the whole folder deleted while a trainer runs, a
-full disk, stale temporary files, file modes, and refused starts that must leave the disk as they found it."""
+"""The run folder (rundir.py) under hostile conditions: one trainer at a time, even with its lock or the whole
+folder deleted while it runs; a metrics log that holds each iteration once and names damage by file and line; a
+full disk; stale temporary files; and refused starts that must leave the disk as they found it."""
+import json
 import os
 import resource
 import shutil
@@ -8,15 +10,9 @@ import sys
 
 import pytest
 
-from minibp import backend, checkpoint, train
-from test_reliability import one_line_error, start_trainer, wait_for_lines
-from test_train import ROOT, base_args, make_dataset, read_metrics
-
-
-@pytest.fixture
-def data_dir(tmp_path):
-    make_dataset(tmp_path / "data")
-    return tmp_path / "data"
+from minibp import backend, checkpoint, integrity, train
+from minibp.rundir import read_metrics as read_metrics_file
+from runs import ROOT, base_args, one_line_error, read_metrics, start_trainer, wait_for_lines
 
 
 def stopped(process, timeout=60):
@@ -32,6 +28,26 @@ def stopped(process, timeout=60):
 
 # ----------------------------------------------------------------------------- the lock and the folder
 
+@pytest.mark.slow
+def test_two_trainers_cannot_share_a_run_folder(tmp_path, data_dir, capsys):
+    first = start_trainer(base_args(tmp_path, iters=100000, log_every=1, val_every=100000,
+                                    checkpoint_every=2))
+    try:
+        wait_for_lines(tmp_path / "run" / "metrics.jsonl", 3)
+        assert train.main(["--out", str(tmp_path / "run"), "--resume"]) == 2
+        line = one_line_error(capsys.readouterr().err)
+        assert f"in use by another trainer (pid {first.pid})" in line
+        assert train.main(base_args(tmp_path) + ["--overwrite"]) == 2
+        assert "in use" in capsys.readouterr().err
+    finally:
+        first.kill()
+        first.wait()
+    # the OS dropped the killed trainer's lock: the run resumes
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters",
+                       str(checkpoint.load(tmp_path / "run" / "checkpoint.h5").iteration + 1)]) == 0
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_trainer_whose_lock_is_gone_stops_and_a_second_one_owns_the_folder(tmp_path, data_dir, capsys, how):
     """flock holds the lock file's inode: with OUT/lock deleted or replaced a second trainer can lock the
@@ -59,6 +75,7 @@ def test_a_trainer_whose_lock_is_gone_stops_and_a_second_one_owns_the_folder(tmp
     assert checkpoint.load(run / "checkpoint.h5").iteration == saved.iteration + 2
 
 
+@pytest.mark.slow
 def test_a_deleted_run_folder_stops_the_trainer_without_recreating_it(tmp_path, data_dir):
     run = tmp_path / "run"
     process = start_trainer(base_args(tmp_path, iters=100000, log_every=1, val_every=100000, checkpoint_every=5))
@@ -74,22 +91,46 @@ def test_a_deleted_run_folder_stops_the_trainer_without_recreating_it(tmp_path, 
     assert not run.exists()
 
 
+# ----------------------------------------------------------------------------- the metrics log
+
+def test_a_torn_metrics_line_is_dropped_and_damage_elsewhere_named(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, iters=4, log_every=1, val_every=2, checkpoint_every=2)) == 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    with open(metrics, "a") as f:
+        f.write('{"kind": "train", "it')  # a full disk cut this record short
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "6"]) == 0
+    assert "torn last line" in capsys.readouterr().err
+    iters = [r["iter"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
+    assert iters == [1, 2, 3, 4, 5, 6]
+    lines = metrics.read_text().splitlines()
+    lines[2] = lines[2][:10]
+    metrics.write_text("\n".join(lines) + "\n")
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "7"]) == 2
+    assert f"{metrics}:3" in one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("value", ["ten", None, 2.5])
+def test_a_metrics_record_whose_iter_is_not_a_number_is_named(tmp_path, data_dir, capsys, value):
+    assert train.main(base_args(tmp_path, iters=4, log_every=1, val_every=2, checkpoint_every=2)) == 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    lines[1] = json.dumps(dict(json.loads(lines[1]), iter=value))
+    metrics.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "6"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"{metrics}:2 has iter {value!r}, not an iteration number" in line
+
+
+def test_read_metrics_names_file_and_line(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iter": 1}\n[1, 2]\n{"iter": 3}\n')
+    with pytest.raises(ValueError, match=f"{path}:2"):
+        read_metrics_file(path)
+
+
 # ----------------------------------------------------------------------------- writes
-
-def test_the_files_keep_their_modes_through_a_resume(tmp_path, data_dir):
-    umask = os.umask(0o022)
-    try:
-        assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
-        run = tmp_path / "run"
-        modes = lambda: {name: (run / name).stat().st_mode & 0o777 for name in ("metrics.jsonl", "checkpoint.h5")}
-        assert modes() == {"metrics.jsonl": 0o644, "checkpoint.h5": 0o644}  # new files: as the umask says
-        (run / "metrics.jsonl").chmod(0o664)
-        (run / "checkpoint.h5").chmod(0o600)
-        assert train.main(["--out", str(run), "--resume", "--iters", "4"]) == 0  # rewrites both
-        assert modes() == {"metrics.jsonl": 0o664, "checkpoint.h5": 0o600}
-    finally:
-        os.umask(umask)
-
 
 def limited_trainer(argv, max_bytes):
     """A trainer run in a process that cannot grow any file past max_bytes: a write fails as on a full disk
@@ -99,6 +140,7 @@ def limited_trainer(argv, max_bytes):
                           timeout=120)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["checkpoint.h5", "metrics.jsonl"])
 def test_a_failed_write_names_the_file_and_keeps_the_checkpoint(tmp_path, data_dir, which):
     assert train.main(base_args(tmp_path, iters=2, val_every=2, log_every=1, checkpoint_every=2)) == 0
@@ -110,7 +152,7 @@ def test_a_failed_write_names_the_file_and_keeps_the_checkpoint(tmp_path, data_d
     assert done.returncode == 1, done.stderr
     line = one_line_error(done.stderr)
     assert f"cannot write {run / which} (File too large); the previous checkpoint (iteration 2) is kept" in line
-    assert (run / "checkpoint.h5").read_bytes() == before and not checkpoint.stale_temporaries(run / "checkpoint.h5")
+    assert (run / "checkpoint.h5").read_bytes() == before and not integrity.stale_temporaries(run / "checkpoint.h5")
 
 
 def test_stale_temporary_metrics_are_removed_at_start(tmp_path, data_dir):
@@ -121,7 +163,27 @@ def test_stale_temporary_metrics_are_removed_at_start(tmp_path, data_dir):
     assert not stale.exists()
 
 
+def test_stale_temporary_checkpoints_are_removed_at_start(tmp_path, data_dir):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    stale = tmp_path / "run" / "checkpoint.h5.x1y2z3.tmp"
+    stale.write_bytes(b"\0" * 4096)  # what a SIGKILLed write leaves
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "3"]) == 0
+    assert not stale.exists()
+
+
 # ----------------------------------------------------------------------------- refused starts
+
+def test_a_fresh_run_refuses_a_folder_with_a_run_unless_told_to_overwrite(tmp_path, data_dir, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"kind": "train", "iter": 1, "loss": 1.0}\n')  # killed before a checkpoint
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 2
+    assert "--overwrite" in one_line_error(capsys.readouterr().err)
+    assert train.main(["--out", str(run), "--resume"]) == 2
+    assert "--overwrite" in one_line_error(capsys.readouterr().err)
+    assert train.main(base_args(tmp_path, iters=2, val_every=2, log_every=1) + ["--overwrite"]) == 0
+    assert [r["iter"] for r in read_metrics(run) if r["kind"] == "train"] == [1, 2]
+
 
 def test_a_refused_start_leaves_the_disk_as_it_found_it(tmp_path, data_dir, monkeypatch, capsys):
     nested = tmp_path / "runs" / "deeper" / "run"

@@ -1,19 +1,24 @@
-"""The CPU kernel cache under $XDG_CACHE_HOME/minibp/kernels survives damage, an unwritable cache,
-interrupted and concurrent builds.
+"""The g++ build of the CPU kernels (build.py): compiler errors and a missing compiler named, builds cached under
+$XDG_CACHE_HOME/minibp/kernels without -march=native, one a CPU target, a target this CPU cannot run refused, and
+the cache surviving damage, an unwritable cache, interrupted and concurrent builds.
 
-Each test loads sgd.cu (the smallest kernel) in a fresh `python3 -c` process: ctypes never unloads
+The cache's tests load sgd.cu (the smallest kernel) in a fresh `python3 -c` process: ctypes never unloads
 a library, and a damaged one can kill the process that loads it (SIGBUS), not only raise.
 """
 import hashlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from minibp import backend, build, kernels
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,6 +77,41 @@ def _dead_pid():
     return process.pid
 
 
+@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
+def test_compiler_errors_name_the_file_and_show_the_log(tmp_path, monkeypatch):
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    for header in ("cpu_shim.h", "common.cuh"):
+        shutil.copy(kernels.KERNEL_DIR / header, kdir / header)
+    (kdir / "broken.cu").write_text('#include "common.cuh"\nextern "C" __global__ void f(int n) { undefined_name; }\n')
+    monkeypatch.setattr(kernels, "KERNEL_DIR", kdir)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with pytest.raises(kernels.KernelError, match=r"(?s)broken\.cu.*undefined_name"):
+        kernels.load.__wrapped__("broken.cu", np.float32)
+
+
+@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
+def test_missing_compiler_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-minibp")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(kernels.KernelError, match="apt-get install g\\+\\+"):
+        kernels.load.__wrapped__("quant.cu", np.float32)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
+def test_cpu_builds_are_cached_under_xdg_cache_home_without_march_native(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    kernels.load.__wrapped__("quant.cu", np.float32)
+    built = list((tmp_path / "minibp" / "kernels").glob("quant-float-*.so"))
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    kernels.load.__wrapped__("quant.cu", np.float32)  # a second process-level load reuses the file
+    assert built[0].stat().st_mtime_ns == mtime
+    assert "-march=native" not in build.cpu_compile_command("float")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", [
     "truncated",  # a copy cut short: loading it used to die of SIGBUS with no message
     "garbage",    # used to fail with OSError on every run, never rebuilt
@@ -92,6 +132,7 @@ def test_a_damaged_cached_build_is_rebuilt_with_a_warning(tmp_path, damage):
     assert_ran(load_in_subprocess(tmp_path))  # the rebuilt library is trusted again: no warning
 
 
+@pytest.mark.slow
 def test_an_unwritable_cache_falls_back_to_a_temporary_one(tmp_path):
     (tmp_path / "file").write_text("a regular file: nothing can be created under it, even by root")
     cache_home = tmp_path / "file" / "cache"
@@ -101,6 +142,7 @@ def test_an_unwritable_cache_falls_back_to_a_temporary_one(tmp_path):
     assert not Path(fallback).exists()  # the private cache is removed at exit
 
 
+@pytest.mark.slow
 def test_build_folders_of_dead_processes_are_removed(tmp_path):
     cache = tmp_path / "minibp" / "kernels"
     stale = cache / f"build-{_dead_pid()}-x1y2"
@@ -112,6 +154,7 @@ def test_build_folders_of_dead_processes_are_removed(tmp_path):
     assert not stale.exists() and live.exists()
 
 
+@pytest.mark.slow
 def test_an_interrupted_compile_leaves_no_compiler_and_no_build_folder(tmp_path):
     # A stand-in g++ that, like the real driver with cc1plus, runs a child and waits for it.
     compiler, pid_file = tmp_path / "slow-g++", tmp_path / "child.pid"
@@ -143,6 +186,7 @@ def test_an_interrupted_compile_leaves_no_compiler_and_no_build_folder(tmp_path)
             os.kill(child, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_concurrent_builds_of_one_kernel_both_succeed_and_match_the_record(tmp_path):
     processes = [subprocess.Popen([sys.executable, "-c", LOAD_AND_RUN], cwd=REPO, env=_env(tmp_path),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
@@ -154,12 +198,12 @@ def test_concurrent_builds_of_one_kernel_both_succeed_and_match_the_record(tmp_p
     assert list(library.parent.glob("build-*")) == []
 
 
+@pytest.mark.slow
 def test_a_cache_shared_by_two_cpu_targets_holds_a_build_for_each(tmp_path):
     """A home folder shared by an AVX-512 machine and an AVX2 one: the target is in the build's name (and
     key), so each CPU loads its own build and neither runs instructions the other lacks. The narrower
     target stands in for the other machine (MINIBP_CPU_TARGET)."""
-    from minibp import kernels
-    targets = kernels.usable_cpu_targets()
+    targets = build.usable_cpu_targets()
     if len(targets) < 2:
         pytest.skip(f"this CPU runs one target only ({targets[0]})")
     for target in targets[:2]:
@@ -179,7 +223,6 @@ def test_a_cache_shared_by_two_cpu_targets_holds_a_build_for_each(tmp_path):
 def test_a_cpu_target_this_cpu_cannot_run_is_refused_in_one_line(monkeypatch, target, message):
     """Never SIGILL: a target the CPU lacks is refused before anything is built (here on a CPU made to
     look like an AVX2-only one)."""
-    from minibp import build
     if build.platform.machine().lower() != "x86_64":
         pytest.skip("the flags below are x86-64's")
     monkeypatch.setattr(build, "_cpu_flags", lambda: set(build.CPU_TARGETS["x86_64"]["avx2"][0]))
@@ -194,6 +237,7 @@ def test_a_cpu_target_this_cpu_cannot_run_is_refused_in_one_line(monkeypatch, ta
         build.cpu_target.cache_clear()
 
 
+@pytest.mark.slow
 def test_a_build_says_what_it_compiles_and_how_long_it_took(tmp_path):
     """A first run compiles for minutes on a loaded machine: one line each build, none when cached."""
     first = load_in_subprocess(tmp_path)

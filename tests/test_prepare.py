@@ -154,6 +154,7 @@ def test_real_fashion_mnist_from_the_debian_package(tmp_path):
         assert sorted(np.bincount(f["train"]["labels"][...]).tolist()) == [6000] * 10
 
 
+@pytest.mark.slow
 def test_script_runs_beside_a_package_named_datasets(tmp_path):
     """A `datasets` package earlier on sys.path (as Hugging Face's is) must not matter."""
     fake = tmp_path / "site" / "datasets"
