@@ -108,17 +108,18 @@ CANDIDATES = {"fixed": fixed, "range, no clip": ranged,
 
 @contextmanager
 def capturing(into):
-    """Append (x, stats, beta, da) on the host for every BN-ReLU backward while inside (exact mode)."""
-    original = layers.batchnorm_relu_backward
+    """Append (x, stats, beta, da) on the host for every BN-ReLU backward while inside (exact mode): the
+    kernel wrapper that each unit's BatchNormReLU calls (layers/bn.py), replaced there."""
+    original = layers.bn.batchnorm_relu_backward
 
     def capture(da, stats, beta, dx, **options):
         into.append(tuple(backend.to_host(a).copy() for a in (options["x_copy"], stats, beta, da)))
         original(da, stats, beta, dx, **options)
-    layers.batchnorm_relu_backward = capture
+    layers.bn.batchnorm_relu_backward = capture
     try:
         yield
     finally:
-        layers.batchnorm_relu_backward = original
+        layers.bn.batchnorm_relu_backward = original
 
 
 def measure(x, stats, beta, da, *, eps, k):

@@ -64,7 +64,7 @@ def test_conv_equals_the_im2col_reference_to_float32_rounding(rng, monkeypatch, 
     H, W, cin, cout, k, s, padding = case
     monkeypatch.setattr(conv_direct, "DIRECT_CONV", path == "direct")
     if path != "direct":
-        monkeypatch.setattr(layers, "COL_ELEMENTS", 2 * H * W * k * k * cin)
+        monkeypatch.setattr(layers.conv, "COL_ELEMENTS", 2 * H * W * k * k * cin)
     conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding, bias=True)
     n = 3
     x = rng.standard_normal((n, H, W, cin)).astype(np.float32)

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 import reference_net
+from minibp.models import preact_resnet
 from minibp.optim import SGD, sgd_momentum_ref
 from conftest import device, host
-from nets import resnet20_16x16
 
 FIRST_LOSS = 2.2463146386  # the reference's loss at the seed's weights
 LOSS_RTOL = 2e-6
@@ -34,7 +34,7 @@ STEPS, LR, MOMENTUM, WEIGHT_DECAY = 3, 0.1, 0.9, 2e-4
 @pytest.mark.parametrize("bits", list(GRAD_RTOL))
 def test_resnet20_steps_follow_ordinary_backprop(bits):
     rng = np.random.default_rng(2024)
-    net = resnet20_16x16()
+    net = preact_resnet(20, input_shape=(16, 16, 3), classes=10)
     net.compile(batch=8, bits=bits, window="fixed", seed=5)
     opt = SGD(net, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     for step in range(1, STEPS + 1):
