@@ -28,7 +28,6 @@ import h5py
 import numpy as np
 
 from .integrity import sha256_array as sha256, sha256_bytes, write_atomic
-from .integrity import stale_temporaries  # noqa: F401  (tests/test_reliability.py, test_run_folder.py, test_dist.py)
 
 FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read

@@ -29,8 +29,6 @@ import numpy as np
 
 from . import backend, build, constants
 from .build import KernelError
-# build.py's CPU targets, read through this module by tests/test_conv.py, bench/speed.py and conv_direct.py
-from .build import CPU_ARITHMETIC, CPU_TARGETS, TARGET_VARIABLE, cpu_target, usable_cpu_targets  # noqa: F401
 
 # The sources are the top-level kernels/ folder. A wheel ships a copy of it as minibp/kernels_src
 # (setup.cfg maps the folder to that package); a checkout or an editable install reads kernels/ itself.

@@ -22,7 +22,6 @@ import sys
 from . import backend, models
 from .arena import format_bytes
 from .memory import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
-from .memory import MAX_BUDGET  # noqa: F401  read as plan.MAX_BUDGET by callers from before memory.py
 from .quant import BITS, Store
 from .runconfig import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option
 
