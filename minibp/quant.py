@@ -124,11 +124,6 @@ class Store:
     block = property(lambda self: self.window == "block")              # keeps (blocks, 3, C) windows of its own
     stochastic = property(lambda self: self.rounding == "stochastic")
 
-    @property
-    def clip(self):
-        """The range or block window's clip, in standard deviations."""
-        return clip_of(self.window, self.k)
-
     def __str__(self):
         """The store in the words of every message: "bits 4 (block window)", "bits exact"."""
         if not self.has_window:
