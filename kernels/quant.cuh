@@ -1,5 +1,5 @@
 // The k-bit activation store, defined once for every kernel that writes or reads one: bn.cu (training)
-// and quant.cu (the same functions behind tests/quant_kernels.py). NumPy reference: minibp/quant.py.
+// and tests/quant.cu (the same functions behind tests/quant_kernels.py). NumPy reference: minibp/quant.py.
 //
 // Each element's v = xhat + b (b = beta/gamma of its channel) is kept as a code q of K = 2^k bins
 // (k = BITS = 2, 4, 8) through its channel's window (shift, below, above): shift bins lie below zero,

@@ -147,7 +147,9 @@ def parse_signatures(source, real_dtype):
 
 
 def _source_path(filename):
-    path = KERNEL_DIR / filename
+    """kernels/<filename>, or filename itself when it is a path (a kernel file kept elsewhere, as the tests'
+    tests/quant.cu: it includes kernels/ headers all the same)."""
+    path = filename if isinstance(filename, Path) else KERNEL_DIR / filename
     if not path.is_file():
         raise FileNotFoundError(f"no kernel source {path} (minibp reads kernels/ beside the package in a checkout, "
                                 "or minibp/kernels_src in an installed wheel)")
@@ -163,7 +165,7 @@ def _real_name(dtype):
 
 @functools.lru_cache(maxsize=None)
 def load(filename, dtype=np.float32):
-    """The Module of kernels/<filename> for real_t = dtype, compiled on first use."""
+    """The Module of kernels/<filename> (or of a Path) for real_t = dtype, compiled on first use."""
     path = _source_path(filename)
     source = path.read_text()
     signatures = parse_signatures(source, dtype)

@@ -1,4 +1,4 @@
-"""The k-bit store's kernels on their own: kernels/quant.cu, built from kernels/quant.cuh, the device
+"""The k-bit store's kernels on their own: tests/quant.cu, built from kernels/quant.cuh, the device
 functions the training kernels (kernels/bn.cu) write and read the stores with, so testing these
 wrappers against quant.py's NumPy reference tests those. They serve the tests and bench/quant.py
 (which imports them from here); training never calls them, and the package does not ship them.
@@ -7,10 +7,14 @@ wrappers against quant.py's NumPy reference tests those. They serve the tests an
     codes = quantize(v, table, bits=4)                          # (size * 4 / 8,) uint8
     xhat, a, mask = dequantize(codes, table, b, gamma, bits=4, shape=v.shape)
 """
+from pathlib import Path
+
 import numpy as np
 
 from minibp import backend, kernels, quant
 from minibp.quant import check_bits, check_window, clip_of
+
+QUANT_CU = Path(__file__).resolve().with_name("quant.cu")  # beside this file: the package does not ship it
 
 
 def _check_values(name, values, channels=None):
@@ -52,7 +56,7 @@ def window(b, *, bits, kind="fixed", v=None):
         rows = v.reshape(-1, C)
         lo, hi = rows.min(axis=0), rows.max(axis=0)
     table = backend.xp.empty((3, C), b.dtype)
-    kernels.load("quant.cu", b.dtype).channel_window(C=C, bits=bits, range=kind == "range", clip=clip_of(kind, bits),
+    kernels.load(QUANT_CU, b.dtype).channel_window(C=C, bits=bits, range=kind == "range", clip=clip_of(kind, bits),
                                                      below_weight=quant.BELOW_WEIGHT, b=b, lo=lo, hi=hi, window=table,
                                                      threads=C)
     return table
@@ -72,7 +76,7 @@ def quantize_into(v, table, codes, *, bits):
     _check_window_table(table, channels, v.dtype)
     if codes.dtype != np.uint8 or codes.shape != (size * bits // 8,):
         raise ValueError(f"codes must be uint8 of shape ({size * bits // 8},), got {codes.dtype} {codes.shape}")
-    kernels.load("quant.cu", v.dtype).quantize(n_bytes=size * bits // 8, C=channels, bits=bits, v=v, window=table,
+    kernels.load(QUANT_CU, v.dtype).quantize(n_bytes=size * bits // 8, C=channels, bits=bits, v=v, window=table,
                                                codes=codes, threads=size // channels)  # a thread a row
     return codes
 
@@ -99,7 +103,7 @@ def dequantize_into(codes, table, b, gamma, *, bits, shape, xhat=None, a=None, m
     for name, out, dtype in (("xhat", xhat, b.dtype), ("a", a, b.dtype), ("mask", mask, np.uint8)):
         if out is not None and (out.shape != tuple(shape) or out.dtype != dtype):
             raise ValueError(f"{name} must be {np.dtype(dtype)} of shape {tuple(shape)}, got {out.dtype} {out.shape}")
-    kernels.load("quant.cu", b.dtype).dequantize(n_bytes=size * bits // 8, C=channels, bits=bits, codes=codes,
+    kernels.load(QUANT_CU, b.dtype).dequantize(n_bytes=size * bits // 8, C=channels, bits=bits, codes=codes,
                                                  window=table, b=b, gamma=gamma, xhat=xhat, a=a, mask=mask,
                                                  threads=size // channels)
     return xhat, a, mask

@@ -95,18 +95,18 @@ def test_missing_compiler_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler-minibp")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     with pytest.raises(kernels.KernelError, match="apt-get install g\\+\\+"):
-        kernels.load.__wrapped__("quant.cu", np.float32)
+        kernels.load.__wrapped__("sgd.cu", np.float32)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
 def test_cpu_builds_are_cached_under_xdg_cache_home_without_march_native(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    kernels.load.__wrapped__("quant.cu", np.float32)
-    built = list((tmp_path / "minibp" / "kernels").glob("quant-float-*.so"))
+    kernels.load.__wrapped__("sgd.cu", np.float32)
+    built = list((tmp_path / "minibp" / "kernels").glob("sgd-float-*.so"))
     assert len(built) == 1
     mtime = built[0].stat().st_mtime_ns
-    kernels.load.__wrapped__("quant.cu", np.float32)  # a second process-level load reuses the file
+    kernels.load.__wrapped__("sgd.cu", np.float32)  # a second process-level load reuses the file
     assert built[0].stat().st_mtime_ns == mtime
     assert "-march=native" not in build.cpu_compile_command("float")
 

@@ -5,16 +5,19 @@ import pytest
 
 from minibp import backend, kernels
 from conftest import device, host
+from quant_kernels import QUANT_CU
 
-KERNEL_FILES = sorted(p.name for p in kernels.KERNEL_DIR.glob("*.cu"))
+# The package's kernel files, and the tests' own (quant.cu, a path: the loader takes either)
+KERNEL_FILES = sorted(p.name for p in kernels.KERNEL_DIR.glob("*.cu")) + [QUANT_CU]
 
 
 def test_every_kernel_file_is_found():
-    assert {"quant.cu"} <= set(KERNEL_FILES)
+    assert {"bn.cu", "conv_direct.cu", "pool.cu", "sgd.cu"} <= set(KERNEL_FILES)
+    assert "quant.cu" not in KERNEL_FILES  # the store's stand-alone kernels are the tests', not the package's
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("filename", KERNEL_FILES)
+@pytest.mark.parametrize("filename", KERNEL_FILES, ids=str)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_kernel_compiles_for_sm90_with_nvrtc(filename, dtype):
     """Every kernel file builds for the H200 (sm_90) with the GPU path's NVRTC and options."""
@@ -22,7 +25,7 @@ def test_kernel_compiles_for_sm90_with_nvrtc(filename, dtype):
     assert cubin[:4] == b"\x7fELF" and len(cubin) > 500
 
 
-@pytest.mark.parametrize("filename", KERNEL_FILES)
+@pytest.mark.parametrize("filename", KERNEL_FILES, ids=str)
 def test_kernel_file_loads_for_both_real_types(filename):
     for dtype in (np.float32, np.float64):
         module = kernels.load(filename, dtype)
@@ -42,7 +45,7 @@ def test_signature_parsing():
 
 @pytest.fixture
 def quant_module():
-    return kernels.load("quant.cu", np.float32)
+    return kernels.load(QUANT_CU, np.float32)
 
 
 def _quantize_args(n_bytes=8):
