@@ -27,7 +27,7 @@ from .arena import Arena, Plan
 from .chain import Chain
 from .checks import positive_int
 from .params import key
-from .layers import conv_cudnn
+from .layers import CONV_PATHS, ConvPath
 from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store
 from .units import Step
 
@@ -52,7 +52,7 @@ class Net(Chain):
         self.input_shape, self.dtype = checks.net_input(input_shape, dtype)
         self.eps, self.bn_momentum = eps, bn_momentum
         super().__init__(self.input_shape)
-        self.arena, self.training = None, None
+        self.arena, self.training, self.conv_path = None, None, None  # set by compile
         self._n = 0                     # the batch of the last training forward, which backward reads
         self.deferred_running = {}      # {unit index: (2, C) view} while step.defer_running defers updates
 
@@ -66,10 +66,10 @@ class Net(Chain):
     num_decayed = property(lambda self: sum(int(np.prod(p.shape)) for _, _, p in self.parameter_table() if p.decayed))
 
     def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
-             cudnn_workspace_bytes=None):
+             conv_path=None):
         """The table of every buffer a step at this batch and store needs (store: a quant.Store, or the one
         Store(bits, window) names); allocates nothing. training=False: an evaluation's (no stores, gradients
-        or momentum). cudnn_workspace_bytes: the cuDNN path's."""
+        or momentum). conv_path: a built layers.ConvPath adds the buffers its convs need (cuDNN's)."""
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
         store = _store(store, bits=bits, window=window)
@@ -105,8 +105,9 @@ class Net(Chain):
             plan.add("velocity", (P,), dtype, "momentum")
         if input_grad:
             plan.add("input_grad", (N,) + self.input_shape, dtype, "input gradient")
-        if cudnn_workspace_bytes is not None:
-            conv_cudnn.plan_buffers(plan, self, workspace_bytes=cudnn_workspace_bytes)
+        if conv_path is not None:
+            conv_path.plan_buffers(plan, dtype=dtype, weight_elements=max(
+                int(np.prod(p.shape)) for _, _, p in self.parameter_table() if p.decayed))
         return plan
 
     # ------------------------------------------------------------------ allocation and state
@@ -119,21 +120,20 @@ class Net(Chain):
         ("nearest" or "stochastic"; stochastic draws from seed and forward()'s draw). The first compile
         initialises the parameters (initialize(seed=...)); a later one keeps the trained state. conv="gemm"
         (both devices) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier;
-        layers/conv_cudnn.py)."""
-        if conv not in ("gemm", "cudnn"):
-            raise ValueError(f"conv must be 'gemm' or 'cudnn', got {conv!r}")
+        layers.ConvPath)."""
+        if conv not in CONV_PATHS:
+            raise ValueError(f"conv must be one of {', '.join(map(repr, CONV_PATHS))}, got {conv!r}")
         store = _store(store, bits=bits, window=window, rounding=rounding)
         request = dict(batch=batch, store=store, training=training, input_grad=input_grad)
         plan = self.plan(**request)  # checks all first
         kept = self.state() if self.arena is not None else None
         self.store, self.seed, self._draws, self.draw = store, seed, 0, None
         self.batch, self.training = positive_int(batch, "batch"), training
-        engines = conv_cudnn.net_graphs(self.units, batch=self.batch, dtype=self.dtype) if conv == "cudnn" else {}
-        if engines:
-            plan = self.plan(**request, cudnn_workspace_bytes=max(g.workspace_bytes for g in engines.values()))
+        self.conv_path = ConvPath(conv, self.units, batch=self.batch, dtype=self.dtype)
+        plan = self.plan(**request, conv_path=self.conv_path)
         self.arena = None  # the old arena goes before the new one comes
         self.arena = Arena(plan)
-        conv_cudnn.attach_engines(self.units, engines, self.arena)
+        self.conv_path.attach(self.arena)
         self.param_views, self.grad_views = table.bind(self.units, self.arena)
         if kept is None:
             self.initialize(seed=seed)
@@ -210,7 +210,7 @@ class Net(Chain):
         n = images.shape[0]
         if not 1 <= n <= self.batch:
             raise ValueError(f"a batch of {n} images does not fit the {self.batch} the net was compiled for")
-        conv_cudnn.warn_on_other_batch(self.units, n)
+        self.conv_path.check_batch(n)
         xp, step = backend.xp, Step(self, n, train=train)
         if train:
             xp.copyto(self.arena["running_before"], self.arena["running"])

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -216,3 +217,40 @@ def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
     done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.splitlines() == [
         "lanes 4, tile 6 pixels x 2 vectors, weight-gradient task 4 x 8", "ok"], done.stdout + done.stderr
+
+
+# ----------------------------------------------------------------------------- ConvPath: what a net asks of its convs
+
+def test_a_conv_path_is_gemm_or_cudnn():
+    from nets import small_net
+    net = small_net()
+    with pytest.raises(ValueError, match="conv must be one of 'gemm', 'cudnn', got 'fast'"):
+        net.compile(batch=2, conv="fast")
+    net.compile(batch=2, conv="gemm")
+    assert net.conv_path.kind == "gemm" and not net.conv_path.graphs
+    assert "cudnn_workspace" not in net.arena.plan and "cudnn_dw" not in net.arena.plan
+    assert all(c.engine is None for u in net.units for c in u.convs())
+
+
+def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_batch(monkeypatch):
+    """The cuDNN path's wiring, with stand-ins for the graphs (building real ones needs a GPU)."""
+    from types import SimpleNamespace
+
+    from minibp.layers import conv_cudnn
+    from nets import small_net
+    net = small_net()
+    monkeypatch.setattr(conv_cudnn, "net_graphs", lambda units, *, batch, dtype: {
+        c: SimpleNamespace(workspace_bytes=1000 + i, batch=batch)
+        for i, c in enumerate(c for u in units if not u.is_classifier for c in u.convs())})
+    net.compile(batch=4, conv="cudnn")
+    plan = net.arena.plan
+    assert plan["cudnn_workspace"].shape == (1000 + len(net.conv_path.graphs) - 1,)
+    assert plan["cudnn_dw"].shape == (max(int(np.prod(p.shape)) for _, _, p in net.parameter_table() if p.decayed),)
+    for conv in [c for u in net.units for c in u.convs()]:
+        assert (conv.engine is not None) == (conv in net.conv_path.graphs)
+    assert net.units[-1].conv.engine is None  # the classifier stays on GEMM
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net.conv_path.check_batch(4)
+    with pytest.warns(UserWarning, match="built for batch 4: a batch of 3 runs through GEMM"):
+        net.conv_path.check_batch(3)

@@ -7,9 +7,10 @@ its convs through cuDNN (conv_cudnn.py). im2col_ref and col2im_ref state the im2
 import numpy as np
 
 from .. import backend, kernels
-from . import conv_direct
+from . import conv_cudnn, conv_direct
 from .launch import output_size
 
+CONV_PATHS = ("gemm", "cudnn")
 COL_ELEMENTS = 1 << 20         # CPU: values a chunk of the im2col matrix holds (4 MiB of float32, cache-sized)
 
 
@@ -195,3 +196,35 @@ def col2im_ref(col, x_shape, kh, kw, stride, pad_top, pad_left, Ho, Wo):
         for j in range(kw):
             padded[:, i:i + Ho * stride:stride, j:j + Wo * stride:stride] += taps[:, :, :, i, j]
     return padded[:, pad_top:pad_top + H, pad_left:pad_left + W]
+
+
+class ConvPath:
+    """Which code runs a net's convolutions, chosen once when it compiles (Net.compile(conv=...)):
+
+        "gemm"   every Conv2D on its own path (im2col + GEMM; on the CPU the direct kernels), both devices
+        "cudnn"  GPU: every conv but the classifier's through cuDNN graphs built for the compiled batch
+                 (conv_cudnn.py); a forward at another batch takes the "gemm" path, with a warning
+
+    The net asks it for the buffers its plan needs, attaches it to the convs once the arena exists, and
+    shows it each forward's batch; it knows nothing else of the net."""
+
+    def __init__(self, kind, units, *, batch, dtype):
+        if kind not in CONV_PATHS:
+            raise ValueError(f"conv must be one of {', '.join(map(repr, CONV_PATHS))}, got {kind!r}")
+        self.kind, self.convs = kind, [c for u in units for c in u.convs()]
+        # {Conv2D: its built conv_cudnn.ConvGraphs}; the classifier's conv stays on GEMM
+        self.graphs = conv_cudnn.net_graphs(units, batch=batch, dtype=dtype) if kind == "cudnn" else {}
+
+    def plan_buffers(self, plan, *, weight_elements, dtype):
+        """Add this path's buffers to a step's plan: none for "gemm"; for "cudnn" the graphs' workspace
+        (bytes) and one conv's weight gradient (weight_elements: the largest), written before it is added in."""
+        if self.graphs:
+            conv_cudnn.plan_buffers(plan, workspace_bytes=max(g.workspace_bytes for g in self.graphs.values()),
+                                    weight_elements=weight_elements, dtype=dtype)
+
+    def attach(self, arena):
+        """Point every conv at its engine (None: its own path) with the arena's buffers."""
+        conv_cudnn.attach_engines(self.convs, self.graphs, arena)
+
+    def check_batch(self, n):
+        conv_cudnn.warn_on_other_batch(self.convs, n)

@@ -6,7 +6,8 @@ described to cuDNN as NCHW dimensions with NHWC strides; weights are (Cout, kh, 
 KRSC filter layout. Padding is TensorFlow's "same" (possibly one more row/column after than
 before), given as pre/post padding. Workspace comes from the arena; the handle runs on CuPy's
 current stream. The GEMM path (layers.Conv2D) stays the reference: the GPU tests compare the two.
-Net.compile(conv="cudnn") and Net.plan wire a net's convs through the functions at the end of this file.
+A net's convs come here through conv.ConvPath (Net.compile(conv="cudnn")), which calls the functions at the
+end of this file.
 
 Status: the graph descriptions are built and checked on the CPU in CI (tests/test_cudnn.py); building
 plans and executing them needs a GPU and has not yet run (docs/gpu.md).
@@ -152,26 +153,24 @@ def net_graphs(units, *, batch, dtype):
     return build_graphs(convs, batch=batch)
 
 
-def plan_buffers(plan, net, *, workspace_bytes):
-    """Add the cuDNN path's buffers to a step's plan (Net.plan): the graphs' workspace, and one weight
-    gradient before it is added in (wgrad overwrites)."""
+def plan_buffers(plan, *, workspace_bytes, weight_elements, dtype):
+    """Add the cuDNN path's buffers to a step's plan (conv.ConvPath): the graphs' workspace, and one weight
+    gradient (the largest conv's: weight_elements) before it is added in (wgrad overwrites)."""
     plan.add("cudnn_workspace", (max(workspace_bytes, 1),), np.uint8, "workspace")
-    plan.add("cudnn_dw", (max(int(np.prod(p.shape)) for _, _, p in net.parameter_table() if p.decayed),),
-             net.dtype, "workspace")
+    plan.add("cudnn_dw", (weight_elements,), dtype, "workspace")
 
 
-def attach_engines(units, graphs, arena):
-    """Every conv of the units back on the GEMM path, then the ones with graphs onto cuDNN, with the arena's
-    workspace."""
-    for conv in [c for u in units for c in u.convs()]:
+def attach_engines(convs, graphs, arena):
+    """Every conv back on the GEMM path, then the ones with graphs onto cuDNN, with the arena's workspace."""
+    for conv in convs:
         conv.engine = None
     for conv, g in graphs.items():
         conv.engine = CudnnEngine(g, workspace=arena["cudnn_workspace"], dw_scratch=arena["cudnn_dw"])
 
 
-def warn_on_other_batch(units, n):
+def warn_on_other_batch(convs, n):
     """A batch other than the compiled one runs through GEMM (the graphs are built for one batch): say so,
     once (Python shows a warning once per place)."""
-    engine = units[0].conv.engine
+    engine = convs[0].engine if convs else None
     if engine is not None and n != engine.batch:
         warnings.warn(f"the cuDNN plans are built for batch {engine.batch}: a batch of {n} runs through GEMM")
