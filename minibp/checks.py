@@ -43,7 +43,7 @@ def check_images(images, shape, dtype):
         raise ValueError(f"images must be (N, {', '.join(map(str, shape))}) NHWC, got "
                          f"{getattr(images, 'shape', type(images).__name__)}")
     if images.dtype != dtype:
-        raise ValueError(f"images must be {dtype} (the net's dtype), got {images.dtype}")
+        raise ValueError(f"images must be {np.dtype(dtype)} (the net's dtype), got {images.dtype}")
 
 
 def check_labels(labels, n, classes):

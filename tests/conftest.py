@@ -3,9 +3,9 @@ suite runs on NumPy (CI) and on CuPy (MINIBP_DEVICE=gpu on a GPU machine). The s
 are in nets.py; the data on disk, the trainer's command line and its processes in runs.py.
 
 A module minibp/X.py's own tests are in tests/test_X.py (minibp/layers/: test_layers.py, test_conv.py,
-test_bn_layout.py, test_pool_layout.py, test_cudnn.py; chain.py and checks.py through the Net in test_net.py and
-test_api_errors.py, scoring.py through the trainer's validations), bench/'s in test_bench.py; files named for a
-theme (test_reliability.py, test_own_net.py, test_console.py, ...) hold what crosses modules. Tests marked slow
+test_bn_layout.py, test_pool_layout.py, test_cudnn.py; checks.py also through the Net in test_api_errors.py),
+bench/'s in test_bench.py; files named for a theme (test_reliability.py, test_own_net.py, test_console.py, ...)
+hold what crosses modules. Tests marked slow
 start processes, build and install the wheel, run a bench script or take seconds: python3 -m pytest -m "not
 slow" runs the rest, every module's fast tests, in about a minute."""
 import minibp  # noqa: F401  before NumPy, so that OpenBLAS takes minibp's thread setting (minibp/__init__.py)

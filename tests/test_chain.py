@@ -1,0 +1,84 @@
+"""chain.py: what building a net leaves on its units for the schedule (the attributes units.Unit declares),
+and every way of building one wrongly, refused with a ValueError that says why. (The schedule that reads the
+attributes is tested through gradients in tests/test_net.py.)"""
+import pytest
+
+from minibp.net import Net
+from nets import small_net
+
+
+def wiring(net):
+    return [(u.index, u.saves_input, type(u.shortcut).__name__ if u.shortcut else None, u.adds_projection,
+             u.projection is not None) for u in net.units]
+
+
+def test_each_block_marks_its_first_unit_and_the_unit_after_it():
+    net = small_net()
+    assert wiring(net) == [
+        (0, False, None, False, False),                       # on the data
+        (1, True, None, False, False),                        # identity block: saves its input ...
+        (2, True, "ParameterFreeShortcut", False, False),     # ... which this unit adds; and starts the next
+        (3, False, None, False, False),
+        (4, False, None, False, False),
+        (5, False, "ParameterFreeShortcut", False, True),     # adds the stride-2 residual; starts a projection
+        (6, False, None, True, False),                        # the classifier adds the projection
+    ]
+    assert net.units[2].shortcut.is_identity and not net.units[5].shortcut.is_identity
+    assert net.units[5].shortcut.stride == 2 and net.classes == 5
+
+
+def test_the_chain_passes_each_unit_the_shape_before_it():
+    net = small_net()
+    for before, after in zip(net.units, net.units[1:]):
+        assert after.in_shape == before.out_shape
+    assert net.units[0].in_shape == (8, 8, 3)
+
+
+def started(*, units=1):
+    net = Net((8, 8, 3))
+    for _ in range(units):
+        net.conv(4)
+    return net
+
+
+def test_a_bad_chain_is_refused_where_it_goes_wrong():
+    with pytest.raises(ValueError, match="a residual block needs a unit on the data before it"):
+        with Net((8, 8, 3)).residual():
+            pass
+    with pytest.raises(ValueError, match="a residual block needs at least one unit"):
+        with started().residual():
+            pass
+    net = started()
+    with pytest.raises(ValueError, match="residual blocks cannot nest"):
+        with net.residual():
+            with net.residual():
+                pass
+    with pytest.raises(ValueError, match="shortcut must be 'parameter-free' or 'projection', got 'dense'"):
+        with started().residual(shortcut="dense"):
+            pass
+    net = started()
+    with pytest.raises(ValueError, match="the channels must not shrink"):
+        with net.residual():
+            net.conv(2)
+    with pytest.raises(ValueError, match="pool must be None, 'max' or 'avg', got 'min'"):
+        started().conv(4, pool="min")
+    net = started()
+    with pytest.raises(ValueError, match="close the residual block before the classifier"):
+        with net.residual():
+            net.conv(4)
+            net.classifier(3)
+    with pytest.raises(ValueError, match="a classifier needs at least 2 classes, got 1"):
+        started().classifier(1)
+    net = started()
+    net.classifier(3)
+    with pytest.raises(ValueError, match="the net already has a classifier"):
+        net.classifier(3)
+    with pytest.raises(ValueError, match="the classifier ends the net"):
+        net.conv(4)
+
+
+def test_a_unit_built_for_another_shape_is_refused():
+    other = Net((4, 4, 3))
+    unit = other.conv(4)
+    with pytest.raises(ValueError, match=r"the unit takes \(4, 4, 3\), the chain gives \(8, 8, 4\)"):
+        started().add(unit)
