@@ -201,11 +201,11 @@ def cached_library(path, wrapper, real_name, include_dir):
     real_name with include_dir's headers: the cached one, or a new one published to the cache."""
     command = cpu_compile_command(real_name) + [f"-I{include_dir}"]
     parts = [part.encode() for part in (wrapper, " ".join(command), _compiler_version(command[0]))]
-    # the kernel file itself and every header it may include
+    # the kernel file itself (it may live outside include_dir, as the tests' quant.cu does) and every header
+    # it may include
+    parts.append(Path(path).read_bytes())
     parts += [dependency.name.encode() + dependency.read_bytes() for dependency in sorted(Path(include_dir).glob("*"))
               if dependency.suffix in (".cu", ".cuh", ".h")]
-    if Path(path).parent != Path(include_dir):  # a kernel file kept outside kernels/ (the tests' quant.cu)
-        parts.append(Path(path).read_bytes())
     # The target in the name as well as in the digest (its flags are in the command): a cache shared by an
     # AVX-512 machine and an AVX2 one holds a build for each, and each loads its own.
     name = f"{path.stem}-{real_name}-{cpu_target()[0]}-{sha256_bytes(*parts)[:20]}.so"

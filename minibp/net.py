@@ -27,7 +27,7 @@ from .arena import Arena, Plan
 from .chain import Chain
 from .checks import positive_int
 from .params import key
-from .layers import CONV_PATHS, ConvPath
+from .layers import ConvPath
 from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store
 from .units import Step
 
@@ -106,8 +106,7 @@ class Net(Chain):
         if input_grad:
             plan.add("input_grad", (N,) + self.input_shape, dtype, "input gradient")
         if conv_path is not None:
-            conv_path.plan_buffers(plan, dtype=dtype, weight_elements=max(
-                int(np.prod(p.shape)) for _, _, p in self.parameter_table() if p.decayed))
+            conv_path.plan_buffers(plan, dtype=dtype)
         return plan
 
     # ------------------------------------------------------------------ allocation and state
@@ -121,16 +120,14 @@ class Net(Chain):
         initialises the parameters (initialize(seed=...)); a later one keeps the trained state. conv="gemm"
         (both devices) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier;
         layers.ConvPath)."""
-        if conv not in CONV_PATHS:
-            raise ValueError(f"conv must be one of {', '.join(map(repr, CONV_PATHS))}, got {conv!r}")
         store = _store(store, bits=bits, window=window, rounding=rounding)
         request = dict(batch=batch, store=store, training=training, input_grad=input_grad)
-        plan = self.plan(**request)  # checks all first
+        self.plan(**request)  # checks all first
+        conv_path = ConvPath(conv, self.units, batch=positive_int(batch, "batch"), dtype=self.dtype)
+        plan = self.plan(**request, conv_path=conv_path)
         kept = self.state() if self.arena is not None else None
         self.store, self.seed, self._draws, self.draw = store, seed, 0, None
-        self.batch, self.training = positive_int(batch, "batch"), training
-        self.conv_path = ConvPath(conv, self.units, batch=self.batch, dtype=self.dtype)
-        plan = self.plan(**request, conv_path=self.conv_path)
+        self.batch, self.training, self.conv_path = positive_int(batch, "batch"), training, conv_path
         self.arena = None  # the old arena goes before the new one comes
         self.arena = Arena(plan)
         self.conv_path.attach(self.arena)

@@ -245,7 +245,7 @@ def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_
     net.compile(batch=4, conv="cudnn")
     plan = net.arena.plan
     assert plan["cudnn_workspace"].shape == (1000 + len(net.conv_path.graphs) - 1,)
-    assert plan["cudnn_dw"].shape == (max(int(np.prod(p.shape)) for _, _, p in net.parameter_table() if p.decayed),)
+    assert plan["cudnn_dw"].shape == (max(int(np.prod(c.weight_shape)) for c in net.conv_path.graphs),)
     for conv in [c for u in net.units for c in u.convs()]:
         assert (conv.engine is not None) == (conv in net.conv_path.graphs)
     assert net.units[-1].conv.engine is None  # the classifier stays on GEMM

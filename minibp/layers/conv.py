@@ -215,12 +215,10 @@ class ConvPath:
         # {Conv2D: its built conv_cudnn.ConvGraphs}; the classifier's conv stays on GEMM
         self.graphs = conv_cudnn.net_graphs(units, batch=batch, dtype=dtype) if kind == "cudnn" else {}
 
-    def plan_buffers(self, plan, *, weight_elements, dtype):
-        """Add this path's buffers to a step's plan: none for "gemm"; for "cudnn" the graphs' workspace
-        (bytes) and one conv's weight gradient (weight_elements: the largest), written before it is added in."""
+    def plan_buffers(self, plan, *, dtype):
+        """Add this path's buffers to a step's plan: none for "gemm"; cuDNN's workspace and weight scratch."""
         if self.graphs:
-            conv_cudnn.plan_buffers(plan, workspace_bytes=max(g.workspace_bytes for g in self.graphs.values()),
-                                    weight_elements=weight_elements, dtype=dtype)
+            conv_cudnn.plan_buffers(plan, self.graphs, dtype=dtype)
 
     def attach(self, arena):
         """Point every conv at its engine (None: its own path) with the arena's buffers."""

@@ -153,11 +153,11 @@ def net_graphs(units, *, batch, dtype):
     return build_graphs(convs, batch=batch)
 
 
-def plan_buffers(plan, *, workspace_bytes, weight_elements, dtype):
-    """Add the cuDNN path's buffers to a step's plan (conv.ConvPath): the graphs' workspace, and one weight
-    gradient (the largest conv's: weight_elements) before it is added in (wgrad overwrites)."""
-    plan.add("cudnn_workspace", (max(workspace_bytes, 1),), np.uint8, "workspace")
-    plan.add("cudnn_dw", (weight_elements,), dtype, "workspace")
+def plan_buffers(plan, graphs, *, dtype):
+    """Add the cuDNN path's buffers to a step's plan (conv.ConvPath), for graphs {conv: ConvGraphs}: their
+    workspace, and the largest of their convs' weight gradients before it is added in (wgrad overwrites)."""
+    plan.add("cudnn_workspace", (max(max(g.workspace_bytes for g in graphs.values()), 1),), np.uint8, "workspace")
+    plan.add("cudnn_dw", (max(int(np.prod(conv.weight_shape)) for conv in graphs),), dtype, "workspace")
 
 
 def attach_engines(convs, graphs, arena):
