@@ -17,8 +17,9 @@
 // channel in exact mode and one code byte (8/k channels) at k bits, so no two threads write one byte.
 // On the GPU (layers/launch.py picks the shape by device) adjacent threads read adjacent addresses, and a
 // thread decodes its code bytes in registers. On the CPU a block is one thread and takes one contiguous
-// run of rows; its loops over a row are the plain loops over channels, and it decodes a row's codes into
-// a local row of numbers first (for_codes), so that those loops vectorise.
+// run of rows, which it walks as wide rows (for_wide_rows: several narrow rows, or a piece of a broad one,
+// as one row of at most SCRATCH channels); its loops over a row are the plain loops over channels, and it
+// decodes a row's codes into a local row of numbers first (for_codes), so that those loops vectorise.
 // Reductions write one row of partial sums per chunk, summing the chunk's rows in order, and xp adds
 // the chunks up: their results do not depend on the launch shape.
 #include "common.cuh"
@@ -55,12 +56,11 @@ struct UnitStore {
     __device__ __forceinline__ const real_t* window(long long r) const {
         return !BITS ? nullptr : block_rows >= rows ? windows : windows + r / block_rows * 3 * C;
     }
+    // The store from element e = r*C + c on (c a whole code byte's first channel at k bits).
     template <int BITS>
-    __device__ __forceinline__ real_t* x_row(long long r) const { return BITS || !x_copy ? nullptr : x_copy + r * C; }
+    __device__ __forceinline__ real_t* x_at(long long e) const { return BITS || !x_copy ? nullptr : x_copy + e; }
     template <int BITS>
-    __device__ __forceinline__ unsigned char* codes_row(long long r) const {
-        return BITS ? codes + r * C * BITS / 8 : nullptr;
-    }
+    __device__ __forceinline__ unsigned char* codes_at(long long e) const { return BITS ? codes + e * BITS / 8 : nullptr; }
 };
 
 // The loops over a row's groups and channels that are this thread's. STEP is a template parameter of
@@ -112,19 +112,16 @@ __device__ __forceinline__ real_t xhat_from_code(float q, int c, int C, const re
 }
 
 // body(q, c) for each of this thread's channels c of a row of codes, q the code as a number.
-constexpr int SCRATCH = 128;  // channels a CPU thread decodes at a time
+constexpr int SCRATCH = 128;  // channels of a CPU thread's rows at most (for_wide_rows)
 template <int BITS, int STEP, class Body>
 __device__ __forceinline__ void for_codes(int C, const unsigned char* __restrict__ row_codes, Body body) {
     constexpr int PER = group_size<BITS>();
     if constexpr (STEP == 1) {
-        // One thread a row (the CPU): the codes of up to SCRATCH channels into a local row of numbers first,
-        // so that the loop over them is a plain float loop, which g++ vectorises even for a short row.
-        for (int c0 = 0; c0 < C; c0 += SCRATCH) {
-            const int n = C - c0 < SCRATCH ? C - c0 : SCRATCH;
-            real_t q[SCRATCH];
-            quant_unpack_row<BITS>(row_codes + c0 / PER, q, n);
-            for (int i = 0; i < n; ++i) body((float)q[i], c0 + i);
-        }
+        // One thread a row (the CPU), of at most SCRATCH channels: its codes into a local row of numbers
+        // first, so that the loop over them is a plain float loop, which g++ vectorises even for a short row.
+        real_t q[SCRATCH];
+        quant_unpack_row<BITS>(row_codes, q, C);
+        for (int c = 0; c < C; ++c) body((float)q[c], c);
     } else {  // threads sharing a row (the GPU): each decodes its own bytes, in registers
         GROUP_LOOP(j, C / PER) {
             const int byte = row_codes[j];
@@ -132,6 +129,95 @@ __device__ __forceinline__ void for_codes(int C, const unsigned char* __restrict
         }
     }
 }
+
+// ----------------------------------------------------------------------------- the CPU's wide rows
+
+// On the CPU a block is one thread, and a row of few channels (16 in ResNet-164's first stage) leaves each
+// of its vector loops a vector or two long, so that setting a loop up costs more than its work (a 4-bit
+// unit of 16 channels took 2.5x its exact time). So the CPU walks a run of rows that share a window as
+// wide rows: n consecutive rows are one row of n*C channels whose per-channel tables repeat n times in a
+// local copy (a row of more than SCRATCH channels goes in pieces of SCRATCH channels). The tables also
+// hold per channel what a GPU thread divides out per value (DX_SCALE, SCALE_BELOW, SCALE_ABOVE: the same
+// float operations on the same operands, so the same bits). Every element sees the same arithmetic, so the
+// bytes are the same; the reductions still add their rows in order (backward_sums_rows).
+struct WideTables {  // laid out for the wide row's Cw <= SCRATCH channels
+    real_t stats[8 * SCRATCH];  // (8, Cw): the unit's stats, then gamma / sigma
+    real_t beta[SCRATCH];       // (Cw,)
+    real_t win[5 * SCRATCH];    // (5, Cw): shift, below, above, then 1/below and 1/above (as floats)
+    real_t sums[2 * SCRATCH];   // (2, Cw): backward_dx's dbeta and dgamma
+};
+
+// Rows a wide row: the most, a power of two (so that it divides a block window's rows), with n*C <= SCRATCH.
+__device__ __forceinline__ int wide_rows(int C) {
+    int n = 1;
+    while (2 * n * C <= SCRATCH) n *= 2;
+    return n;
+}
+
+// to[i, t*P + c] = from[i, c0 + c] for t < n, c < P: rows [0, count) of a (count, C) table, channels
+// [c0, c0 + P), repeated n times side by side.
+__device__ __forceinline__ void repeat_rows(const real_t* __restrict__ from, int count, int C, int c0, int P, int n,
+                                            real_t* __restrict__ to) {
+    for (int i = 0; i < count; ++i)
+        for (int t = 0; t < n; ++t)
+            for (int c = 0; c < P; ++c) to[(i * n + t) * P + c] = from[i * C + c0 + c];
+}
+
+// The chunks of rows_per_chunk rows that are this thread's on the CPU: [*first, *end), a contiguous share
+// (CHUNK_LOOP deals every lanes-th chunk), so that its wide rows' tables are built once, not once a chunk.
+// Which thread sums which chunk changes no result.
+__device__ __forceinline__ void lane_chunks(long long chunks, long long* first, long long* end) {
+    const long long lanes = (long long)gridDim.x * blockDim.y, lane = (long long)blockIdx.x * blockDim.y + threadIdx.y,
+                    per = (chunks + lanes - 1) / lanes;
+    *first = min_ll(lane * per, chunks);
+    *end = min_ll(*first + per, chunks);
+}
+
+// body(r, c0, n, Cw, tables) for rows [first, end) of one thread: channels [c0, c0 + Cw/n) of rows r .. r + n
+// as one row of Cw channels, the tables laid out for it; a wide row never crosses a multiple of split rows
+// (a reduction's chunk) or of the window's block. wide = false: a row at a time (the stochastic rounding's
+// draws are keyed by row and channel). sums, (2, C) or null, is read by backward_dx.
+template <int BITS, class Body>
+__device__ void for_wide_rows(const UnitStore& s, long long first, long long end, long long split, const real_t* sums,
+                              bool wide, Body body) {
+    const int C = s.C, most = wide ? wide_rows(C) : 1, P = C < SCRATCH ? C : SCRATCH;
+    WideTables t;
+    int tables_n = 0, tables_c0 = -1;  // what the tables are laid out for: n rows of channels from c0 ...
+    const real_t* tables_window = nullptr;  // ... and which window they hold
+    for (long long run = first; run < end;) {  // a run of rows in one window's block
+        const real_t* window = s.window<BITS>(run);
+        const long long block_end = BITS ? (run / s.block_rows + 1) * s.block_rows : end,
+                        run_end = min_ll(min_ll(block_end, (run / split + 1) * split), end);
+        for (int c0 = 0; c0 < C; c0 += P) {
+            const int piece = C - c0 < P ? C - c0 : P;
+            for (long long r = run; r < run_end;) {
+                const int n = run_end - r < most ? (int)(run_end - r) : most, Cw = n * piece;
+                if (n != tables_n || c0 != tables_c0) {
+                    repeat_rows(s.stats, 7, C, c0, piece, n, t.stats);
+                    for (int c = 0; c < Cw; ++c) t.stats[7 * Cw + c] = t.stats[2 * Cw + c] / t.stats[Cw + c];
+                    repeat_rows(s.beta, 1, C, c0, piece, n, t.beta);
+                    if (sums) repeat_rows(sums, 2, C, c0, piece, n, t.sums);
+                    tables_window = nullptr;
+                }
+                if (BITS && (window != tables_window || n != tables_n || c0 != tables_c0)) {
+                    repeat_rows(window, 3, C, c0, piece, n, t.win);
+                    for (int c = 0; c < 2 * Cw; ++c) t.win[3 * Cw + c] = (real_t)(1.0f / (float)t.win[Cw + c]);
+                    tables_window = window;
+                }
+                tables_n = n, tables_c0 = c0;
+                body(r, c0, n, Cw, t);
+                r += n;
+            }
+        }
+        run = run_end;
+    }
+}
+
+// On the CPU (STEP = 1, the wide tables) read, on the GPU computed: a value of channel c of a row's
+// tables that the CPU computes once per wide row.
+#define DX_SCALE(c) (STEP == 1 ? stats[7 * C + (c)] : GAMMA(c) / SIGMA(c))
+#define SCALE_BELOW(c) (STEP == 1 ? (float)win[3 * C + (c)] : 1.0f / (float)BELOW(c))
+#define SCALE_ABOVE(c) (STEP == 1 ? (float)win[4 * C + (c)] : 1.0f / (float)ABOVE(c))
 
 // ----------------------------------------------------------------------------- statistics
 
@@ -234,8 +320,27 @@ extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunk
 
 // ----------------------------------------------------------------------------- forward
 
+// body(r, c0, e, Cw, stats, win, beta, sums) for each row of this thread (the GPU: one row, c0 = 0, Cw = C) or
+// wide row (the CPU: for_wide_rows): its first element e = r*C + c0 is channel c0 of row r, and it has Cw
+// channels, the tables laid out for them. wide: false keeps the CPU to a row at a time.
+template <int BITS, int STEP, class Body>
+__device__ __forceinline__ void for_rows(const UnitStore& s, int rows_per_chunk, const real_t* sums, bool wide,
+                                         Body body) {
+    const int C = s.C;
+    if constexpr (STEP == 1) {
+        long long first, end;
+        lane_chunks((s.rows + rows_per_chunk - 1) / rows_per_chunk, &first, &end);
+        for_wide_rows<BITS>(s, first * rows_per_chunk, min_ll(end * rows_per_chunk, s.rows), s.rows, sums, wide,
+                            [&](long long r, int c0, int, int Cw, const WideTables& t) {
+            body(r, c0, r * C + c0, Cw, t.stats, t.win, t.beta, t.sums);
+        });
+    } else
+        ROW_LOOP(r, s.rows, rows_per_chunk) body(r, 0, r * C, C, s.stats, s.window<BITS>(r), s.beta, sums);
+}
+
+// One row's a and store. row_hash and c0 key the stochastic draws: channel c of the row is channel c0 + c.
 template <int BITS, int STEP>
-__device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, unsigned int row_hash,
+__device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, unsigned int row_hash, int c0,
                                             const real_t* __restrict__ x_row,
                                             const real_t* __restrict__ stats, const real_t* __restrict__ win,
                                             const real_t* __restrict__ beta,
@@ -244,17 +349,40 @@ __device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, 
     constexpr int PER = group_size<BITS>();
     if constexpr (BITS == 0) {
         if (x_copy_row) CHANNEL_LOOP(c, C) x_copy_row[c] = x_row[c];
-    } else {  // the codes as numbers into a_row (scratch: a is written below), then packed
+    } else if constexpr (STEP == 1) {  // the CPU: the codes as numbers into a local row and a beside them, from one xhat
+        real_t q[SCRATCH];
         if (stochastic)  // (a loop each: one with a branch inside would not vectorise)
+            for (int c = 0; c < C; ++c) {
+                const real_t xhat = xhat_of(x_row[c], c, C, stats);
+                q[c] = quant_code_stochastic((float)(xhat + B(c)), (float)SHIFT(c), SCALE_BELOW(c), SCALE_ABOVE(c),
+                                             BITS, quant_uniform(row_hash, c0 + c));
+                a_row[c] = relu(GAMMA(c) * xhat + beta[c]);
+            }
+        else
+            for (int c = 0; c < C; ++c) {
+                const real_t xhat = xhat_of(x_row[c], c, C, stats);
+                q[c] = quant_code((float)(xhat + B(c)), (float)SHIFT(c), SCALE_BELOW(c), SCALE_ABOVE(c), BITS);
+                a_row[c] = relu(GAMMA(c) * xhat + beta[c]);
+            }
+        for (int j = 0; j < C / PER; ++j) row_codes[j] = quant_pack_byte<BITS>(q + j * PER);
+        if (naive)  // a~ goes forward instead of a (a NaN still does, so divergence shows)
+            for (int c = 0; c < C; ++c) {
+                const real_t restored = quant_restore((float)q[c], (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c),
+                                                      GAMMA(c));
+                a_row[c] = a_row[c] == a_row[c] ? restored : a_row[c];
+            }
+        return;
+    } else {  // the GPU: the codes as numbers into a_row (scratch: a is written below), then packed
+        if (stochastic)
             CHANNEL_LOOP(c, C) {
                 const float v = (float)(xhat_of(x_row[c], c, C, stats) + B(c));
-                a_row[c] = quant_code_stochastic(v, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), BITS,
-                                                 quant_uniform(row_hash, c));
+                a_row[c] = quant_code_stochastic(v, (float)SHIFT(c), SCALE_BELOW(c), SCALE_ABOVE(c), BITS,
+                                                 quant_uniform(row_hash, c0 + c));
             }
         else
             CHANNEL_LOOP(c, C) {
                 const float v = (float)(xhat_of(x_row[c], c, C, stats) + B(c));
-                a_row[c] = quant_code(v, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), BITS);
+                a_row[c] = quant_code(v, (float)SHIFT(c), SCALE_BELOW(c), SCALE_ABOVE(c), BITS);
             }
         GROUP_LOOP(j, C / PER) row_codes[j] = quant_pack_byte<BITS>(a_row + j * PER);
     }
@@ -273,9 +401,12 @@ __device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, 
 template <int BITS, int STEP>
 __device__ void forward_rows(const UnitStore& s, int rows_per_chunk, bool naive, bool stochastic,
                              long long rounding_key, const real_t* x, real_t* a) {
-    ROW_LOOP(r, s.rows, rows_per_chunk)
-        forward_row<BITS, STEP>(s.C, naive, stochastic, stochastic ? quant_row_hash(rounding_key, r) : 0u, x + r * s.C,
-                                s.stats, s.window<BITS>(r), s.beta, a + r * s.C, s.x_row<BITS>(r), s.codes_row<BITS>(r));
+    for_rows<BITS, STEP>(s, rows_per_chunk, nullptr, !stochastic,
+                         [&](long long r, int c0, long long e, int Cw, const real_t* stats, const real_t* win,
+                             const real_t* beta, const real_t*) {
+        forward_row<BITS, STEP>(Cw, naive, stochastic, stochastic ? quant_row_hash(rounding_key, r) : 0u, c0, x + e,
+                                stats, win, beta, a + e, s.x_at<BITS>(e), s.codes_at<BITS>(e));
+    });
 }
 
 // a = relu(gamma_c * (x - mean) / sigma + beta), and the store: x_copy = x (exact mode) or the codes
@@ -311,9 +442,11 @@ __device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_
 
 template <int BITS, int STEP>
 __device__ void restore_rows(const UnitStore& s, int rows_per_chunk, real_t* a) {
-    ROW_LOOP(r, s.rows, rows_per_chunk)
-        restore_row<BITS, STEP>(s.C, s.x_row<BITS>(r), s.codes_row<BITS>(r), s.stats, s.window<BITS>(r), s.beta,
-                                a + r * s.C);
+    for_rows<BITS, STEP>(s, rows_per_chunk, nullptr, true,
+                         [&](long long, int, long long e, int Cw, const real_t* stats, const real_t* win,
+                             const real_t* beta, const real_t*) {
+        restore_row<BITS, STEP>(Cw, s.x_at<BITS>(e), s.codes_at<BITS>(e), stats, win, beta, a + e);
+    });
 }
 
 // Recompute a (exact mode) or restore a~ = relu(gamma_c * vhat) (k-bit) from the store. a is (rows, C).
@@ -358,13 +491,38 @@ __device__ void backward_sums_rows(const UnitStore& s, int rows_per_chunk, const
     constexpr int PER = group_size<BITS>();
     const int C = s.C;
     const long long chunks = (s.rows + rows_per_chunk - 1) / rows_per_chunk;
-    CHUNK_LOOP(chunk, chunks) {
-        real_t* dbeta = partial + chunk * C;
-        real_t* dgamma = partial + (chunks + chunk) * C;
-        CHANNEL_LOOP(c, C) dbeta[c] = dgamma[c] = 0;  // this thread's channels, as below
-        CHUNK_ROWS(r, chunk, s.rows, rows_per_chunk)
-            backward_sums_row<BITS, STEP>(C, da + r * C, s.x_row<BITS>(r), s.codes_row<BITS>(r), s.stats,
-                                          s.window<BITS>(r), s.beta, dbeta, dgamma);
+    if constexpr (STEP == 1) {
+        long long first, end;
+        lane_chunks(chunks, &first, &end);
+        for (long long chunk = first; chunk < end; ++chunk)
+            for (int c = 0; c < C; ++c) partial[chunk * C + c] = partial[(chunks + chunk) * C + c] = 0;
+        for_wide_rows<BITS>(s, first * rows_per_chunk, min_ll(end * rows_per_chunk, s.rows), rows_per_chunk, nullptr,
+                            true, [&](long long r, int c0, int n, int Cw, const WideTables& t) {
+            // The wide row's terms, each added to a zero (which leaves it as it is but for the sign of a zero,
+            // which a sum that starts at +0 never keeps), then to its chunk's sums a row at a time, in order.
+            const long long e = r * C + c0, chunk = r / rows_per_chunk;
+            real_t* dbeta = partial + chunk * C + c0;
+            real_t* dgamma = partial + (chunks + chunk) * C + c0;
+            const int piece = Cw / n;
+            real_t dy[SCRATCH], dy_xhat[SCRATCH];
+            for (int c = 0; c < Cw; ++c) dy[c] = dy_xhat[c] = 0;
+            backward_sums_row<BITS, STEP>(Cw, da + e, s.x_at<BITS>(e), s.codes_at<BITS>(e), t.stats, t.win, t.beta,
+                                          dy, dy_xhat);
+            for (int row = 0; row < n; ++row)
+                for (int c = 0; c < piece; ++c) {
+                    dbeta[c] += dy[row * piece + c];
+                    dgamma[c] += dy_xhat[row * piece + c];
+                }
+        });
+    } else {
+        CHUNK_LOOP(chunk, chunks) {
+            real_t* dbeta = partial + chunk * C;
+            real_t* dgamma = partial + (chunks + chunk) * C;
+            CHANNEL_LOOP(c, C) dbeta[c] = dgamma[c] = 0;  // this thread's channels, as below
+            CHUNK_ROWS(r, chunk, s.rows, rows_per_chunk)
+                backward_sums_row<BITS, STEP>(C, da + r * C, s.x_at<BITS>(r * C), s.codes_at<BITS>(r * C), s.stats,
+                                              s.window<BITS>(r), s.beta, dbeta, dgamma);
+        }
     }
 }
 
@@ -395,13 +553,13 @@ __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict_
         CHANNEL_LOOP(c, C) {
             real_t on;
             const real_t xhat = xhat_from_x(x_row[c], c, C, stats, beta, &on), dy = da_row[c] * on;
-            dx_row[c] = GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
+            dx_row[c] = DX_SCALE(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
         }
     else
         for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
             real_t on;
             const real_t xhat = xhat_from_code(q, c, C, stats, win, &on), dy = da_row[c] * on;
-            dx_row[c] = GAMMA(c) / SIGMA(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
+            dx_row[c] = DX_SCALE(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
         });
     if (residual_row)  // in a loop of its own, which keeps the one above simple enough for g++ to vectorise
         CHANNEL_LOOP(c, C) dx_row[c] += residual_row[c];
@@ -410,11 +568,12 @@ __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict_
 template <int BITS, int STEP>
 __device__ void backward_dx_rows(const UnitStore& s, int rows_per_chunk, const real_t* da, const real_t* sums,
                                  real_t inv_count, const real_t* residual_grad, real_t* dx) {
-    const int C = s.C;
-    ROW_LOOP(r, s.rows, rows_per_chunk)
-        backward_dx_row<BITS, STEP>(C, da + r * C, s.x_row<BITS>(r), s.codes_row<BITS>(r), s.stats, s.window<BITS>(r),
-                                    s.beta, sums, inv_count, residual_grad ? residual_grad + r * C : nullptr,
-                                    dx + r * C);
+    for_rows<BITS, STEP>(s, rows_per_chunk, sums, true,
+                         [&](long long, int, long long e, int Cw, const real_t* stats, const real_t* win,
+                             const real_t* beta, const real_t* row_sums) {
+        backward_dx_row<BITS, STEP>(Cw, da + e, s.x_at<BITS>(e), s.codes_at<BITS>(e), stats, win, beta, row_sums,
+                                    inv_count, residual_grad ? residual_grad + e : nullptr, dx + e);
+    });
 }
 
 // dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) [+ residual_grad, the residual gradient

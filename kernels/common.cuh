@@ -6,6 +6,7 @@
 #endif
 
 __device__ __forceinline__ int min_int(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ long long min_ll(long long a, long long b) { return a < b ? a : b; }
 
 // for (i = this thread's first index; i < n; i += all threads in the grid)
 #define GRID_STRIDE_LOOP(i, n)                                                     \

@@ -90,13 +90,12 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
 
 // ----------------------------------------------------------------------------- one value
 
-// q as a float (an exact integer), the form the scratch rows hold. 1/w is taken per value: a window keeps
-// its two widths (what decoding reads, three times a value in the backward pass) and no scales, so it stays
-// three values a channel. Measured: a ResNet-20 forward pass at batch 128 went from 0.216 to 0.235 s, a
-// ResNet-164 step no slower than its rounds vary (bench/speed.py).
-__device__ __forceinline__ float quant_code(float v, float shift, float below, float above, int bits) {
+// q as a float (an exact integer), the form the scratch rows hold. The caller passes the scales 1/below and
+// 1/above (as floats): a window keeps its two widths (what decoding reads) and no scales, so it stays three
+// values a channel; a GPU thread divides per value, the CPU once per channel of a wide row (bn.cu).
+__device__ __forceinline__ float quant_code(float v, float shift, float scale_below, float scale_above, int bits) {
     const float u = v - MASK_THRESHOLD;
-    return clampf(floorf(u * (1.0f / (u < 0.0f ? below : above))) + shift, 0.0f, (float)((1 << bits) - 1));
+    return clampf(floorf(u * (u < 0.0f ? scale_below : scale_above)) + shift, 0.0f, (float)((1 << bits) - 1));
 }
 
 // ----------------------------------------------------------------------------- stochastic rounding
@@ -126,12 +125,12 @@ __device__ __forceinline__ float quant_uniform(unsigned int row_hash, int c) {
 // The code of v rounded at random to one of the two bin midpoints around it on its side of zero, with
 // the probabilities that make E[vhat] = u (u = v - 1e-6): d = floor(u/w - 1/2 + r), vhat = (d + 1/2) w.
 // d never crosses zero (d >= 0 above it, d <= -1 below), so the mask stays exact; that, and the
-// clamp to the K codes, are the only biases (docs/method.md). NaN -> 0, as quant_code.
-__device__ __forceinline__ float quant_code_stochastic(float v, float shift, float below, float above, int bits,
-                                                       float r) {
+// clamp to the K codes, are the only biases (docs/method.md). NaN -> 0, and the scales, as quant_code.
+__device__ __forceinline__ float quant_code_stochastic(float v, float shift, float scale_below, float scale_above,
+                                                       int bits, float r) {
     const float u = v - MASK_THRESHOLD;
     const bool negative = u < 0.0f;
-    float d = floorf(u * (1.0f / (negative ? below : above)) - 0.5f + r);
+    float d = floorf(u * (negative ? scale_below : scale_above) - 0.5f + r);
     d = negative ? (d >= -1.0f ? -1.0f : d) : (d <= 0.0f ? 0.0f : d);  // (comparisons that keep NaN)
     return clampf(d + shift, 0.0f, (float)((1 << bits) - 1));
 }

@@ -32,8 +32,8 @@ __device__ void quantize_rows(long long rows, int C, const real_t* v, const real
             const real_t* v_block = v + r * C + c0;
             real_t q[BLOCK_C];
             for (int c = 0; c < n; ++c)
-                q[c] = quant_code((float)v_block[c], (float)window[c0 + c], (float)window[C + c0 + c],
-                                  (float)window[2 * C + c0 + c], BITS);
+                q[c] = quant_code((float)v_block[c], (float)window[c0 + c], 1.0f / (float)window[C + c0 + c],
+                                  1.0f / (float)window[2 * C + c0 + c], BITS);
             for (int j = 0; j < n / (8 / BITS); ++j)
                 codes[(r * C + c0) / (8 / BITS) + j] = quant_pack_byte<BITS>(q + j * (8 / BITS));
         }
