@@ -12,7 +12,7 @@ from minibp import backend, kernels, layers, quant
 from conftest import device, host
 
 BITS = [0, 8, 4, 2]
-SHAPES = [(rows, C) for rows in (1, 5, 1000) for C in (8, 24, 256)]
+SHAPES = [(rows, C) for rows in (1, 5, 1000) for C in (8, 24, 200, 256)]  # 200: a CPU row in pieces of 128 and 72 channels
 # (grid, block): one thread a block (the CPU's), threads sharing a row's groups, 2-D blocks with row lanes
 LAUNCHES = [((g,), b) for g in (1, 3, 5000) for b in ((1,), (7,), (32,), (256,), (8, 4), (3, 5))]
 ROWS_PER_CHUNK = (1, 3, 1000)  # of the elementwise kernels: any split of the rows
