@@ -175,12 +175,11 @@ __device__ __forceinline__ void lane_chunks(long long chunks, long long* first, 
 
 // body(r, c0, n, Cw, tables) for rows [first, end) of one thread: channels [c0, c0 + Cw/n) of rows r .. r + n
 // as one row of Cw channels, the tables laid out for it; a wide row never crosses a multiple of split rows
-// (a reduction's chunk) or of the window's block. wide = false: a row at a time (the stochastic rounding's
-// draws are keyed by row and channel). sums, (2, C) or null, is read by backward_dx.
+// (a reduction's chunk) or of the window's block. sums, (2, C) or null, is read by backward_dx.
 template <int BITS, class Body>
 __device__ void for_wide_rows(const UnitStore& s, long long first, long long end, long long split, const real_t* sums,
-                              bool wide, Body body) {
-    const int C = s.C, most = wide ? wide_rows(C) : 1, P = C < SCRATCH ? C : SCRATCH;
+                              Body body) {
+    const int C = s.C, most = wide_rows(C), P = C < SCRATCH ? C : SCRATCH;
     WideTables t;
     int tables_n = 0, tables_c0 = -1;  // what the tables are laid out for: n rows of channels from c0 ...
     const real_t* tables_window = nullptr;  // ... and which window they hold
@@ -320,28 +319,38 @@ extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunk
 
 // ----------------------------------------------------------------------------- forward
 
-// body(r, c0, e, Cw, stats, win, beta, sums) for each row of this thread (the GPU: one row, c0 = 0, Cw = C) or
-// wide row (the CPU: for_wide_rows): its first element e = r*C + c0 is channel c0 of row r, and it has Cw
-// channels, the tables laid out for them. wide: false keeps the CPU to a row at a time.
+// body(r, c0, n, e, Cw, stats, win, beta, sums) for each row of this thread (the GPU: one row, c0 = 0, n = 1,
+// Cw = C) or wide row (the CPU: for_wide_rows): channels [c0, c0 + Cw/n) of rows r .. r + n, its first element
+// e = r*C + c0, Cw channels in all, the tables laid out for them.
 template <int BITS, int STEP, class Body>
-__device__ __forceinline__ void for_rows(const UnitStore& s, int rows_per_chunk, const real_t* sums, bool wide,
-                                         Body body) {
+__device__ __forceinline__ void for_rows(const UnitStore& s, int rows_per_chunk, const real_t* sums, Body body) {
     const int C = s.C;
     if constexpr (STEP == 1) {
         long long first, end;
         lane_chunks((s.rows + rows_per_chunk - 1) / rows_per_chunk, &first, &end);
-        for_wide_rows<BITS>(s, first * rows_per_chunk, min_ll(end * rows_per_chunk, s.rows), s.rows, sums, wide,
-                            [&](long long r, int c0, int, int Cw, const WideTables& t) {
-            body(r, c0, r * C + c0, Cw, t.stats, t.win, t.beta, t.sums);
+        for_wide_rows<BITS>(s, first * rows_per_chunk, min_ll(end * rows_per_chunk, s.rows), s.rows, sums,
+                            [&](long long r, int c0, int n, int Cw, const WideTables& t) {
+            body(r, c0, n, r * C + c0, Cw, t.stats, t.win, t.beta, t.sums);
         });
     } else
-        ROW_LOOP(r, s.rows, rows_per_chunk) body(r, 0, r * C, C, s.stats, s.window<BITS>(r), s.beta, sums);
+        ROW_LOOP(r, s.rows, rows_per_chunk) body(r, 0, 1, r * C, C, s.stats, s.window<BITS>(r), s.beta, sums);
 }
 
-// One row's a and store. row_hash and c0 key the stochastic draws: channel c of the row is channel c0 + c.
+// The stochastic draws of a CPU thread's wide row (for_wide_rows): channels [c0, c0 + piece) of rows r, r + 1, ...,
+// Cw channels in all, element (row, c)'s draw as a GPU thread takes it (quant_uniform), each row hashed once.
+__device__ __forceinline__ void wide_row_draws(long long rounding_key, long long r, int c0, int piece, int Cw,
+                                               float* __restrict__ draws) {
+    for (int t = 0; t * piece < Cw; ++t) {
+        const unsigned int row_hash = quant_row_hash(rounding_key, r + t);
+        for (int c = 0; c < piece; ++c) draws[t * piece + c] = quant_uniform(row_hash, c0 + c);
+    }
+}
+
+// One row's a and store. Stochastic rounding's draws: on the CPU draws[c] is channel c's (wide_row_draws), on
+// the GPU it is computed from row_hash, channel c of the row being channel c0 + c.
 template <int BITS, int STEP>
-__device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, unsigned int row_hash, int c0,
-                                            const real_t* __restrict__ x_row,
+__device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, const float* __restrict__ draws,
+                                            unsigned int row_hash, int c0, const real_t* __restrict__ x_row,
                                             const real_t* __restrict__ stats, const real_t* __restrict__ win,
                                             const real_t* __restrict__ beta,
                                             real_t* __restrict__ a_row, real_t* __restrict__ x_copy_row,
@@ -355,7 +364,7 @@ __device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, 
             for (int c = 0; c < C; ++c) {
                 const real_t xhat = xhat_of(x_row[c], c, C, stats);
                 q[c] = quant_code_stochastic((float)(xhat + B(c)), (float)SHIFT(c), SCALE_BELOW(c), SCALE_ABOVE(c),
-                                             BITS, quant_uniform(row_hash, c0 + c));
+                                             BITS, draws[c]);
                 a_row[c] = relu(GAMMA(c) * xhat + beta[c]);
             }
         else
@@ -401,11 +410,14 @@ __device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, 
 template <int BITS, int STEP>
 __device__ void forward_rows(const UnitStore& s, int rows_per_chunk, bool naive, bool stochastic,
                              long long rounding_key, const real_t* x, real_t* a) {
-    for_rows<BITS, STEP>(s, rows_per_chunk, nullptr, !stochastic,
-                         [&](long long r, int c0, long long e, int Cw, const real_t* stats, const real_t* win,
+    for_rows<BITS, STEP>(s, rows_per_chunk, nullptr,
+                         [&](long long r, int c0, int n, long long e, int Cw, const real_t* stats, const real_t* win,
                              const real_t* beta, const real_t*) {
-        forward_row<BITS, STEP>(Cw, naive, stochastic, stochastic ? quant_row_hash(rounding_key, r) : 0u, c0, x + e,
-                                stats, win, beta, a + e, s.x_at<BITS>(e), s.codes_at<BITS>(e));
+        float draws[STEP == 1 ? SCRATCH : 1];
+        if (STEP == 1 && stochastic) wide_row_draws(rounding_key, r, c0, Cw / n, Cw, draws);
+        forward_row<BITS, STEP>(Cw, naive, stochastic, draws,
+                                STEP != 1 && stochastic ? quant_row_hash(rounding_key, r) : 0u, c0, x + e, stats, win,
+                                beta, a + e, s.x_at<BITS>(e), s.codes_at<BITS>(e));
     });
 }
 
@@ -442,8 +454,8 @@ __device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_
 
 template <int BITS, int STEP>
 __device__ void restore_rows(const UnitStore& s, int rows_per_chunk, real_t* a) {
-    for_rows<BITS, STEP>(s, rows_per_chunk, nullptr, true,
-                         [&](long long, int, long long e, int Cw, const real_t* stats, const real_t* win,
+    for_rows<BITS, STEP>(s, rows_per_chunk, nullptr,
+                         [&](long long, int, int, long long e, int Cw, const real_t* stats, const real_t* win,
                              const real_t* beta, const real_t*) {
         restore_row<BITS, STEP>(Cw, s.x_at<BITS>(e), s.codes_at<BITS>(e), stats, win, beta, a + e);
     });
@@ -497,7 +509,7 @@ __device__ void backward_sums_rows(const UnitStore& s, int rows_per_chunk, const
         for (long long chunk = first; chunk < end; ++chunk)
             for (int c = 0; c < C; ++c) partial[chunk * C + c] = partial[(chunks + chunk) * C + c] = 0;
         for_wide_rows<BITS>(s, first * rows_per_chunk, min_ll(end * rows_per_chunk, s.rows), rows_per_chunk, nullptr,
-                            true, [&](long long r, int c0, int n, int Cw, const WideTables& t) {
+                            [&](long long r, int c0, int n, int Cw, const WideTables& t) {
             // The wide row's terms, each added to a zero (which leaves it as it is but for the sign of a zero,
             // which a sum that starts at +0 never keeps), then to its chunk's sums a row at a time, in order.
             const long long e = r * C + c0, chunk = r / rows_per_chunk;
@@ -568,8 +580,8 @@ __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict_
 template <int BITS, int STEP>
 __device__ void backward_dx_rows(const UnitStore& s, int rows_per_chunk, const real_t* da, const real_t* sums,
                                  real_t inv_count, const real_t* residual_grad, real_t* dx) {
-    for_rows<BITS, STEP>(s, rows_per_chunk, sums, true,
-                         [&](long long, int, long long e, int Cw, const real_t* stats, const real_t* win,
+    for_rows<BITS, STEP>(s, rows_per_chunk, sums,
+                         [&](long long, int, int, long long e, int Cw, const real_t* stats, const real_t* win,
                              const real_t* beta, const real_t* row_sums) {
         backward_dx_row<BITS, STEP>(Cw, da + e, s.x_at<BITS>(e), s.codes_at<BITS>(e), stats, win, beta, row_sums,
                                     inv_count, residual_grad ? residual_grad + e : nullptr, dx + e);
