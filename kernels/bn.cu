@@ -40,7 +40,8 @@
 
 // A unit's store as its kernels read it, built once by each kernel from its arguments: the (7, C) stats and
 // beta, and x itself (x_copy, bits = 0) or the codes of v = xhat + b (bits > 0) through windows (blocks, 3, C),
-// a window per channel for each block of block_rows rows. The row functions below take a row's parts.
+// a window per channel for each block of block_rows rows, its levels the bins' midpoints or, stochastic, their
+// edges (quant.cuh). The row functions below take a row's parts.
 struct UnitStore {
     long long rows;
     int C, bits;
@@ -48,6 +49,7 @@ struct UnitStore {
     const real_t* beta;
     const real_t* windows;
     long long block_rows;
+    bool stochastic;
     real_t* x_copy;        // (rows, C), exact mode
     unsigned char* codes;  // (rows * C * bits / 8,), k bits
 
@@ -106,9 +108,9 @@ __device__ __forceinline__ real_t xhat_from_x(real_t x, int c, int C, const real
 
 // ... and from the code q (k bits) through its row's window.
 __device__ __forceinline__ real_t xhat_from_code(float q, int c, int C, const real_t* stats, const real_t* win,
-                                                 real_t* on) {
+                                                 bool stochastic, real_t* on) {
     *on = quant_mask(q, (float)SHIFT(c)) ? (real_t)1 : (real_t)0;
-    return quant_xhat(q, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), B(c));
+    return quant_xhat(q, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), stochastic, B(c));
 }
 
 // body(q, c) for each of this thread's channels c of a row of codes, q the code as a number.
@@ -293,7 +295,7 @@ extern "C" __global__ void batchnorm_coefficients(int C, real_t eps, const real_
 // within it. (extremes and windows may overlap, hence no __restrict__: the range window's are rows of
 // stats, and a thread reads its extremes before it writes its window.)
 extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunks_per_block, int bits, int range,
-                                        float clip, float below_weight, const real_t* __restrict__ stats,
+                                        float clip, float below_weight, int stochastic, const real_t* __restrict__ stats,
                                         const real_t* extremes, real_t* windows) {
     GRID_STRIDE_LOOP(i, (long long)blocks * C) {
         const int c = (int)(i % C);
@@ -308,7 +310,7 @@ extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunk
                 most = hi > most ? hi : most;
             }
             quant_window_range((float)(xhat_of(least, c, C, stats) + B(c)), (float)(xhat_of(most, c, C, stats) + B(c)),
-                               (float)B(c), clip, bits, below_weight, &shift, &below, &above);
+                               (float)B(c), clip, bits, below_weight, stochastic != 0, &shift, &below, &above);
         } else {
             quant_window_fixed((float)B(c), bits, &shift, &below, &above);
         }
@@ -377,7 +379,7 @@ __device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, 
         if (naive)  // a~ goes forward instead of a (a NaN still does, so divergence shows)
             for (int c = 0; c < C; ++c) {
                 const real_t restored = quant_restore((float)q[c], (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c),
-                                                      GAMMA(c));
+                                                      stochastic, GAMMA(c));
                 a_row[c] = a_row[c] == a_row[c] ? restored : a_row[c];
             }
         return;
@@ -399,7 +401,7 @@ __device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, 
         CHANNEL_LOOP(c, C) {
             const real_t exact = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
             const real_t restored =
-                quant_restore((float)a_row[c], (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), GAMMA(c));
+                quant_restore((float)a_row[c], (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), stochastic, GAMMA(c));
             a_row[c] = exact == exact ? restored : exact;
         }
         return;
@@ -432,7 +434,7 @@ extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int row
                                                   const real_t* __restrict__ windows, long long block_rows,
                                                   const real_t* __restrict__ beta, real_t* __restrict__ a,
                                                   real_t* __restrict__ x_copy, unsigned char* __restrict__ codes) {
-    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, x_copy, codes};
+    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, stochastic != 0, x_copy, codes};
     DISPATCH(bits, forward_rows, s, rows_per_chunk, naive != 0, stochastic != 0, rounding_key, x, a);
 }
 
@@ -442,13 +444,14 @@ template <int BITS, int STEP>
 __device__ __forceinline__ void restore_row(int C, const real_t* __restrict__ x_row,
                                             const unsigned char* __restrict__ row_codes,
                                             const real_t* __restrict__ stats, const real_t* __restrict__ win,
-                                            const real_t* __restrict__ beta, real_t* __restrict__ a_row) {
+                                            const real_t* __restrict__ beta, bool stochastic,
+                                            real_t* __restrict__ a_row) {
     constexpr int PER = group_size<BITS>();
     if constexpr (BITS == 0)
         CHANNEL_LOOP(c, C) a_row[c] = relu(GAMMA(c) * xhat_of(x_row[c], c, C, stats) + beta[c]);
     else
         for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
-            a_row[c] = quant_restore(q, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), GAMMA(c));
+            a_row[c] = quant_restore(q, (float)SHIFT(c), (float)BELOW(c), (float)ABOVE(c), stochastic, GAMMA(c));
         });
 }
 
@@ -457,7 +460,7 @@ __device__ void restore_rows(const UnitStore& s, int rows_per_chunk, real_t* a) 
     for_rows<BITS, STEP>(s, rows_per_chunk, nullptr,
                          [&](long long, int, int, long long e, int Cw, const real_t* stats, const real_t* win,
                              const real_t* beta, const real_t*) {
-        restore_row<BITS, STEP>(Cw, s.x_at<BITS>(e), s.codes_at<BITS>(e), stats, win, beta, a + e);
+        restore_row<BITS, STEP>(Cw, s.x_at<BITS>(e), s.codes_at<BITS>(e), stats, win, beta, s.stochastic, a + e);
     });
 }
 
@@ -467,9 +470,11 @@ extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int row
                                                   const unsigned char* __restrict__ codes,
                                                   const real_t* __restrict__ stats,
                                                   const real_t* __restrict__ windows, long long block_rows,
-                                                  const real_t* __restrict__ beta, real_t* __restrict__ a) {
+                                                  int stochastic, const real_t* __restrict__ beta,
+                                                  real_t* __restrict__ a) {
     // (a store the kernels below only read: the casts let it share UnitStore with the forward pass's)
-    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, (real_t*)x_copy, (unsigned char*)codes};
+    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, stochastic != 0, (real_t*)x_copy,
+                      (unsigned char*)codes};
     DISPATCH(bits, restore_rows, s, rows_per_chunk, a);
 }
 
@@ -479,8 +484,8 @@ __device__ __forceinline__ void backward_sums_row(int C, const real_t* __restric
                                                   const real_t* __restrict__ x_row,
                                                   const unsigned char* __restrict__ row_codes,
                                                   const real_t* __restrict__ stats, const real_t* __restrict__ win,
-                                                  const real_t* __restrict__ beta, real_t* __restrict__ dbeta,
-                                                  real_t* __restrict__ dgamma) {
+                                                  const real_t* __restrict__ beta, bool stochastic,
+                                                  real_t* __restrict__ dbeta, real_t* __restrict__ dgamma) {
     constexpr int PER = group_size<BITS>();
     if constexpr (BITS == 0)  // (the two loops spelled out: a shared helper taking a lambda stopped g++ vectorising)
         CHANNEL_LOOP(c, C) {
@@ -492,7 +497,7 @@ __device__ __forceinline__ void backward_sums_row(int C, const real_t* __restric
     else
         for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
             real_t on;
-            const real_t xhat = xhat_from_code(q, c, C, stats, win, &on), dy = da_row[c] * on;
+            const real_t xhat = xhat_from_code(q, c, C, stats, win, stochastic, &on), dy = da_row[c] * on;
             dbeta[c] += dy;
             dgamma[c] += dy * xhat;
         });
@@ -519,7 +524,7 @@ __device__ void backward_sums_rows(const UnitStore& s, int rows_per_chunk, const
             real_t dy[SCRATCH], dy_xhat[SCRATCH];
             for (int c = 0; c < Cw; ++c) dy[c] = dy_xhat[c] = 0;
             backward_sums_row<BITS, STEP>(Cw, da + e, s.x_at<BITS>(e), s.codes_at<BITS>(e), t.stats, t.win, t.beta,
-                                          dy, dy_xhat);
+                                          s.stochastic, dy, dy_xhat);
             for (int row = 0; row < n; ++row)
                 for (int c = 0; c < piece; ++c) {
                     dbeta[c] += dy[row * piece + c];
@@ -533,7 +538,7 @@ __device__ void backward_sums_rows(const UnitStore& s, int rows_per_chunk, const
             CHANNEL_LOOP(c, C) dbeta[c] = dgamma[c] = 0;  // this thread's channels, as below
             CHUNK_ROWS(r, chunk, s.rows, rows_per_chunk)
                 backward_sums_row<BITS, STEP>(C, da + r * C, s.x_at<BITS>(r * C), s.codes_at<BITS>(r * C), s.stats,
-                                              s.window<BITS>(r), s.beta, dbeta, dgamma);
+                                              s.window<BITS>(r), s.beta, s.stochastic, dbeta, dgamma);
         }
     }
 }
@@ -546,8 +551,10 @@ extern "C" __global__ void batchnorm_relu_backward_sums(long long rows, int C, i
                                                         const unsigned char* __restrict__ codes,
                                                         const real_t* __restrict__ stats,
                                                         const real_t* __restrict__ windows, long long block_rows,
-                                                        const real_t* __restrict__ beta, real_t* __restrict__ partial) {
-    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, (real_t*)x_copy, (unsigned char*)codes};
+                                                        int stochastic, const real_t* __restrict__ beta,
+                                                        real_t* __restrict__ partial) {
+    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, stochastic != 0, (real_t*)x_copy,
+                      (unsigned char*)codes};
     DISPATCH(bits, backward_sums_rows, s, rows_per_chunk, da, partial);
 }
 
@@ -557,7 +564,7 @@ __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict_
                                                 const real_t* __restrict__ x_row,
                                                 const unsigned char* __restrict__ row_codes,
                                                 const real_t* __restrict__ stats, const real_t* __restrict__ win,
-                                                const real_t* __restrict__ beta,
+                                                const real_t* __restrict__ beta, bool stochastic,
                                                 const real_t* __restrict__ sums, real_t inv_count,
                                                 const real_t* __restrict__ residual_row, real_t* __restrict__ dx_row) {
     constexpr int PER = group_size<BITS>();
@@ -570,7 +577,7 @@ __device__ __forceinline__ void backward_dx_row(int C, const real_t* __restrict_
     else
         for_codes<BITS, STEP>(C, row_codes, [&](float q, int c) {
             real_t on;
-            const real_t xhat = xhat_from_code(q, c, C, stats, win, &on), dy = da_row[c] * on;
+            const real_t xhat = xhat_from_code(q, c, C, stats, win, stochastic, &on), dy = da_row[c] * on;
             dx_row[c] = DX_SCALE(c) * (dy - sums[c] * inv_count - xhat * sums[C + c] * inv_count);
         });
     if (residual_row)  // in a loop of its own, which keeps the one above simple enough for g++ to vectorise
@@ -583,8 +590,8 @@ __device__ void backward_dx_rows(const UnitStore& s, int rows_per_chunk, const r
     for_rows<BITS, STEP>(s, rows_per_chunk, sums,
                          [&](long long, int, int, long long e, int Cw, const real_t* stats, const real_t* win,
                              const real_t* beta, const real_t* row_sums) {
-        backward_dx_row<BITS, STEP>(Cw, da + e, s.x_at<BITS>(e), s.codes_at<BITS>(e), stats, win, beta, row_sums,
-                                    inv_count, residual_grad ? residual_grad + e : nullptr, dx + e);
+        backward_dx_row<BITS, STEP>(Cw, da + e, s.x_at<BITS>(e), s.codes_at<BITS>(e), stats, win, beta, s.stochastic,
+                                    row_sums, inv_count, residual_grad ? residual_grad + e : nullptr, dx + e);
     });
 }
 
@@ -595,10 +602,11 @@ extern "C" __global__ void batchnorm_relu_backward_dx(long long rows, int C, int
                                                       const unsigned char* __restrict__ codes,
                                                       const real_t* __restrict__ stats,
                                                       const real_t* __restrict__ windows, long long block_rows,
-                                                      const real_t* __restrict__ beta,
+                                                      int stochastic, const real_t* __restrict__ beta,
                                                       const real_t* __restrict__ sums, real_t inv_count,
                                                       const real_t* __restrict__ residual_grad,
                                                       real_t* __restrict__ dx) {
-    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, (real_t*)x_copy, (unsigned char*)codes};
+    const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, stochastic != 0, (real_t*)x_copy,
+                      (unsigned char*)codes};
     DISPATCH(bits, backward_dx_rows, s, rows_per_chunk, da, sums, inv_count, residual_grad, dx);
 }

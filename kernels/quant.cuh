@@ -8,6 +8,9 @@
 //     vhat  = (q - shift + 0.5)*(q < shift ? below : above)    the bin's midpoint
 //     mask  = q >= shift                                       (= v >= 1e-6, the ReLU's sign)
 //     xhat~ = vhat - b,   a~ = relu(gamma*vhat)                what the backward pass reads
+// Under stochastic rounding (`stochastic`) the levels are the bin edges instead, zero a level on each side
+// of it (q = shift above, shift - 1 below): vhat = (q - shift)*above at q >= shift, (q - shift + 1)*below
+// under it, and a value rounds at random to one of the two levels around it (quant_code_stochastic).
 // shift is a whole number, so zero is a bin edge and the mask is exact (under a range window, for the values
 // it was taken from: the block of the batch it codes). u*(1/w) rather than u/w: for a window of one width,
 // the paper's multiplication by its scale, code for code. The windows:
@@ -56,8 +59,11 @@ __device__ __forceinline__ void quant_window_fixed(float b, int bits, float* shi
 // zero puts j of the K bins below zero and K-j above, j for the least weight*below^2 + above^2 (weight:
 // quant.py's BELOW_WEIGHT): the cost is convex in j, so the scan from j = 1 stops where it stops falling
 // (about K/4 steps, each two divisions, where trying every j made the block window's windows 4% of a step).
+// Under stochastic rounding the levels are the bins' edges, one fewer a side than bins: the j bins below
+// zero span j - 1 widths, the K - j above it K - j - 1 (so j runs from 2 to K-2), and a channel of one sign
+// spreads K-2 widths over its range, since its levels are whole widths from zero, wherever the range starts.
 __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, float clip, int bits, float weight,
-                                                   float* shift, float* below, float* above) {
+                                                   bool stochastic, float* shift, float* below, float* above) {
     const float K = (float)(1 << bits);
     // not across zero: lo stays below 1e-6 (the mask's threshold) if it was, hi at or above it if it was
     const float lo_clip = b - clip < 0.0f ? b - clip : 0.0f,
@@ -66,13 +72,14 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
     hi = hi < hi_clip ? hi : hi_clip;
     const float u_lo = lo - MASK_THRESHOLD, u_hi = hi - MASK_THRESHOLD;
     const bool one_sign = u_lo >= 0.0f || u_hi < 0.0f;
-    float wb = (u_hi - u_lo) / (K - 1.0f), wa = wb, j_best = 1.0f;
+    const float edges = stochastic ? 1.0f : 0.0f;  // the widths a side spans: its bins less this
+    float wb = (u_hi - u_lo) / (K - 1.0f - edges), wa = wb, j_best = 1.0f + edges;
     if (!one_sign) {
-        wb = -u_lo, wa = u_hi / (K - 1.0f);
+        wb = -u_lo / (j_best - edges), wa = u_hi / (K - j_best - edges);
         float cost = weight * wb * wb + wa * wa;
-        for (float j = 2.0f; j < K; j += 1.0f) {
-            const float b_j = -u_lo / j, a_j = u_hi / (K - j), cost_j = weight * b_j * b_j + a_j * a_j;
-            if (!(cost_j < cost)) break;  // (NaN: j = 1)
+        for (float j = j_best + 1.0f; j < K - edges; j += 1.0f) {
+            const float b_j = -u_lo / (j - edges), a_j = u_hi / (K - j - edges), cost_j = weight * b_j * b_j + a_j * a_j;
+            if (!(cost_j < cost)) break;  // (NaN: the first j)
             cost = cost_j, j_best = j, wb = b_j, wa = a_j;
         }
     }
@@ -122,32 +129,37 @@ __device__ __forceinline__ float quant_uniform(unsigned int row_hash, int c) {
     return (float)(quant_mix32(row_hash ^ (unsigned int)c) >> 8) * 5.9604644775390625e-8f;  // 2^-24
 }
 
-// The code of v rounded at random to one of the two bin midpoints around it on its side of zero, with
-// the probabilities that make E[vhat] = u (u = v - 1e-6): d = floor(u/w - 1/2 + r), vhat = (d + 1/2) w.
-// d never crosses zero (d >= 0 above it, d <= -1 below), so the mask stays exact; that, and the
-// clamp to the K codes, are the only biases (docs/method.md). NaN -> 0, and the scales, as quant_code.
+// The code of v rounded at random to one of the two levels (bin edges, zero among them on each side) around
+// it, with the probabilities that make E[vhat] = u (u = v - 1e-6): the level floor(u/w + r) widths from zero,
+// code d + shift with d = floor(u/w + r) above zero and floor(u/w + r) - 1 below (zero's code there is
+// shift - 1). d never crosses zero (d >= 0 above it, d <= -1 below), so the mask stays exact; the clamp to
+// the K codes (a clipped window's clip) is the only bias (docs/method.md). NaN -> 0, and the scales, as
+// quant_code.
 __device__ __forceinline__ float quant_code_stochastic(float v, float shift, float scale_below, float scale_above,
                                                        int bits, float r) {
     const float u = v - MASK_THRESHOLD;
     const bool negative = u < 0.0f;
-    float d = floorf(u * (negative ? scale_below : scale_above) - 0.5f + r);
+    float d = floorf(u * (negative ? scale_below : scale_above) + r) - (negative ? 1.0f : 0.0f);
     d = negative ? (d >= -1.0f ? -1.0f : d) : (d <= 0.0f ? 0.0f : d);  // (comparisons that keep NaN)
     return clampf(d + shift, 0.0f, (float)((1 << bits) - 1));
 }
 
-__device__ __forceinline__ float quant_vhat(float q, float shift, float below, float above) {
-    return (q - shift + 0.5f) * (q < shift ? below : above);
+// The level of code q: its bin's midpoint, or under stochastic rounding its bin's edge nearer zero.
+__device__ __forceinline__ float quant_vhat(float q, float shift, float below, float above, bool stochastic) {
+    return q < shift ? (q - shift + (stochastic ? 1.0f : 0.5f)) * below : (q - shift + (stochastic ? 0.0f : 0.5f)) * above;
 }
 
 __device__ __forceinline__ bool quant_mask(float q, float shift) { return q >= shift; }
 
-__device__ __forceinline__ real_t quant_xhat(float q, float shift, float below, float above, real_t b) {
-    return (real_t)quant_vhat(q, shift, below, above) - b;
+__device__ __forceinline__ real_t quant_xhat(float q, float shift, float below, float above, bool stochastic,
+                                             real_t b) {
+    return (real_t)quant_vhat(q, shift, below, above, stochastic) - b;
 }
 
-// a~; zero exactly where the mask is (gamma > 0).
-__device__ __forceinline__ real_t quant_restore(float q, float shift, float below, float above, real_t gamma) {
-    return relu(gamma * (real_t)quant_vhat(q, shift, below, above));
+// a~; zero where the mask is (gamma > 0), and at the level zero above it under stochastic rounding.
+__device__ __forceinline__ real_t quant_restore(float q, float shift, float below, float above, bool stochastic,
+                                                real_t gamma) {
+    return relu(gamma * (real_t)quant_vhat(q, shift, below, above, stochastic));
 }
 
 // ----------------------------------------------------------------------------- packed rows

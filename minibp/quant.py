@@ -10,6 +10,11 @@ u's side of zero (below_c if u < 0, else above_c):
     mask    = q >= shift_c            (= v >= 1e-6 in float32: the ReLU's mask is exact)
     xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)                  what the backward pass reads
 
+Stochastic rounding (codes_ref's uniform draws) reads the bins' edges as the levels instead, zero one on each
+side of it (code shift above zero, shift - 1 below), and rounds each value at random to one of the two levels
+around it, so that E[vhat] = v - 1e-6 within the window; its range and block windows span one width fewer a
+side (window_ref).
+
 Zero is a bin edge (shift is whole), so the mask is exact: for every v under the fixed window, and for
 the values a range or block window was taken from (which are the values a unit codes). (u * (1/w), not
 u / w: for a window of one width that is the paper's multiplication by its scale, code for code.)
@@ -54,8 +59,9 @@ BITS = {"exact": 0, "8": 8, "4": 4, "2": 2, "naive": 4}
 WINDOWS = ("fixed", "range", "block")
 DEFAULT_WINDOW = "block"
 # How a k-bit store rounds a value to a code (the API's and CLI's `rounding`): nearest, to the midpoint of
-# its own bin; stochastic, at random to one of the two midpoints around it on its side of zero, unbiased
-# there (codes_ref, docs/method.md).
+# its own bin; stochastic, at random to one of the two levels around it, the levels being the bins' edges
+# with zero one on each side of it, so that the store is unbiased but for the clip and the mask stays exact
+# (codes_ref, docs/method.md).
 ROUNDINGS = ("nearest", "stochastic")
 DEFAULT_ROUNDING = "nearest"
 # The range and the block window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
@@ -149,11 +155,13 @@ def check_bits(bits):
 
 # ----------------------------------------------------------------------------- NumPy reference
 
-def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
+def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None, stochastic=False):
     """The (3, C) float32 window (shift, below, above) of each channel: the fixed window of b, or the
     range window of the channel's smallest and largest v, lo and hi (C,), narrowed to b +- clip
     (default RANGE_CLIP[bits]); the block window: lo and hi (blocks, C), each block's, give (3, blocks, C)
-    (default clip BLOCK_CLIP[bits])."""
+    (default clip BLOCK_CLIP[bits]). stochastic: the range and block windows of levels on the bins' edges
+    (codes_ref), which span one width fewer a side: j bins below zero span j - 1 widths (j from 2 to K-2),
+    and a channel of one sign spreads K-2 widths over its range."""
     K = np.float32(1 << bits)
     f32 = np.float32
     b = np.asarray(b, f32)
@@ -170,16 +178,17 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
         hi = np.where(np.asarray(hi, f32) < hi_clip, hi, hi_clip).astype(f32)
         u_lo, u_hi = lo - MASK_THRESHOLD, hi - MASK_THRESHOLD
         one_sign = (u_lo >= 0) | (u_hi < 0)
-        weight = f32(BELOW_WEIGHT)
-        j_best, below_j, above_j = np.ones_like(u_lo), -u_lo, u_hi / (K - 1)  # j = 1
+        weight, edges = f32(BELOW_WEIGHT), f32(1 if stochastic else 0)  # the widths a side spans: its bins less edges
+        first = f32(1) + edges
+        j_best, below_j, above_j = np.full_like(u_lo, first), -u_lo / (first - edges), u_hi / (K - first - edges)
         cost, falling = weight * below_j * below_j + above_j * above_j, np.ones(u_lo.shape, bool)
-        for j in np.arange(2, 1 << bits, dtype=f32):  # while the cost falls (the kernel's scan, all at once)
-            b_j, a_j = -u_lo / j, u_hi / (K - j)
+        for j in np.arange(first + 1, K - edges, dtype=f32):  # while the cost falls (the kernel's scan, all at once)
+            b_j, a_j = -u_lo / (j - edges), u_hi / (K - j - edges)
             cost_j = weight * b_j * b_j + a_j * a_j
             falling &= cost_j < cost
             cost, j_best = np.where(falling, cost_j, cost), np.where(falling, j, j_best)
             below_j, above_j = np.where(falling, b_j, below_j), np.where(falling, a_j, above_j)
-        width = (u_hi - u_lo) / (K - 1)  # one sign
+        width = (u_hi - u_lo) / (K - 1 - edges)  # one sign
         below = np.where(one_sign, width, below_j)
         above = np.where(one_sign, width, above_j)
         least = np.where(-u_lo > u_hi, -u_lo, u_hi) * f32(2.0 ** -20)
@@ -192,9 +201,11 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None):
 
 def codes_ref(v, window, *, bits, uniform=None):
     """Unpacked codes (uint8, v's shape) of v (..., C) through the (3, C) window: each value in its bin
-    (its nearest midpoint on its side of zero), or, given uniform draws in [0, 1) of v's shape
-    (uniform_ref), rounded at random to one of the two midpoints around it on its side of zero:
-    d = floor(u/w - 1/2 + r), so that E[vhat] = u, kept >= 0 above zero and <= -1 below it."""
+    (its nearest midpoint on its side of zero), or, given uniform draws r in [0, 1) of v's shape
+    (uniform_ref: stochastic rounding, its window window_ref(stochastic=True)), rounded at random to one of
+    the two levels around it, the bins' edges, zero a level on each side of it: the level floor(u/w + r)
+    widths from zero, so that E[vhat] = u, coded d + shift with d = floor(u/w + r) above zero and
+    floor(u/w + r) - 1 below it (zero's code there is shift - 1), so that d never crosses zero."""
     shift, below, above = np.asarray(window, np.float32)
     f32 = np.float32
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # +-inf, NaN: coded as the kernel does
@@ -203,7 +214,7 @@ def codes_ref(v, window, *, bits, uniform=None):
         if uniform is None:
             q = np.floor(scaled) + shift
         else:
-            d = np.floor(scaled - f32(0.5) + np.asarray(uniform, f32))
+            d = np.floor(scaled + np.asarray(uniform, f32)) - np.where(u < 0, f32(1), f32(0))
             d = np.where(u < 0, np.where(d >= -1, f32(-1), d), np.where(d <= 0, f32(0), d))  # keeps NaN
             q = d + shift
         return np.fmin(np.fmax(q, f32(0)), f32((1 << bits) - 1)).astype(np.uint8)  # NaN -> 0
@@ -273,12 +284,16 @@ def quantize_ref(v, window, *, bits, uniform=None):
     return pack_ref(codes_ref(v, window, bits=bits, uniform=uniform), bits=bits)
 
 
-def dequantize_ref(packed, window, b, gamma, *, bits, shape):
-    """(xhat~, a~, mask) of the packed codes, in b's dtype (mask as uint8 0/1)."""
+def dequantize_ref(packed, window, b, gamma, *, bits, shape, stochastic=False):
+    """(xhat~, a~, mask) of the packed codes, in b's dtype (mask as uint8 0/1): each code's level is its bin's
+    midpoint, or (stochastic) its bin's edge nearer zero, (q - shift + 1) * below under zero and
+    (q - shift) * above at and over it."""
     b = np.asarray(b)
-    shift, below, above = np.asarray(window, np.float32)
-    q = unpack_ref(np.asarray(packed), bits=bits, shape=shape).astype(np.float32)
-    vhat = ((q - shift + np.float32(0.5)) * np.where(q < shift, below, above)).astype(b.dtype)
+    f32 = np.float32
+    shift, below, above = np.asarray(window, f32)
+    q = unpack_ref(np.asarray(packed), bits=bits, shape=shape).astype(f32)
+    offsets = (f32(1), f32(0)) if stochastic else (f32(0.5), f32(0.5))  # below zero, at and above it
+    vhat = np.where(q < shift, (q - shift + offsets[0]) * below, (q - shift + offsets[1]) * above).astype(b.dtype)
     y = np.asarray(gamma, b.dtype) * vhat
     a = np.where(y <= 0, b.dtype.type(0), y)  # relu that lets NaN through, as the kernels'
     return vhat - b, a, (q >= shift).astype(np.uint8)

@@ -3,7 +3,8 @@
 // window is (3, C): each channel's shift, below and above, as bn.cu's stats[4:7].
 // n_bytes = M*C*k/8, the size of the codes. A thread takes one row at a time, in blocks of up to
 // BLOCK_C channels whose codes go through a local scratch block as numbers, as bn.cu's go through a
-// row of its output: the loops over a block vectorise on the CPU.
+// row of its output: the loops over a block vectorise on the CPU. They round to the nearest level (the bins'
+// midpoints); stochastic rounding's store is tested through bn.cu's kernels.
 #include "common.cuh"
 #include "quant.cuh"
 
@@ -16,8 +17,8 @@ extern "C" __global__ void channel_window(int C, int bits, int range, float clip
     GRID_STRIDE_LOOP(c, C) {
         float shift, below, above;
         if (range)
-            quant_window_range((float)lo[c], (float)hi[c], (float)b[c], clip, bits, below_weight, &shift, &below,
-                               &above);
+            quant_window_range((float)lo[c], (float)hi[c], (float)b[c], clip, bits, below_weight,
+                               /*stochastic=*/false, &shift, &below, &above);
         else
             quant_window_fixed((float)b[c], bits, &shift, &below, &above);
         window[c] = shift, window[C + c] = below, window[2 * C + c] = above;
@@ -61,8 +62,8 @@ __device__ void dequantize_rows(long long rows, int C, const unsigned char* code
             for (int c = 0; c < n; ++c) {
                 const float shift = (float)window[c0 + c], below = (float)window[C + c0 + c],
                             above = (float)window[2 * C + c0 + c];
-                if (xhat) xhat[e0 + c] = quant_xhat((float)q[c], shift, below, above, b[c0 + c]);
-                if (a) a[e0 + c] = quant_restore((float)q[c], shift, below, above, gamma[c0 + c]);
+                if (xhat) xhat[e0 + c] = quant_xhat((float)q[c], shift, below, above, /*stochastic=*/false, b[c0 + c]);
+                if (a) a[e0 + c] = quant_restore((float)q[c], shift, below, above, /*stochastic=*/false, gamma[c0 + c]);
                 if (mask) mask[e0 + c] = (unsigned char)quant_mask((float)q[c], shift);
             }
         }

@@ -18,7 +18,7 @@ LAUNCHES = [((g,), b) for g in (1, 3, 5000) for b in ((1,), (7,), (32,), (256,),
 ROWS_PER_CHUNK = (1, 3, 1000)  # of the elementwise kernels: any split of the rows
 
 
-def _case(rows, C, bits, *, window="fixed"):
+def _case(rows, C, bits, *, window="fixed", stochastic=False):
     """A unit's arrays: x, its stats (the default launch's), the windows of its codes (through `window`: the
     block window's own, else stats[4:7]) and block_rows, beta, da and a residual gradient."""
     rng = np.random.default_rng(7 * C + rows)
@@ -30,7 +30,7 @@ def _case(rows, C, bits, *, window="fixed"):
     extremes = layers.batchnorm_statistics(device(x), stats, partial=partial, window=window)
     windows = device(np.zeros((quant.blocks(rows), 3, C), np.float32)) if window == "block" else None
     layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window,
-                                  extremes=extremes, windows=windows)
+                                  extremes=extremes, windows=windows, stochastic=stochastic)
     da, residual = rng.standard_normal((2, rows, C)).astype(np.float32)
     return dict(x=device(x), stats=stats, beta=device(beta), da=device(da), residual=device(residual),
                 **layers.bn._window_args(stats, windows, rows))
@@ -53,9 +53,9 @@ def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None, rou
     shape = dict(grid=launch["grid"], block=launch["block"])
     elementwise = dict(rows=rows, C=C, rows_per_chunk=launch["rows_per_chunk"], bits=bits)
     store = dict(x_copy=out["x_copy"], codes=out["codes"], stats=arrays["stats"], beta=arrays["beta"],
-                 windows=arrays["windows"], block_rows=arrays["block_rows"])
-    module.batchnorm_relu_forward(**elementwise, naive=naive, stochastic=rounding_key is not None,
-                                  rounding_key=rounding_key or 0, x=arrays["x"], a=out["a"], **store, **shape)
+                 windows=arrays["windows"], block_rows=arrays["block_rows"], stochastic=rounding_key is not None)
+    module.batchnorm_relu_forward(**elementwise, naive=naive, rounding_key=rounding_key or 0, x=arrays["x"],
+                                  a=out["a"], **store, **shape)
     result = {"a": host(out["a"]).copy(), "store": host(out["codes"] if bits else out["x_copy"]).copy()}
     module.batchnorm_relu_restore(**elementwise, **store, a=out["a"], **shape)
     result["restored"] = host(out["a"]).copy()
@@ -120,17 +120,19 @@ def test_the_block_window_gives_the_same_bytes_for_every_launch_shape(bits):
 @pytest.mark.parametrize("window", ["fixed", "block"])
 @pytest.mark.parametrize("bits", [8, 4, 2])
 def test_stochastic_codes_are_the_same_for_every_launch_shape(bits, window, C):
-    """Each element's draw comes from its row and channel, whichever lane, chunk or thread codes it (the
-    GPU's launch shapes run through the shim here): 1000 rows, four block windows."""
+    """Each element's draw comes from its row and channel, whichever lane, chunk or thread codes it, and the
+    stochastic levels read back alike (the GPU's launch shapes run through the shim here): 1000 rows, four
+    block windows."""
     rows = 1000
-    arrays = _case(rows, C, bits, window=window)
+    arrays = _case(rows, C, bits, window=window, stochastic=True)
     want = _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits), rounding_key=-77)
     assert not np.array_equal(want["store"], _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits))["store"])
     for grid, block in LAUNCHES:
         for per_chunk in ROWS_PER_CHUNK:
             got = _run(arrays, rows, C, bits, launch=dict(grid=grid, block=block, rows_per_chunk=per_chunk),
                        rounding_key=-77)
-            assert np.array_equal(got["store"], want["store"]), (grid, block, per_chunk)
+            for name in want:  # the codes, and what every kernel reads back from them
+                assert np.array_equal(got[name], want[name]), (name, grid, block, per_chunk)
 
 
 @pytest.mark.parametrize("bits", [4, 2])

@@ -1,5 +1,5 @@
 """Stochastic rounding of the k-bit stores (quant.codes_ref with uniform draws, quant_code_stochastic in
-kernels/quant.cuh): unbiased on each side of zero except where docs/method.md says, its draws uniform and
+kernels/quant.cuh): unbiased on each side of zero but for the clip (docs/method.md), its draws uniform and
 stateless, a resumed step drawing as an uninterrupted one, and no memory of its own. (The kernel's codes
 equal the reference's byte for byte: tests/test_store_exact.py.)"""
 import numpy as np
@@ -15,44 +15,54 @@ DRAWS = 1 << 14  # rows: each row of a column draws anew
 
 
 def _vhat(v, window, *, bits, key=7):
-    """(DRAWS, C) decoded values of each column's one value v (C,), coded DRAWS times at random."""
+    """(DRAWS, C) decoded values of each column's one value v (C,), coded DRAWS times at random: the level of
+    each code, the bins' edges, zero a level on each side of it (below zero code q is q - shift + 1 widths
+    from zero, at and above it q - shift)."""
     C = len(v)
     values = np.broadcast_to(np.asarray(v, np.float32), (DRAWS, C))
     q = quant.codes_ref(values, window, bits=bits, uniform=quant.uniform_ref(key, DRAWS, C)).astype(np.float32)
     shift, below, above = window
-    return (q - shift + np.float32(0.5)) * np.where(q < shift, below, above)
+    return np.where(q < shift, (q - shift + 1) * below, (q - shift) * above), q >= shift
+
+
+def _window(shift, below, above, n):
+    return np.stack([np.full(n, v) for v in (shift, below, above)]).astype(np.float32)
 
 
 @pytest.mark.parametrize("bits", [2, 4, 8])
-def test_stochastic_rounding_is_unbiased_between_the_midpoints_on_each_side(bits):
-    """Values between the first and the last midpoint of their side: the mean of DRAWS codings is u within
-    6 standard errors (a coding's spread is at most a bin, w/2 each way: the bound 6 * w / (2 sqrt(DRAWS)),
-    0.023 w, where rounding to the bin's midpoint is off by up to w/2)."""
+def test_stochastic_rounding_is_unbiased_over_each_side_of_the_window(bits):
+    """Values anywhere between the last levels of their side, those next to zero included: the mean of DRAWS
+    codings is u within 6 standard errors (a coding's spread is at most a bin, w/2 each way: the bound
+    6 * w / (2 sqrt(DRAWS)), 0.023 w, where rounding to the bin's midpoint is off by up to w/2)."""
     K = 1 << bits
-    shift, below, above = np.float32(K // 4), np.float32(0.3), np.float32(0.7)
+    shift, below, above = np.float32(max(K // 4, 2)), np.float32(0.3), np.float32(0.7)
     rng = np.random.default_rng(bits)
-    u_above = rng.uniform(0.5, K - shift - 0.5, 24) * above
-    u_below = -rng.uniform(0.5, shift - 0.5, 24) * below if shift > 1 else np.zeros(0)
+    u_above = np.concatenate([rng.uniform(0, 0.5, 8), rng.uniform(0, K - 1 - shift, 16)]) * above
+    u_below = -np.concatenate([rng.uniform(0, 0.5, 8), rng.uniform(0, shift - 1, 16)]) * below
     u = np.concatenate([u_above, u_below]).astype(np.float32)
-    window = np.stack([np.full(len(u), v) for v in (shift, below, above)]).astype(np.float32)
-    vhat = _vhat(u + quant.MASK_THRESHOLD, window, bits=bits)
+    vhat, mask = _vhat(u + quant.MASK_THRESHOLD, _window(shift, below, above, len(u)), bits=bits)
+    assert np.array_equal(mask, np.broadcast_to(u >= 0, mask.shape))  # never across zero
     w = np.where(u < 0, below, above)
     error = np.abs(vhat.mean(axis=0, dtype=np.float64) - u)
     assert np.all(error <= 6 * w / (2 * np.sqrt(DRAWS))), (error / w).max()
-    nearest = quant.codes_ref(u + quant.MASK_THRESHOLD, window, bits=bits).astype(np.float32)
+    nearest = quant.codes_ref(u + quant.MASK_THRESHOLD, _window(shift, below, above, len(u)), bits=bits)
     nearest_vhat = (nearest - shift + np.float32(0.5)) * np.where(nearest < shift, below, above)
     assert np.abs(nearest_vhat - u).max() > 0.1 * w.max()  # what the test would see of a biased rounding
 
 
-def test_the_half_bins_at_zero_and_the_clip_are_the_only_biases():
-    """u in [0, w/2) always decodes to w/2 and u in (-w/2, 0) to -w/2: rounding never crosses zero, so the
-    mask stays exact. Beyond the last midpoint (and beyond the window) it decodes to the last midpoint."""
-    bits, shift, below, above = 4, np.float32(4), np.float32(0.25), np.float32(0.5)
-    u = np.array([0.0, 0.1, 0.2499, -0.01, -0.12, 11.9 * 0.5, 12 * 0.5, 30.0, -3.9 * 0.25, -5.0], np.float32)
-    window = np.stack([np.full(len(u), v) for v in (shift, below, above)]).astype(np.float32)
-    vhat = _vhat(u + quant.MASK_THRESHOLD, window, bits=bits)
-    expected = [0.25, 0.25, 0.25, -0.125, -0.125, 5.75, 5.75, 5.75, -0.875, -0.875]
-    assert np.array_equal(vhat, np.broadcast_to(np.float32(expected), vhat.shape)), vhat[:3]
+def test_the_clip_is_the_only_bias_and_rounding_never_crosses_zero():
+    """A value rounds to one of the two levels around it on its own side of zero (zero a level on each side,
+    so the mask stays exact); one on a level stays there; one beyond the last level of its side (a clipped
+    window's clip) decodes to that level."""
+    bits, shift, below, above = 4, np.float32(4), np.float32(0.25), np.float32(0.5)  # levels -0.75 .. 0, 0 .. 5.5
+    u = np.array([0.0, 0.1, 0.4999, -0.01, -0.2, 1.5, -0.5, 5.5, 6.0, 30.0, -0.75, -5.0], np.float32)
+    levels = [(0, 0), (0, 0.5), (0, 0.5), (-0.25, 0), (-0.25, 0), (1.5, 1.5), (-0.5, -0.5), (5.5, 5.5), (5.5, 5.5),
+              (5.5, 5.5), (-0.75, -0.75), (-0.75, -0.75)]
+    vhat, mask = _vhat(u + quant.MASK_THRESHOLD, _window(shift, below, above, len(u)), bits=bits)
+    assert np.array_equal(mask, np.broadcast_to(u >= 0, mask.shape))
+    for column, (low, high) in enumerate(np.float32(levels)):
+        assert set(np.unique(vhat[:, column])) <= {low, high}, (u[column], np.unique(vhat[:, column]))
+        assert (low == high) or len(np.unique(vhat[:, column])) == 2  # both happen
 
 
 def test_the_draws_are_uniform_and_differ_by_key_row_and_channel():

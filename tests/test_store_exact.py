@@ -102,11 +102,11 @@ def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fi
         stats[0], stats[1] = device(mean), device(var)
         extremes = None if window == "fixed" else device(_extremes(x, window, per=layers.STATS_CHUNK))
     layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5 if mean is None else 0.0, bits=bits,
-                                  window=window, extremes=extremes, windows=windows)
+                                  window=window, extremes=extremes, windows=windows, stochastic=rounding_key is not None)
     a = device(np.zeros(x.shape, np.float32))
     codes = device(np.zeros(x.size * bits // 8, np.uint8))
     layers.batchnorm_relu_forward(device(x), stats, device(beta), a, bits=bits, naive=naive, codes=codes,
-                                  windows=windows, rounding_key=rounding_key)
+                                  windows=windows, stochastic=rounding_key is not None, rounding_key=rounding_key)
     return stats, a, codes, windows
 
 
@@ -116,11 +116,11 @@ def _v(x, stats):
     return ((x - mean) / sigma + b).astype(np.float32)
 
 
-def _window(x, s, bits, window):
+def _window(x, s, bits, window, *, stochastic=False):
     """The reference's window for the unit's statistics s: of b, or of v's range (v of x's extremes):
     (3, C), or (3, blocks, C) for the block window."""
     lo, hi = _extremes(x, window)
-    table = quant.window_ref(s[3], bits=bits, kind=window, lo=_v(lo, s), hi=_v(hi, s))
+    table = quant.window_ref(s[3], bits=bits, kind=window, lo=_v(lo, s), hi=_v(hi, s), stochastic=stochastic)
     return table[:, 0] if window == "range" else table
 
 
@@ -154,12 +154,14 @@ def test_forward_codes_are_quantize_ref_byte_for_byte(bits, window):
 @pytest.mark.parametrize("window", KINDS)
 @pytest.mark.parametrize("bits", BITS)
 def test_stochastic_codes_are_quantize_ref_byte_for_byte_and_keep_the_mask(bits, window, key):
-    """Stochastic rounding: the kernel's codes are the reference's for the key's draws (uniform_ref), on
-    the edge data too, and every code keeps its value's side of zero: the mask is exact."""
+    """Stochastic rounding: the kernel's windows and codes are the reference's for the key's draws
+    (uniform_ref), on the edge data too, and every code keeps its value's side of zero: the mask is exact."""
     for x, gamma, beta, mean, var in _cases(bits):
         stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window,
                                           rounding_key=key)
         s, rows, C = host(stats), x.size // x.shape[-1], x.shape[-1]
+        got = s[4:7] if windows is None else np.moveaxis(host(windows), 1, 0)
+        assert np.array_equal(got, _window(x, s, bits, window, stochastic=True))
         v = _v(x, s).reshape(rows, -1)
         row_windows = _row_windows(s, windows, rows)
         uniform = quant.uniform_ref(key, rows, C)
@@ -185,21 +187,29 @@ def test_edge_data_reaches_every_hard_case(bits):
     assert {1, K - 1} <= set(s[4].tolist()) and s[3].min() <= -50 and s[3].max() >= 50
 
 
+@pytest.mark.parametrize("key", [None, 12345])  # rounding to the nearest level, or stochastic rounding's levels
 @pytest.mark.parametrize("window", KINDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_masks_are_exact_and_restore_equals_reference(bits, window):
+def test_masks_are_exact_and_restore_equals_reference(bits, window, key):
+    stochastic = key is not None
     for x, gamma, beta, mean, var in _cases(bits):
-        stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
+        stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window,
+                                          rounding_key=key)
         s = host(stats)
         rows = x.size // x.shape[-1]
         xhat, a, mask = (t.reshape(x.shape) for t in quant.dequantize_ref(
-            host(codes), _row_windows(s, windows, rows), s[3], s[2], bits=bits, shape=(rows, x.shape[-1])))
+            host(codes), _row_windows(s, windows, rows), s[3], s[2], bits=bits, shape=(rows, x.shape[-1]),
+            stochastic=stochastic))
         # the mask is the ReLU's sign of v for every b, very negative ones included (shift capped at K-1)
         assert np.array_equal(mask.astype(bool), _v(x, s) >= quant.MASK_THRESHOLD)
         restored = device(np.full(x.shape, np.nan, np.float32))
-        layers.batchnorm_relu_restore(stats, device(beta), restored, bits=bits, codes=codes, windows=windows)
+        layers.batchnorm_relu_restore(stats, device(beta), restored, bits=bits, codes=codes, windows=windows,
+                                      stochastic=stochastic)
         assert np.array_equal(host(restored), a)
-        assert np.array_equal(host(restored) > 0, mask.astype(bool))
+        positive = host(restored) > 0  # where the mask is; stochastic rounding's level zero above zero aside
+        assert np.array_equal(positive, mask.astype(bool)) if not stochastic else not (positive & ~mask.astype(bool)).any()
+        if stochastic:  # naive feeds its codes forward, which only rounding to the nearest level does
+            continue
         # the naive forward feeds the same a~ forward
         _, a_naive, _, _ = _store(x, gamma, beta, bits=bits, mean=mean, var=var, naive=True, window=window)
         assert np.array_equal(host(a_naive), a)
@@ -217,14 +227,16 @@ def _assert_close(got, want, scale, name):
     assert np.all(error <= bound), f"{name}: error {error[worst]:.3g} > {bound[worst]:.3g} at {worst}"
 
 
+@pytest.mark.parametrize("key", [None, 12345])  # rounding to the nearest level, or stochastic rounding's levels
 @pytest.mark.parametrize("window", KINDS)
 @pytest.mark.parametrize("bits", BITS)
-def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits, window):
+def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits, window, key):
     """dy = da*mask, dbeta = sum dy, dgamma = sum dy*xhat~, dx = gamma/sigma*(dy - dbeta/M - xhat~*dgamma/M)
     + residual_grad, with xhat~ and the mask of the reference's dequantize of the forward's codes."""
     rng = np.random.default_rng(100 + bits)
     for x, gamma, beta, mean, var in _cases(bits):
-        stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window)
+        stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window,
+                                          rounding_key=key)
         s = host(stats)
         C = x.shape[-1]
         M = x.size // C
@@ -237,11 +249,11 @@ def test_backward_from_codes_equals_reference_on_the_dequantized_store(bits, win
         partial = device(np.zeros(2 * layers.reduction_chunks(M) * C, np.float32))
         sums = device(np.zeros((2, C), np.float32))
         layers.batchnorm_relu_backward(device(da), stats, device(beta), dx, bits=bits, codes=codes, windows=windows,
-                                       dgamma=dgamma, dbeta=dbeta, partial=partial, sums=sums,
+                                       stochastic=key is not None, dgamma=dgamma, dbeta=dbeta, partial=partial, sums=sums,
                                        residual_grad=device(residual))
 
         xhat, _, mask = (t.astype(np.float64).reshape(x.shape) for t in quant.dequantize_ref(
-            host(codes), _row_windows(s, windows, M), s[3], s[2], bits=bits, shape=(M, C)))
+            host(codes), _row_windows(s, windows, M), s[3], s[2], bits=bits, shape=(M, C), stochastic=key is not None))
         sigma, g = s[1].astype(np.float64), s[2].astype(np.float64)
         want_dx, want_dgamma, want_dbeta = layers.batchnorm_relu_backward_ref(da.astype(np.float64), xhat, mask,
                                                                              g, sigma)

@@ -82,11 +82,13 @@ def batchnorm_statistics(x, stats, *, partial, window="fixed"):
     return {"fixed": None, "range": stats[5:7].reshape(2, 1, C), "block": part[2:4]}[window]
 
 
-def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None):
+def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None,
+                           stochastic=False):
     """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:4], gamma clamped
     to >= 1e-8 and b = beta / gamma, and at k bits the code's windows (_windows: stats[4:7] or the block
-    windows), fixed or from the extremes that batchnorm_statistics returned. A kernel for the coefficients, and
-    at k bits one for the windows, a thread per block and channel."""
+    windows), fixed or from the extremes that batchnorm_statistics returned (stochastic: a range or block
+    window for levels on the bins' edges, quant.window_ref). A kernel for the coefficients, and at k bits one
+    for the windows, a thread per block and channel."""
     C = gamma.shape[0]
     _check_stats(stats, C)
     windows = _windows(stats, windows)
@@ -101,8 +103,8 @@ def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", ext
     if bits:
         module.code_windows(C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits,
                             range=window != "fixed", clip=quant.clip_of(window, bits),
-                            below_weight=quant.BELOW_WEIGHT, stats=stats, extremes=extremes, windows=windows,
-                            threads=blocks * C)
+                            below_weight=quant.BELOW_WEIGHT, stochastic=stochastic, stats=stats, extremes=extremes,
+                            windows=windows, threads=blocks * C)
 
 
 def _windows(stats, windows):
@@ -132,34 +134,38 @@ def _store_args(bits, x_copy, codes):
 
 
 def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=None, codes=None, windows=None,
-                           rounding_key=None):
+                           stochastic=False, rounding_key=None):
     """a = relu(gamma (x - mean) / sigma + beta) for x, a (..., C); writes the store when given
     (x_copy at bits = 0, codes otherwise, through the windows: _windows). naive: a is the restored a~.
-    rounding_key (an int64, quant.rounding_key): the codes are rounded at random, element (r, c) by its
-    draw from the key (quant.uniform_ref); None: each value to its bin's midpoint."""
+    stochastic: the codes are rounded at random to the levels on the bins' edges, element (r, c) by its draw
+    from rounding_key (an int64, quant.rounding_key; quant.uniform_ref); else each value to its bin's midpoint."""
     C = x.shape[-1]
     rows = x.size // C
     if naive and (bits == 0 or codes is None):
         raise ValueError("naive mode feeds the k-bit codes forward: it needs bits > 0 and a codes buffer")
+    if stochastic != (rounding_key is not None):
+        raise ValueError("stochastic rounding draws from its rounding_key: give both or neither")
     kernels.load("bn.cu", x.dtype).batchnorm_relu_forward(rows=rows, C=C, bits=bits, naive=naive,
-                                                 stochastic=rounding_key is not None, rounding_key=rounding_key or 0,
+                                                 stochastic=stochastic, rounding_key=rounding_key or 0,
                                                  x=x, stats=stats, beta=beta, a=a, x_copy=x_copy, codes=codes,
                                                  **_window_args(stats, windows, rows), **launch(rows, C, bits=bits))
 
 
-def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None, windows=None):
-    """a (the exact activation at bits = 0, else a~) from the unit's store."""
+def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None, windows=None, stochastic=False):
+    """a (the exact activation at bits = 0, else a~) from the unit's store (stochastic: its levels are the
+    bins' edges)."""
     x_copy, codes = _store_args(bits, x_copy, codes)
     C = a.shape[-1]
     rows = a.size // C
     kernels.load("bn.cu", a.dtype).batchnorm_relu_restore(rows=rows, C=C, bits=bits, x_copy=x_copy, codes=codes, stats=stats,
-                                                 beta=beta, a=a, **_window_args(stats, windows, rows),
+                                                 beta=beta, a=a, stochastic=stochastic, **_window_args(stats, windows, rows),
                                                  **launch(rows, C, bits=bits))
 
 
-def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=None, windows=None, dgamma, dbeta,
-                            partial, sums, residual_grad=None):
-    """dx = dL/dx of the unit's BN + ReLU from da = dL/da and the store; dgamma, dbeta accumulate (+=).
+def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=None, windows=None, stochastic=False,
+                            dgamma, dbeta, partial, sums, residual_grad=None):
+    """dx = dL/dx of the unit's BN + ReLU from da = dL/da and the store (stochastic: its levels are the bins'
+    edges); dgamma, dbeta accumulate (+=).
 
     partial is (>= 2 * reduction_chunks(rows) * C,) scratch and sums (2, C) receives this batch's dbeta, dgamma.
     residual_grad, when given, is added to dx (the residual gradient arriving at a block's input).
@@ -168,7 +174,7 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
     C = da.shape[-1]
     rows = da.size // C
     module = kernels.load("bn.cu", da.dtype)
-    store = dict(bits=bits, da=da, x_copy=x_copy, codes=codes, stats=stats, beta=beta,
+    store = dict(bits=bits, da=da, x_copy=x_copy, codes=codes, stats=stats, beta=beta, stochastic=stochastic,
                  **_window_args(stats, windows, rows))
     _chunk_sums(module.batchnorm_relu_backward_sums, rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK,
                 partial=partial, out=sums, **store)
@@ -229,18 +235,20 @@ class BatchNormReLU:
         self.own, self.running = own, running
 
     def _view(self, n, store):
-        """The store's arguments of the kernels for a batch of n: bits, x_copy or codes, and windows."""
+        """The store's arguments of the kernels for a batch of n: bits, x_copy or codes, windows and stochastic."""
         values = elements(n, self.in_shape)
         windows = self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2]))] if store.block else None
         if not store.k:
-            return dict(bits=0, x_copy=self.own["store"][:values].reshape((n,) + self.in_shape), windows=windows)
-        return dict(bits=store.k, codes=self.own["store"][: values * store.k // 8], windows=windows)
+            return dict(bits=0, x_copy=self.own["store"][:values].reshape((n,) + self.in_shape), windows=windows,
+                        stochastic=False)
+        return dict(bits=store.k, codes=self.own["store"][: values * store.k // 8], windows=windows,
+                    stochastic=store.stochastic)
 
     def forward(self, x, a, *, store, train, gamma, beta, eps, partial=None, momentum=None, deferred=None,
                 rounding_key=None):
         """a = relu(bn(x)), x and a (n, H, W, C). Training: the batch's statistics, the running ones updated
-        (deferred (2, C): their increment goes there instead, step.defer_running), the store written (its
-        codes rounded at random under rounding_key when given). Evaluation: the running statistics, and no
+        (deferred (2, C): their increment goes there instead, step.defer_running), the store written (a
+        stochastic store's codes rounded at random by rounding_key's draws). Evaluation: the running statistics, and no
         store but the naive net's, whose codes go forward."""
         n, stats = x.shape[0], self.own["stats"]
         extremes = None
@@ -250,9 +258,9 @@ class BatchNormReLU:
         else:
             stats[0], stats[1] = self.running[0], self.running[1]
         coded = train or store.naive  # (uncoded: no codes, so no window to take)
-        view = self._view(n, store) if coded else dict(bits=0, windows=None)
+        view = self._view(n, store) if coded else dict(bits=0, windows=None, stochastic=False)
         batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=view["bits"], window=store.window if coded else "fixed",
-                               extremes=extremes, windows=view["windows"])
+                               extremes=extremes, windows=view["windows"], stochastic=view["stochastic"])
         batchnorm_relu_forward(x, stats, beta, a, naive=store.naive, rounding_key=rounding_key, **view)
 
     def _update_running(self, stats, n, *, momentum, deferred=None):
