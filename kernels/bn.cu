@@ -410,8 +410,9 @@ __device__ __forceinline__ void forward_row(int C, bool naive, bool stochastic, 
 }
 
 template <int BITS, int STEP>
-__device__ void forward_rows(const UnitStore& s, int rows_per_chunk, bool naive, bool stochastic,
-                             long long rounding_key, const real_t* x, real_t* a) {
+__device__ void forward_rows(const UnitStore& s, int rows_per_chunk, bool naive, long long rounding_key,
+                             const real_t* x, real_t* a) {
+    const bool stochastic = s.stochastic;
     for_rows<BITS, STEP>(s, rows_per_chunk, nullptr,
                          [&](long long r, int c0, int n, long long e, int Cw, const real_t* stats, const real_t* win,
                              const real_t* beta, const real_t*) {
@@ -435,7 +436,7 @@ extern "C" __global__ void batchnorm_relu_forward(long long rows, int C, int row
                                                   const real_t* __restrict__ beta, real_t* __restrict__ a,
                                                   real_t* __restrict__ x_copy, unsigned char* __restrict__ codes) {
     const UnitStore s{rows, C, bits, stats, beta, windows, block_rows, stochastic != 0, x_copy, codes};
-    DISPATCH(bits, forward_rows, s, rows_per_chunk, naive != 0, stochastic != 0, rounding_key, x, a);
+    DISPATCH(bits, forward_rows, s, rows_per_chunk, naive != 0, rounding_key, x, a);
 }
 
 // ----------------------------------------------------------------------------- backward

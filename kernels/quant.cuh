@@ -132,15 +132,14 @@ __device__ __forceinline__ float quant_uniform(unsigned int row_hash, int c) {
 // The code of v rounded at random to one of the two levels (bin edges, zero among them on each side) around
 // it, with the probabilities that make E[vhat] = u (u = v - 1e-6): the level floor(u/w + r) widths from zero,
 // code d + shift with d = floor(u/w + r) above zero and floor(u/w + r) - 1 below (zero's code there is
-// shift - 1). d never crosses zero (d >= 0 above it, d <= -1 below), so the mask stays exact; the clamp to
-// the K codes (a clipped window's clip) is the only bias (docs/method.md). NaN -> 0, and the scales, as
-// quant_code.
+// shift - 1). d never crosses zero, so the mask stays exact: u/w + r lies in [0, 1 + u/w) above zero and
+// below 1 under it (r < 1), so d >= 0 above and d <= -1 below; the clamp to the K codes (a clipped window's
+// clip) is the only bias (docs/method.md). NaN -> 0, and the scales, as quant_code.
 __device__ __forceinline__ float quant_code_stochastic(float v, float shift, float scale_below, float scale_above,
                                                        int bits, float r) {
     const float u = v - MASK_THRESHOLD;
     const bool negative = u < 0.0f;
-    float d = floorf(u * (negative ? scale_below : scale_above) + r) - (negative ? 1.0f : 0.0f);
-    d = negative ? (d >= -1.0f ? -1.0f : d) : (d <= 0.0f ? 0.0f : d);  // (comparisons that keep NaN)
+    const float d = floorf(u * (negative ? scale_below : scale_above) + r) - (negative ? 1.0f : 0.0f);
     return clampf(d + shift, 0.0f, (float)((1 << bits) - 1));
 }
 

@@ -214,9 +214,7 @@ def codes_ref(v, window, *, bits, uniform=None):
         if uniform is None:
             q = np.floor(scaled) + shift
         else:
-            d = np.floor(scaled + np.asarray(uniform, f32)) - np.where(u < 0, f32(1), f32(0))
-            d = np.where(u < 0, np.where(d >= -1, f32(-1), d), np.where(d <= 0, f32(0), d))  # keeps NaN
-            q = d + shift
+            q = np.floor(scaled + np.asarray(uniform, f32)) - np.where(u < 0, f32(1), f32(0)) + shift
         return np.fmin(np.fmax(q, f32(0)), f32((1 << bits) - 1)).astype(np.uint8)  # NaN -> 0
 
 
