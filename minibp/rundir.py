@@ -59,11 +59,13 @@ class RunDir:
             lock_file.close()
             raise ValueError(f"{path} is in use by another trainer (pid {holder}); wait for it or choose "
                              "another --out") from None
-        lock_file.seek(0)
-        lock_file.truncate()
-        lock_file.write(f"{os.getpid()}\n")
-        lock_file.flush()
         run = cls(path, lock_file, made_folders=made_folders, made_lock=made_lock)
+        try:
+            os.ftruncate(lock_file.fileno(), 0)  # unbuffered: a failed write leaves nothing for close to fail on
+            os.write(lock_file.fileno(), f"{os.getpid()}\n".encode())
+        except OSError as e:  # a full disk at the start: nothing of a run was written yet
+            run.release()
+            raise OSError(e.errno, f"cannot write {path / LOCK} ({e.strerror})") from None
         for tmp in stale_temporaries(run.checkpoint_path) + stale_temporaries(run.metrics_path):
             tmp.unlink()
         others = sorted(p.name for p in path.iterdir() if p.name != LOCK)
@@ -105,7 +107,8 @@ class RunDir:
 
 
 class MetricsLog:
-    """OUT/metrics.jsonl: appended a line at a time and flushed, so a crash loses nothing written."""
+    """OUT/metrics.jsonl: a record a line, each appended by one unbuffered write, so a crash loses nothing
+    written and a failed write (a full disk) leaves nothing buffered for a later write or close to fail on."""
 
     def __init__(self, path, *, keep_through=None, check=None):
         """keep_through: a resumed run's checkpoint iteration; the records after it are dropped (the
@@ -115,40 +118,64 @@ class MetricsLog:
             kept = [r for r in read_metrics(self.path) if r.get("iter", 0) <= keep_through]
             self._check()
             write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-        self.file = open(self.path, "a")
+        self.file = open(self.path, "ab", buffering=0)
+        self._watched = self.path != Path(os.devnull)
 
     def write(self, **record):
-        """Append a record, stamped with the wall-clock time (Unix seconds) as its field "time"."""
+        """Append a record, stamped with the wall-clock time (Unix seconds) as its field "time". An OSError
+        when the file was removed or replaced since it was opened: its later records would be lost unseen."""
         self._check()
-        self.file.write(json.dumps(dict(record, time=round(time.time(), 3))) + "\n")
-        self.file.flush()
+        if self._watched:
+            held = os.fstat(self.file.fileno())
+            try:
+                now = os.stat(self.path)
+            except OSError:
+                now = None
+            if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+                raise OSError("removed or replaced while the run appended to it")
+        line = memoryview((json.dumps(dict(record, time=round(time.time(), 3))) + "\n").encode())
+        while line:  # a raw write may take part of the line
+            line = line[self.file.write(line):]
 
     def close(self):
         self.file.close()
 
 
+MAX_LINE = 1 << 20  # bytes: a metrics record is a few hundred; a longer line is damage, not a record
+
+
 def read_metrics(path):
-    """The records of a metrics file. A torn last line (a crash or a full disk mid-write) is dropped
-    with a warning; damage anywhere else is a ValueError naming the file and the line."""
+    """The records of a metrics file (numbered_records, less the line numbers)."""
+    return [record for _, record in numbered_records(path)]
+
+
+def numbered_records(path):
+    """(line number, record) of each record of a metrics file, read a line at a time (a file of any size,
+    even an endless one, is read in bounded memory). A torn last line (a crash or a full disk mid-write) is
+    dropped with a warning; damage anywhere else, or a line longer than MAX_LINE bytes, is a ValueError
+    naming the file and the line."""
     path = Path(path)
-    lines = path.read_text(errors="replace").split("\n")
-    last = max([i for i, line in enumerate(lines, 1) if line.strip()], default=0)
-    records = []
-    for number, line in enumerate(lines[:last], 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict):
-                raise ValueError("not an object")
-        except ValueError:
-            if number == last:
-                print(f"warning: {path}:{number}: dropping a torn last line", file=sys.stderr)
-                break
-            raise ValueError(f"{path}:{number} is not a JSON record: the metrics file is damaged") from None
-        it = record.get("iter", 0)
-        if not isinstance(it, int) or isinstance(it, bool) or it < 0:  # whole JSON, wrong content: not a tear
-            raise ValueError(f"{path}:{number} has iter {it!r}, not an iteration number: the metrics file is "
-                             "damaged")
-        records.append(record)
+    records, torn = [], None  # torn: the number of a line that did not parse, kept until a later line shows
+    with open(path, "rb") as f:  # it was not the last
+        for number, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), b""), 1):
+            if len(line) > MAX_LINE:
+                raise ValueError(f"{path}:{number} is longer than {MAX_LINE} bytes: the metrics file is damaged")
+            if not line.strip():
+                continue
+            if torn is not None:
+                raise ValueError(f"{path}:{torn} is not a JSON record: the metrics file is damaged")
+            try:
+                record = json.loads(line.decode(errors="replace"))
+                if not isinstance(record, dict):
+                    raise ValueError("not an object")
+            except ValueError:
+                torn = number
+                continue
+            it = record.get("iter", 0)
+            if not isinstance(it, int) or isinstance(it, bool) or it < 0:  # whole JSON, wrong content: not a tear
+                raise ValueError(f"{path}:{number} has iter {it!r}, not an iteration number: the metrics file is "
+                                 "damaged")
+            records.append((number, record))
+    if torn is not None:
+        print(f"warning: {path}:{torn}: dropping a torn last line", file=sys.stderr)
     return records

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from minibp import backend, checkpoint, integrity, train
+from minibp.rundir import MAX_LINE, MetricsLog
 from minibp.rundir import read_metrics as read_metrics_file
 from runs import ROOT, base_args, one_line_error, read_metrics, start_trainer, wait_for_lines
 
@@ -202,3 +203,74 @@ def test_a_refused_start_leaves_the_disk_as_it_found_it(tmp_path, data_dir, monk
     assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 2  # holds a run: --overwrite needed
     assert "--overwrite" in one_line_error(capsys.readouterr().err)
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == names
+
+
+# ----------------------------------------------------------------------------- a full disk, a vanished log
+
+@pytest.mark.slow
+def test_a_full_disk_at_the_start_names_the_lock_file_and_leaves_nothing(tmp_path, data_dir):
+    done = limited_trainer(base_args(tmp_path, out="runs/run"), 0)  # the first write, the lock's pid, fails
+    assert done.returncode == 1, done.stderr
+    assert f"cannot write {tmp_path / 'runs' / 'run' / 'lock'} (File too large)" in one_line_error(done.stderr)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_failed_append_leaves_nothing_for_close_to_fail_on(tmp_path):
+    # A buffered log kept a failed record and failed again on close, which hid the first error's file name.
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path)
+    log.write(kind="train", iter=1)
+    size = path.stat().st_size
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))  # the file cannot grow: as a full disk
+    try:
+        with pytest.raises(OSError):
+            log.write(kind="train", iter=2)
+        log.close()  # must not raise
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert [r["iter"] for r in read_metrics_file(path)] == [1]
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_metrics_file_removed_mid_run_stops_the_run(tmp_path, data_dir, capsys, monkeypatch, how):
+    # Appending to a deleted file loses every later record unseen: the run stops as failed instead.
+    real = MetricsLog.write
+
+    def write(log, **record):
+        if record.get("iter") == 3 and record.get("kind") == "train":
+            log.path.unlink()
+            if how == "replaced":
+                log.path.write_text("")
+        real(log, **record)
+
+    monkeypatch.setattr(MetricsLog, "write", write)
+    assert train.main(base_args(tmp_path, iters=6, log_every=1, checkpoint_every=2, val_every=100)) == 1
+    line = one_line_error(capsys.readouterr().err)
+    assert (f"cannot write {tmp_path / 'run' / 'metrics.jsonl'} (removed or replaced while the run appended to "
+            "it); the previous checkpoint (iteration 2) is kept") in line
+
+
+def test_read_metrics_refuses_an_overlong_line_without_reading_it_whole(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iter": 1}\n' + "x" * (MAX_LINE + 10) + '\n{"iter": 3}\n')
+    with pytest.raises(ValueError, match=f"{path}:2 is longer than {MAX_LINE} bytes"):
+        read_metrics_file(path)
+
+
+def test_a_resume_reads_an_endless_metrics_file_in_bounded_memory(tmp_path, data_dir, capsys):
+    # /dev/full reads as zeros without end: read whole, it grew the process until the kernel killed it.
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.unlink()
+    metrics.symlink_to("/dev/full")
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
+    assert f"{metrics}:1 is longer than {MAX_LINE} bytes" in one_line_error(capsys.readouterr().err)
+
+
+def test_a_torn_last_line_is_still_dropped_when_blank_lines_follow(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"iter": 1}\n{"iter": 2, "lo\n\n')
+    assert read_metrics_file(path) == [{"iter": 1}]
+    assert f"{path}:2: dropping a torn last line" in capsys.readouterr().err
