@@ -183,6 +183,8 @@ def load_function(spec):
     """The function your own model spec names, its file or module imported afresh (an edited file is read
     again); a ValueError naming the spec and what failed."""
     where, name, is_file = _where(spec)
+    global _importing
+    _importing = where
     try:
         if is_file:
             module_name = f"minibp_model_{Path(where).stem}"  # in sys.modules, as an import puts it (dataclasses)
@@ -192,12 +194,23 @@ def load_function(spec):
             found.loader.exec_module(module)
         else:
             module = importlib.import_module(where)
-    except Exception as e:  # whatever your code raises as it imports: one line, not a traceback
+    except (Exception, SystemExit) as e:  # whatever your code raises as it imports: one line, not a traceback
         raise ValueError(f"model {spec}: cannot import {where} ({_one_line(e)})") from None
+    finally:
+        _importing = None
     function = getattr(module, name, None)
     if not callable(function):
         raise ValueError(f"model {spec}: {where} has no function {name}")
     return function
+
+
+_importing = None  # the file or module load_function is importing now, else None
+
+
+def importing():
+    """The file or module minibp is importing to rebuild your net (a resume, evaluate, load), else None: a
+    script's training code that runs then (fit, outside `if __name__ == "__main__":`) would train again."""
+    return _importing
 
 
 def spec_of(function):
@@ -227,7 +240,7 @@ def build(spec, *, model_args=None, imagenet=False, input_shape, classes, functi
     called = describe(spec, model_args)
     try:
         net = function(input_shape=tuple(input_shape), classes=int(classes), **(model_args or {}))
-    except Exception as e:  # your code's failure, named in one line
+    except (Exception, SystemExit) as e:  # your code's failure (even sys.exit), named in one line
         raise ValueError(f"model {called} raised {_one_line(e)}") from None
     fault = (f"returned {type(net).__name__}, not a minibp.net.Net" if not isinstance(net, Net) else
              "returned a compiled net: return it uncompiled (the trainer compiles it for the run's batch and store)"
@@ -242,4 +255,6 @@ def build(spec, *, model_args=None, imagenet=False, input_shape, classes, functi
 
 
 def _one_line(error):
+    if isinstance(error, SystemExit):
+        return f"it called sys.exit({error.code!r})"
     return f"{type(error).__name__}: {' '.join(str(error).split())}"

@@ -11,10 +11,11 @@ checkpoint cannot be read, get a colour each instead. Legends sit below the axes
 Needs matplotlib: pip install 'minibp[plot]'.
 """
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from .rundir import read_metrics
+from .rundir import numbered_records
 
 BITS_COLORS = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}
 WINDOW_STYLES = {"fixed": ":", "range": "--", "block": "-"}
@@ -60,8 +61,32 @@ def legend_below(fig, handles, *, columns=4):
 
 
 def plot_runs(runs, *, out, labels=None):
-    """Write the curves of runs (curves_figure) to out."""
+    """Write the curves of runs (curves_figure) to out; the path written (save)."""
     return save(curves_figure(runs, labels=labels), out)
+
+
+def curve_records(path):
+    """The train and val records of a metrics file, each checked to have the iteration, loss and accuracy
+    a curve needs: anything else is a ValueError naming the file's line, so no curve is drawn from a guess.
+    A validation that failed (its loss not finite: the trainer logs it with an "error") has no point to draw."""
+    path = Path(path)
+    kept = []
+    for number, record in numbered_records(path):
+        where = f"{path}:{number}"
+        if "kind" not in record:
+            raise ValueError(f"{where} is a record without 'kind': the metrics file is damaged")
+        kind = record["kind"]
+        if kind not in ("train", "val") or (kind == "val" and "error" in record):  # resume records, failures
+            continue
+        for key in ("iter", "loss", "accuracy"):
+            if key not in record:
+                raise ValueError(f"{where} is a {kind} record without {key!r}: the metrics file is damaged")
+            value = record[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):  # NaN and inf are numbers: drawn
+                raise ValueError(f"{where} is a {kind} record whose {key} is {value!r}, not a number: the "
+                                 "metrics file is damaged")
+        kept.append(record)
+    return kept
 
 
 def curves_figure(runs, *, labels=None):
@@ -69,10 +94,10 @@ def curves_figure(runs, *, labels=None):
     run, a style per run (run_styles), one legend below the axes."""
     plt = _pyplot()
     from matplotlib.lines import Line2D
+    every = [curve_records(Path(run) / "metrics.jsonl") for run in runs]  # all checked before a figure is made
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
     handles = []
-    for i, (run, style) in enumerate(zip(runs, run_styles(runs))):
-        records = read_metrics(Path(run) / "metrics.jsonl")
+    for i, (run, style, records) in enumerate(zip(runs, run_styles(runs), every)):
         for kind, width in (("train", dict(lw=0.8, alpha=0.5)), ("val", dict(marker="o", ms=4, lw=2))):
             rows = [r for r in records if r["kind"] == kind]
             its = [r["iter"] for r in rows]
@@ -92,9 +117,15 @@ def curves_figure(runs, *, labels=None):
 
 
 def save(fig, out):
-    """Write fig to out as a PNG, with room for a legend outside its axes, and close it."""
-    fig.savefig(out, dpi=90, bbox_inches="tight")
-    _pyplot().close(fig)
+    """Write fig to out, with room for a legend outside its axes, and close it; the path written. Its
+    format is out's suffix's; out without one gets .png (as matplotlib would, but said here, so that the
+    path returned and printed is the file's)."""
+    if not os.path.splitext(out)[1][1:]:
+        out = Path(os.fspath(out).rstrip(".") + ".png")
+    try:
+        fig.savefig(out, dpi=90, bbox_inches="tight")
+    finally:
+        _pyplot().close(fig)
     return out
 
 
@@ -129,8 +160,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m minibp.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", help="run folders with metrics.jsonl")
-    parser.add_argument("--out", help="the PNG to write (default: RUN/curves.png for one run, curves.png for "
-                                      "several, plan-MODEL-BITS.png for --plan; the last two in the current folder)")
+    parser.add_argument("--out", help="the PNG to write, .png added to a name without a suffix (default: "
+                                      "RUN/curves.png for one run, curves.png for several, plan-MODEL-BITS.png for "
+                                      "--plan; the last two in the current folder)")
     parser.add_argument("--labels", help="comma-separated legend names, one per run (default: the folders' names)")
     parser.add_argument("--plan", metavar="MODEL", help="plot the per-unit stores of this model's plan instead")
     parser.add_argument("--batch", type=int, default=128)
@@ -141,7 +173,7 @@ def main(argv=None):
             raise ValueError("give run folders to plot, or --plan MODEL")
         out = Path(args.out) if args.out else default_out(args)
         if args.plan:
-            plot_plan(args.plan, batch=args.batch, bits=args.bits, out=out)
+            out = plot_plan(args.plan, batch=args.batch, bits=args.bits, out=out)
         else:
             for run in args.runs:  # every run checked before anything is drawn
                 if not (Path(run) / "metrics.jsonl").is_file():
@@ -150,7 +182,7 @@ def main(argv=None):
             labels = args.labels.split(",") if args.labels else None
             if labels and len(labels) != len(args.runs):
                 raise ValueError(f"{len(labels)} labels for {len(args.runs)} runs")
-            plot_runs(args.runs, out=out, labels=labels)
+            out = plot_runs(args.runs, out=out, labels=labels)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -247,6 +247,11 @@ def check_config(config, *, ranks=1):
                          "share evenly: run it on a number of ranks that divides them")
     if config["iters"] < 1:
         raise ValueError("--iters must be positive")
+    if config["seed"] < 0:  # (numpy's own words would not name the option)
+        raise ValueError(f"--seed must be a non-negative integer, got {config['seed']}")
+    for key in ("momentum", "weight_decay"):
+        if not (np.isfinite(config[key]) and config[key] >= 0):
+            raise ValueError(f"{option(key)} must be a finite non-negative number, got {config[key]}")
     if config.get("rounding") == "stochastic" and config["bits"] in ("exact", "naive"):
         raise ValueError(f"--rounding stochastic rounds the codes of a k-bit store: --bits {config['bits']} has none "
                          "to round (exact) or feeds them forward (naive)")

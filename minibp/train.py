@@ -36,6 +36,7 @@ import os
 import signal
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -107,11 +108,24 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     A bad option or input is a ValueError (or FileNotFoundError) with the command line's message, raised
     before anything is written; a diverged run raises Diverged, a failed write WriteFailed. Ctrl-C or SIGTERM
     finishes the iteration, saves a checkpoint and raises KeyboardInterrupt."""
+    if models.importing():  # this file is being imported by minibp to rebuild its net: never train it again
+        raise ValueError(f"fit() was called while minibp imported {models.importing()} to rebuild the net (a "
+                         "resume, evaluate or load): put the script's training under `if __name__ == \"__main__\":`")
     parser = build_parser(exit_on_error=False)
     names = {a.dest for a in parser._actions} - {"help", "data", "out", "resume", "overwrite", "model", "model_args"}
     unknown = sorted(set(options) - names)
     if unknown:
         raise TypeError(f"fit() got unknown options {', '.join(unknown)}; it takes {', '.join(sorted(names))}")
+    if not isinstance(model, str) and not isinstance(model, types.FunctionType):
+        raise TypeError(f"fit()'s model is a function defined in a .py file, def build(*, input_shape, classes, "
+                        f"...), or a model spec such as 'resnet20'; got {model!r}")
+    for name, value in dict(data=data, out=out).items():
+        if not isinstance(value, (str, os.PathLike)) or str(value) == "":
+            raise TypeError(f"fit()'s {name} is a {'data set name' if name == 'data' else 'run folder path'}, "
+                            f"got {value!r}")
+    for name, value in dict(resume=resume, overwrite=overwrite).items():
+        if not isinstance(value, bool):
+            raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
     function = None if isinstance(model, str) else model
     argv = ["--model", models.spec_of(function) if function else model, "--data", str(data), "--out", str(out)]
     argv += ["--resume"] * bool(resume) + ["--overwrite"] * bool(overwrite)
@@ -122,7 +136,11 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     for name, value in options.items():  # as the command line gives them, so that they are checked alike
         flag = f"--{name.replace('_', '-')}"
         if parser._option_string_actions[flag].nargs == 0:  # a switch: present or not
-            argv += [flag] * bool(value)
+            if not isinstance(value, bool):  # bool("False") is True: a switch takes True or False alone
+                raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
+            argv += [flag] * value
+        elif isinstance(value, bool):  # str(True) would pass as a word, e.g. a schedule's text
+            raise TypeError(f"fit()'s {name} takes {flag}'s value, not {value!r}")
         elif value is not None:
             argv += [flag, str(value)]
     try:
@@ -237,10 +255,16 @@ class Session:
                 saved.check_classes(self.train_split.class_names, self.train_split.root)
             self.batches.restore(saved.data_state)
         built = models.describe(config["model"], config["model_args"])
-        self.net = net = models.build(config["model"], model_args=config["model_args"],
-                                      imagenet=config["data"] == "imagenet", input_shape=input_shape,
-                                      classes=self.train_split.classes, function=function)
+
+        def build(input_shape, classes):
+            return models.build(config["model"], model_args=config["model_args"],
+                                imagenet=config["data"] == "imagenet", input_shape=input_shape, classes=classes,
+                                function=function)
+        self.net = net = build(input_shape, self.train_split.classes)
         if saved is not None:
+            where = (self.train_split.root if isinstance(self.train_split, imagenet.Folder)
+                     else data.dataset_path(config["data_dir"], config["data"]))
+            saved.check_data(net, build, where)  # before check_parameters, which would blame the net
             saved.check_parameters(net, built)
         sub_batch = config["batch"] // config["split"]
         compile_within_memory(net, batch=sub_batch, store=store_of(config), seed=config["seed"])
@@ -308,8 +332,10 @@ class Session:
                 if self.due("checkpoint_every"):
                     self.save()  # before the validation, so a failing validation loses no training
                 if self.due("val_every"):
+                    began = time.perf_counter()
                     self.validate()
-                    interval_start = time.perf_counter()
+                    # the rate is of training: the validation's time leaves the interval, its images stay
+                    interval_start += time.perf_counter() - began
             if self.stopping():
                 if self.last_saved != self.iteration:
                     self.save()
@@ -367,9 +393,16 @@ class Session:
                  planned_bytes=self.net.arena.plan.total_bytes, averaged_over=len(sums))
 
     def validate(self):
-        """Loss and accuracy on the test split, printed and logged."""
-        val_loss, val_accuracy = evaluate(self.net, self.test_split, self.mean, group=self.group,
-                                          workers=self.config.get("workers"))
+        """Loss and accuracy on the test split, printed and logged. A loss that is not finite (the running
+        statistics of a net whose training steps are finite, e.g. on images of a pixel or two) is said and
+        logged as such (loss and accuracy null), and training goes on: its steps' own checks stop a divergence."""
+        try:
+            val_loss, val_accuracy = evaluate(self.net, self.test_split, self.mean, group=self.group,
+                                              workers=self.config.get("workers"))
+        except FloatingPointError as e:
+            self.say(f"validation failed: {e}, from the running statistics; training goes on")
+            self.log(kind="val", iter=self.iteration, loss=None, accuracy=None, error=str(e))
+            return
         self.say(f"validation loss {val_loss:.4f}  acc {val_accuracy:.4f}")
         self.log(kind="val", iter=self.iteration, loss=val_loss, accuracy=val_accuracy)
 

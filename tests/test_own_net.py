@@ -2,6 +2,8 @@
 --model-arg, the Python entry point minibp.fit, and the checks that a resume and an evaluation build
 the run's net again."""
 import json
+import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -155,3 +157,66 @@ def test_fit_refuses_what_it_cannot_record_in_plain_exceptions(tmp_path, data_di
     with pytest.raises(ValueError, match="multiple of --split"):
         minibp.fit("resnet11", data="cifar10", data_dir=str(data_dir), out=tmp_path / "x", batch=10, split=3)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_width_that_is_not_whole_is_refused_in_one_line(tmp_path, data_dir, capsys):
+    argv = base_args(tmp_path, model=f"{VGG}:build") + ["--model-arg", "width=8.5"]
+    assert train.main(argv) == 2
+    assert "a conv's channels must be a positive integer, got 8.5" in one_line_error(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fit_checks_its_own_arguments_as_the_command_line_does(tmp_path, data_dir):
+    with pytest.raises(TypeError, match="a function defined in a .py file.*got <built-in function len>"):
+        minibp.fit(len, data="cifar10", out=tmp_path / "x")
+    with pytest.raises(TypeError, match="out is a run folder path, got None"):  # it trained into ./None
+        minibp.fit("resnet11", data="cifar10", out=None)
+    with pytest.raises(TypeError, match="no_augment is True or False, got 'False'"):  # bool("False") is True
+        minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", no_augment="False")
+    with pytest.raises(TypeError, match="resume is True or False, got 1"):
+        minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", resume=1)
+    with pytest.raises(TypeError, match="lr_schedule takes --lr-schedule's value, not True"):
+        minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", lr_schedule=True)
+    assert not (tmp_path / "x").exists() and not (ROOT / "None").exists()
+
+
+def test_a_negative_seed_is_named(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, seed=-1)) == 2
+    assert "--seed must be a non-negative integer, got -1" in one_line_error(capsys.readouterr().err)
+
+
+def test_a_model_file_that_exits_as_it_imports_is_one_line(tmp_path, data_dir, capsys):
+    model = tmp_path / "exits.py"
+    model.write_text("import sys\nsys.exit(3)\n")
+    assert train.main(base_args(tmp_path, model=f"{model}:build")) == 2
+    assert f"cannot import {model} (it called sys.exit(3))" in one_line_error(capsys.readouterr().err)
+
+
+SCRIPT_WITHOUT_GUARD = """
+import minibp
+from minibp.net import Net
+
+def build(*, input_shape, classes):
+    net = Net(input_shape)
+    net.conv(8, kernel=3)
+    net.classifier(classes)
+    return net
+
+minibp.fit(build, data="cifar10", data_dir={data_dir!r}, out={out!r}, overwrite=True, iters=2, batch=16,
+           lr_schedule="0:0.05", val_every=2)
+"""
+
+
+@pytest.mark.slow
+def test_evaluate_never_runs_a_scripts_training_again(tmp_path, data_dir, capsys):
+    # Without the guard, evaluate imported the script, whose fit(overwrite=True) deleted the run and trained it
+    # again, then evaluated it and exited 0.
+    script, run = tmp_path / "train_it.py", tmp_path / "run"
+    script.write_text(SCRIPT_WITHOUT_GUARD.format(data_dir=str(data_dir), out=str(run)))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.name != "lock"}
+    assert evaluate.main([str(run)]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "fit() was called while minibp imported" in line and '`if __name__ == "__main__":`' in line
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != "lock"} == before

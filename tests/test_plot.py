@@ -73,9 +73,51 @@ def test_errors(tmp_path, capsys):
     assert plot.main(["--out", str(tmp_path / "x.png")]) == 2
 
 
+@pytest.mark.parametrize("bad,message", [
+    (dict(kind="train", iter=2, accuracy=0.5), "is a train record without 'loss'"),
+    (dict(kind="train", iter=2, loss="high", accuracy=0.5), "is a train record whose loss is 'high', not a number"),
+    (dict(kind="val", iter=2, loss=1.0, accuracy=None), "is a val record whose accuracy is None, not a number"),
+    (dict(kind="val", loss=1.0, accuracy=0.5), "is a val record without 'iter'"),
+    (dict(kind="train", iter=2, loss=True, accuracy=0.5), "is a train record whose loss is True, not a number"),
+    (dict(iter=2, loss=1.0, accuracy=0.5), "is a record without 'kind'"),
+])
+def test_a_record_a_curve_cannot_use_is_one_line_naming_its_line(tmp_path, capsys, bad, message):
+    """Not a KeyError, nor a curve through a word: the file's line and what is wrong with it, nothing drawn."""
+    _fake_run(tmp_path / "a", [2.0, 1.5, 1.0])
+    lines = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    lines[1:1] = ["", json.dumps(dict(kind="resume", iter=1, changed=[])), json.dumps(bad)]  # line 4, not the last
+    (tmp_path / "a" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert plot.main([str(tmp_path / "a"), "--out", str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path / 'a' / 'metrics.jsonl'}:4 {message}: the metrics file is damaged\n"
+    assert not (tmp_path / "c.png").exists()
+
+
+def test_an_out_without_a_suffix_is_a_png_and_the_path_printed_is_the_file_written(tmp_path, capsys):
+    _fake_run(tmp_path / "a", [2.0, 1.5])
+    (tmp_path / "plots").mkdir()
+    assert plot.main([str(tmp_path / "a"), "--out", str(tmp_path / "plots" / "x")]) == 0
+    assert plot.main(["--plan", "resnet11", "--out", str(tmp_path / "plots" / "p.")]) == 0
+    written = [tmp_path / "plots" / "x.png", tmp_path / "plots" / "p.png"]
+    assert capsys.readouterr().out == "".join(f"wrote {path}\n" for path in written)
+    assert sorted((tmp_path / "plots").iterdir()) == sorted(written)
+    assert all(path.read_bytes()[:4] == b"\x89PNG" for path in written)
+
+
 @pytest.mark.slow
 def test_without_matplotlib_it_says_how_to_install(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from minibp import plot; plot.main(['--plan', 'resnet11', '--out', 'x.png'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode != 0 and "pip install 'minibp[plot]'" in done.stderr
+
+
+def test_a_failed_validation_has_no_point_and_does_not_stop_the_plot(tmp_path):
+    # the trainer logs a validation whose loss is not finite with loss and accuracy null and an "error"
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [dict(kind="train", iter=1, loss=2.0, accuracy=0.1), dict(kind="val", iter=1, loss=1.9, accuracy=0.2),
+               dict(kind="val", iter=2, loss=None, accuracy=None, error="the loss over the test split is inf")]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert [r["iter"] for r in plot.curve_records(run / "metrics.jsonl")] == [1, 1]
+    assert plot.plot_runs([run], out=tmp_path / "c.png") == tmp_path / "c.png"
