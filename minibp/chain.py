@@ -13,6 +13,7 @@ buffer:
 import contextlib
 
 from . import layers
+from .checks import positive_int
 from .units import ConvUnit
 
 
@@ -38,7 +39,7 @@ class Chain:
             raise ValueError("the net already has a classifier")
         if self._block is not None:
             raise ValueError("close the residual block before the classifier")
-        if int(classes) < 2:
+        if positive_int(classes, "a classifier's classes") < 2:
             raise ValueError(f"a classifier needs at least 2 classes, got {classes}")
         self.add(ConvUnit(self._shape, int(classes), kernel=1, pool="global", bias=True))
         self.classes = int(classes)

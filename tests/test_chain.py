@@ -82,3 +82,16 @@ def test_a_unit_built_for_another_shape_is_refused():
     unit = other.conv(4)
     with pytest.raises(ValueError, match=r"the unit takes \(4, 4, 3\), the chain gives \(8, 8, 4\)"):
         started().add(unit)
+
+
+@pytest.mark.parametrize("bad", [8.5, True, 0, "8"])
+def test_a_channel_count_must_be_a_whole_number(bad):
+    # int() made conv(8.5) a conv of 8 channels while the caller recorded 8.5
+    net = Net(input_shape=(8, 8, 3))
+    with pytest.raises(ValueError, match=f"a conv's channels must be a positive integer, got {bad!r}"):
+        net.conv(bad)
+    net.conv(8)
+    with pytest.raises(ValueError, match="kernel must be a positive integer, got 2.5"):
+        net.conv(8, kernel=2.5)
+    with pytest.raises(ValueError, match="classes must be a positive integer, got 3.5"):
+        net.classifier(3.5)

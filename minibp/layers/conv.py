@@ -8,6 +8,7 @@ import numpy as np
 
 from .. import backend, kernels
 from . import conv_cudnn, conv_direct
+from ..checks import positive_int
 from .launch import output_size
 
 CONV_PATHS = ("gemm", "cudnn")
@@ -39,10 +40,10 @@ class Conv2D:
 
     def __init__(self, in_shape, channels, *, kernel=3, stride=1, padding="same", bias=False):
         self.H, self.W, self.cin = in_shape
-        self.kh = self.kw = int(kernel)
-        self.stride, self.padding, self.cout, self.has_bias = int(stride), padding, int(channels), bias
-        if self.kh < 1 or self.stride < 1 or self.cout < 1:
-            raise ValueError(f"kernel, stride and channels must be positive, got {kernel}, {stride}, {channels}")
+        # whole numbers only: int() would make a width of 8.5 eight channels without a word
+        self.kh = self.kw = positive_int(kernel, "a conv's kernel")
+        self.stride, self.cout = positive_int(stride, "a conv's stride"), positive_int(channels, "a conv's channels")
+        self.padding, self.has_bias = padding, bias
         self.Ho, self.pad_top = output_size(self.H, self.kh, self.stride, padding)
         self.Wo, self.pad_left = output_size(self.W, self.kw, self.stride, padding)
         self.is_pointwise = self.kh == 1 and self.pad_top == 0 and self.pad_left == 0
