@@ -9,12 +9,21 @@ hold what crosses modules. Tests marked slow
 start processes, build and install the wheel, run a bench script or take seconds: python3 -m pytest -m "not
 slow" runs the rest, every module's fast tests, in about a minute."""
 import minibp  # noqa: F401  before NumPy, so that OpenBLAS takes minibp's thread setting (minibp/__init__.py)
+import signal
+
 import numpy as np
 import pytest
 
 from minibp import backend
 from minibp.net import Net
 from runs import make_dataset, make_tree
+
+
+def pytest_configure(config):
+    # A suite started with SIGINT ignored (a shell's background job) would pass the ignoring on to every process
+    # a test starts, and a test's Ctrl-C would then wait for its timeout: the tests send the signals they mean to.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):
