@@ -16,7 +16,9 @@ The file is built in memory, written under a temporary name in the same folder, 
 the old one (keeping its mode), so an interruption or a full disk at any moment leaves either the previous
 checkpoint or the new one. A checkpoint is never written from a net whose state is not all finite, and
 loading checks the structure, the ranges, finiteness and the checksums (of the arrays and of the
-attributes), so a damaged file is named as such instead of failing later.
+attributes), so a damaged file is named as such instead of failing later: one HDF5 cannot parse, one that
+claims an older format than the fields it holds, and every field a resume reads (data_rng's too, key by
+key) checked for type and shape, not only for its checksum.
 """
 import io
 import json
@@ -27,12 +29,31 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .integrity import sha256_array as sha256, sha256_bytes, write_atomic
+from .imagenet import READER
+from .integrity import HDF5_ERRORS, sha256_array as sha256, sha256_bytes, write_atomic
 
 FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read
 OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read
 ATTRS = ("format", "iteration", "config", "data_epoch", "data_position", "data_rng")  # all that a resume reads
+# What each later format added, refused in a file that claims an earlier one: a flipped bit in the format
+# (3 -> 2 or 1) would otherwise skip the checksums those fields are under.
+LATER = {UNCHECKED_ATTRS: ("attrs_sha256", "class_names"), OLD_FORMAT: ("attrs_sha256", "class_names", "state")}
+
+
+def _count(end):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < end
+
+
+_SHA256 = (lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v), "a hex SHA-256")
+# data_rng, field by field: a resume hands it to the data reader as it is (a wrong field was a KeyError deep in
+# numpy). data.Batches draws from numpy's PCG64; imagenet.Batches.state names its reader, seed and listing.
+PCG64_STATE = dict(bit_generator=(lambda v: v == "PCG64", "'PCG64'"),
+                   state=dict(state=(_count(2**128), "an integer in [0, 2**128)"),
+                              inc=(_count(2**128), "an integer in [0, 2**128)")),
+                   has_uint32=(_count(2), "0 or 1"), uinteger=(_count(2**32), "an integer in [0, 2**32)"))
+READER_STATE = dict(reader=(lambda v: v == READER, repr(READER)),
+                    state=dict(seed=(_count(float("inf")), "a non-negative integer"), listing_sha256=_SHA256))
 
 
 class NotFinite(ValueError):
@@ -67,8 +88,7 @@ class Checkpoint:
         than the run's (an edited file, another version of a package)."""
         if "flat/params" in self.state:  # the oldest format names nothing: restore compares the sizes
             return
-        saved = {n.removeprefix("params/"): a.shape for n, a in self.state.items() if n.startswith("params/")}
-        table = {name: tuple(p.shape) for name, _, p in net.parameter_table()}
+        saved, table = _table(self), _table(net)
         differences = [f"the checkpoint's {name} is {saved[name]}, the net's {shape}" if name in saved else
                        f"the net has {name} {shape}, the checkpoint has none" for name, shape in table.items()
                        if saved.get(name) != shape]  # in the table's order
@@ -76,6 +96,47 @@ class Checkpoint:
                         if name not in table]
         if differences:
             raise ValueError(f"{self.path} holds another net than {built} builds now: {differences[0]}")
+
+    def check_data(self, net, build, where):
+        """A ValueError saying that the data differ unless the data at `where`, for which net was built, have
+        the image channels and classes of the run's: otherwise check_parameters would blame the net. The
+        run's are read off the saved parameters that follow them, found by building the net for one more
+        channel and one more class (build(input_shape, classes) -> a net); a difference those do not explain
+        is left to check_parameters."""
+        saved = _table(self)
+        if saved is None or _table(net) == saved:
+            return
+        shape, classes = tuple(net.input_shape), net.classes
+        try:  # (a net of your own may refuse other data: then nothing is known of the run's)
+            channels = _followed(net, build(shape[:-1] + (shape[-1] + 1,), classes), saved, shape[-1])
+            run_classes = _followed(net, build(shape, classes + 1), saved, classes)
+            fits = (channels, run_classes) != (shape[-1], classes) and _table(
+                build(shape[:-1] + (channels,), run_classes)) == saved
+        except ValueError:
+            return
+        if fits:
+            raise ValueError(f"the data differ from the run's: {where} holds {'x'.join(map(str, shape))} images "
+                             f"(H x W x C) of {classes} classes; {self.path} was trained on {channels}-channel "
+                             f"images of {run_classes} classes")
+
+
+def _table(net_or_checkpoint):
+    """{name: shape} of a net's parameters, or of those a checkpoint holds (None: the oldest format's)."""
+    if isinstance(net_or_checkpoint, Checkpoint):
+        state = net_or_checkpoint.state
+        return None if "flat/params" in state else {
+            n.removeprefix("params/"): a.shape for n, a in state.items() if n.startswith("params/")}
+    return {name: tuple(p.shape) for name, _, p in net_or_checkpoint.parameter_table()}
+
+
+def _followed(net, probe, saved, value):
+    """The saved value of what `probe` (net built for value + 1 of it) has one more of: the sizes the two
+    nets' parameters differ in, read off the checkpoint's; `value` when they tell nothing or disagree."""
+    base, probe = _table(net), _table(probe)
+    found = {saved[name][axis] for name, shape in base.items()
+             if len(probe.get(name, ())) == len(saved.get(name, ())) == len(shape)
+             for axis, (size, more) in enumerate(zip(shape, probe[name])) if (size, more) == (value, value + 1)}
+    return found.pop() if len(found) == 1 else value
 
 
 def check_finite(arrays):
@@ -118,24 +179,34 @@ def load(path):
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
-        with h5py.File(path, "r") as f:
+        f = h5py.File(path, "r")
+    except OSError as e:  # not HDF5, truncated, or not ours to read
+        raise ValueError(f"{path} is not a readable minibp checkpoint ({e})") from None
+    except HDF5_ERRORS as e:
+        raise ValueError(f"{path} is damaged: HDF5 cannot read it ({e})") from None
+    try:
+        with f:
             fmt = f.attrs.get("format")
-            if fmt not in (FORMAT, UNCHECKED_ATTRS, OLD_FORMAT):
-                raise ValueError(f"is not a minibp checkpoint (format {fmt!r})")
+            if not isinstance(fmt, str) or fmt not in (FORMAT, UNCHECKED_ATTRS, OLD_FORMAT):
+                raise _Refused(f"is not a minibp checkpoint (format {fmt!r})")
+            later = [n for n in LATER.get(fmt, ()) if n in f.attrs or n in f]
+            if later:
+                raise _Refused(f"is damaged: it says format {fmt} but holds {', '.join(later)}, which only a later "
+                               f"format has")
             groups = {FORMAT: ("state", "data_order", "class_names"), UNCHECKED_ATTRS: ("state", "data_order"),
                       OLD_FORMAT: ("params", "velocity", "running", "data_order")}[fmt]
             missing = [n for n in groups if n not in f]
             missing += [n for n in ATTRS + (("attrs_sha256",) if fmt == FORMAT else ()) if n not in f.attrs]
             if missing:
-                raise ValueError(f"lacks {', '.join(missing)}")
+                raise _Refused(f"lacks {', '.join(missing)}")
             arrays = {}
             f.visititems(lambda name, item: arrays.__setitem__(name, (item[...], item.attrs.get("sha256")))
                          if isinstance(item, h5py.Dataset) else None)
             attrs = {k: f.attrs[k] for k in f.attrs}
-    except OSError as e:
-        raise ValueError(f"{path} is not a readable minibp checkpoint ({e})") from None
-    except ValueError as e:
+    except _Refused as e:
         raise ValueError(f"{path} {e}") from None
+    except HDF5_ERRORS as e:  # an open file whose insides HDF5 cannot parse (a zeroed block: RuntimeError)
+        raise ValueError(f"{path} is damaged: HDF5 cannot read it ({e})") from None
     try:
         checkpoint = _validated(arrays, attrs, fmt=fmt)
     except ValueError as e:
@@ -144,8 +215,12 @@ def load(path):
     return checkpoint
 
 
+class _Refused(ValueError):
+    """What load found wrong in a file it could read (h5py's own ValueErrors are damage it could not)."""
+
+
 def _validated(arrays, attrs, *, fmt):
-    if fmt == FORMAT and attrs["attrs_sha256"] != attrs_sha256(attrs):
+    if fmt == FORMAT and str(attrs["attrs_sha256"]) != attrs_sha256(attrs):
         raise ValueError(f"its attributes ({', '.join(ATTRS)}) fail their SHA-256 check")
     if fmt == OLD_FORMAT:
         print("warning: an older checkpoint without checksums: it cannot be verified", file=sys.stderr)
@@ -164,15 +239,23 @@ def _validated(arrays, attrs, *, fmt):
     if bad:
         raise ValueError(f"{bad[0]} is {state[bad[0]].dtype}, not floating point")
     check_finite(state)
-    if any((a[1] < 0).any() for name, a in state.items() if name.startswith("running/") and a.ndim == 2):
-        raise ValueError("a running variance is negative")
+    if any((a[1] < 0).any() for name, a in state.items() if name.startswith("running/") and a.shape[:1] == (2,)):
+        raise ValueError("a running variance is negative")  # (other shapes: refused by restore, which names them)
+    if fmt == OLD_FORMAT:  # _from_flat slices them as vectors and a (2, C) array
+        params, velocity, running = (state[f"flat/{n}"] for n in ("params", "velocity", "running"))
+        if params.ndim != 1 or velocity.shape != params.shape or running.ndim != 2 or len(running) != 2:
+            raise ValueError(f"its params {params.shape}, velocity {velocity.shape} and running {running.shape} "
+                             "are not the flat layout's (N,), (N,) and (2, C)")
     try:
         config = json.loads(attrs["config"])
         rng = json.loads(str(attrs["data_rng"]))
     except (json.JSONDecodeError, TypeError) as e:
         raise ValueError(f"its config or data_rng is not valid JSON ({e})") from None
-    if not isinstance(config, dict) or not isinstance(rng, dict) or "state" not in rng:
-        raise ValueError("its config or data_rng attribute has the wrong structure")
+    if not isinstance(config, dict):
+        raise ValueError("its config attribute is not a JSON object")
+    problem = _structure_problem(rng, READER_STATE if config.get("data") == "imagenet" else PCG64_STATE, "data_rng")
+    if problem:
+        raise ValueError(problem)
     counts = ("iteration", "data_epoch", "data_position")
     bad = [k for k in counts if not isinstance(attrs[k], (int, np.integer)) or isinstance(attrs[k], bool)]
     if bad:
@@ -187,10 +270,33 @@ def _validated(arrays, attrs, *, fmt):
                                       rng=str(attrs["data_rng"])))
 
 
+def _structure_problem(value, fields, name):
+    """What is wrong with a JSON value against fields ({key: (check, what it must be)}, or a dict of those for
+    a nested object), named by its path ("data_rng.state.inc"), or None."""
+    if not isinstance(value, dict):
+        return f"its {name} is {_short(value)}, not a JSON object"
+    unknown = [k for k in value if k not in fields]
+    if unknown:
+        return f"its {name} holds {unknown[0]!r}, which it has no place for"
+    for key, field in fields.items():
+        if key not in value:
+            return f"its {name} lacks {key}"
+        problem = (_structure_problem(value[key], field, f"{name}.{key}") if isinstance(field, dict) else
+                   None if field[0](value[key]) else f"its {name}.{key} is {_short(value[key])}, not {field[1]}")
+        if problem:
+            return problem
+    return None
+
+
+def _short(value):
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _class_names(array):
     """The class names stored as JSON bytes: a tuple of strings, or None."""
-    try:
-        names = json.loads(array.astype(np.uint8).tobytes().decode())
+    try:  # (save writes a uint8 vector: anything else is damage)
+        names = json.loads(array.tobytes().decode()) if array.dtype == np.uint8 and array.ndim == 1 else False
     except (UnicodeDecodeError, json.JSONDecodeError):
         names = False
     if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
@@ -201,9 +307,9 @@ def _class_names(array):
 def restore(net, checkpoint):
     """Copy a checkpoint's parameters, momentum and running statistics into a compiled net."""
     state = checkpoint.state
-    if "flat/params" in state:
-        state = _from_flat(net, *(state[f"flat/{n}"] for n in ("params", "velocity", "running")))
     try:
+        if "flat/params" in state:
+            state = _from_flat(net, *(state[f"flat/{n}"] for n in ("params", "velocity", "running")))
         net.load_state(state)
     except ValueError as e:
         raise ValueError(f"{checkpoint.path} does not fit the model: {e}") from None

@@ -5,7 +5,8 @@
 
 The net, data and store (bits, window) come from the checkpoint's saved configuration; BN uses its running
 statistics. A net of your own (--model FILE.py:FUNCTION) is built again as the run built it, and refused in
-one line if its parameter table is no longer the checkpoint's (an edited file).
+one line if its parameter table is no longer the checkpoint's (an edited file); data whose image channels or
+classes are not the run's are named as such.
 """
 import argparse
 import json
@@ -41,15 +42,19 @@ def main(argv=None):
         if config["data"] == "imagenet":  # "test" is its val/ folder; the reader normalises
             train_split, test_split = imagenet.load_folders(args.data_dir or config["data_dir"])
             saved.check_classes(train_split.class_names, train_split.root)
-            input_shape, mean = (config["image_size"], config["image_size"], 3), None
+            input_shape, mean, where = (config["image_size"], config["image_size"], 3), None, train_split.root
         else:
-            train_split, test_split = data.load_dataset(data.dataset_path(args.data_dir or config["data_dir"],
-                                                                          config["data"]))
+            where = data.dataset_path(args.data_dir or config["data_dir"], config["data"])
+            train_split, test_split = data.load_dataset(where)
             input_shape, mean = train_split.images.shape[1:], train_split.pixel_mean()
         split = train_split if args.split == "train" else test_split
         built = models.describe(config["model"], config["model_args"])
-        net = models.build(config["model"], model_args=config["model_args"], imagenet=config["data"] == "imagenet",
-                           input_shape=input_shape, classes=split.classes)
+
+        def build(input_shape, classes):
+            return models.build(config["model"], model_args=config["model_args"],
+                                imagenet=config["data"] == "imagenet", input_shape=input_shape, classes=classes)
+        net = build(input_shape, split.classes)
+        saved.check_data(net, build, where)  # before check_parameters, which would blame the net
         saved.check_parameters(net, built)
         batch = min(args.batch or config["batch"] // config["split"], len(split.labels))  # no bigger than the split
         compile_within_memory(net, batch=batch, store=store_of(config), training=False, hint="lower --batch")

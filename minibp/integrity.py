@@ -19,6 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+# What h5py raises for a file whose structure HDF5 cannot parse: its error table maps HDF5's errors to these,
+# RuntimeError where it has no closer one (NotImplementedError among them). MemoryError and KeyboardInterrupt
+# are none of them, and pass.
+HDF5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
+
 
 def sha256_bytes(*parts):
     """The hex SHA-256 of the bytes-like parts, one after the other."""

@@ -1,6 +1,7 @@
 """Checkpoints: never written from a net that is not finite, every kind of damage named by the trainer and the
 evaluator (the arrays and the attributes under checksums), and old formats still read."""
 import json
+import re
 
 import h5py
 import numpy as np
@@ -37,6 +38,11 @@ def _set_attrs(f, **attrs):
 
 
 def _damage(path, how):
+    if how == "zeroed tail":  # what a disk that lost its last block leaves: HDF5 cannot parse the file
+        with open(path, "r+b") as f:
+            f.seek(-4096, 2)
+            f.write(bytes(4096))
+        return
     with h5py.File(path, "r+") as f:
         if how == "flipped bit":
             params = f["state/params/unit0.w"][...]
@@ -56,6 +62,15 @@ def _damage(path, how):
             _rewrite(f, "state/running/unit1.bn", running)
         elif how == "wrong shape":
             _rewrite(f, "state/params/unit1.gamma", np.ones(3, np.float32))
+        elif how == "running of one row":
+            _rewrite(f, "state/running/unit1.bn", np.ones((1, 16), np.float32))
+        elif how.startswith("data_rng"):  # the generator's state, its inner state changed, the checksum recomputed
+            rng = json.loads(f.attrs["data_rng"])
+            if how == "data_rng without its state":
+                del rng["state"]["state"]
+            else:
+                rng["state"]["inc"] = "7"
+            _set_attrs(f, data_rng=json.dumps(rng))
 
 
 @pytest.mark.parametrize("how,match", [("flipped bit", "state/params/unit0.w fails its SHA-256"),
@@ -63,7 +78,11 @@ def _damage(path, how):
                                        ("broken config", "not valid JSON"),
                                        ("missing state", "lacks state"),
                                        ("not finite", "running/unit1.bn hold NaN"),
-                                       ("wrong shape", "the checkpoint's unit1.gamma is (3,), the net's (16,)")])
+                                       ("wrong shape", "the checkpoint's unit1.gamma is (3,), the net's (16,)"),
+                                       ("zeroed tail", "is damaged: HDF5 cannot read it"),
+                                       ("running of one row", "'running/unit1.bn' has shape (1, 16), the net (2, 16)"),
+                                       ("data_rng without its state", "is damaged: its data_rng.state lacks state"),
+                                       ("data_rng of a text inc", "its data_rng.state.inc is '7', not an integer")])
 def test_a_damaged_checkpoint_is_named_by_train_and_evaluate(tmp_path, data_dir, capsys, how, match):
     assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
     path = tmp_path / "run" / "checkpoint.h5"
@@ -95,6 +114,86 @@ def test_a_changed_checkpoint_attribute_fails_its_checksum(tmp_path, data_dir, c
     assert "fail their SHA-256 check" in one_line_error(capsys.readouterr().err)
 
 
+@pytest.mark.parametrize("claimed", ["minibp-checkpoint-2", "minibp-checkpoint-1"])
+def test_a_checkpoint_claiming_an_older_format_than_its_checksums_is_refused(tmp_path, data_dir, capsys, claimed):
+    """3 -> 2 is one bit, and format 2 skipped the attributes' checksum with a warning: a file that carries the
+    later fields is refused as damaged, by the trainer and the evaluator."""
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    path = tmp_path / "run" / "checkpoint.h5"
+    with h5py.File(path, "r+") as f:
+        f.attrs["format"] = claimed
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"{path} is damaged: it says format {claimed} but holds attrs_sha256, class_names" in line
+    assert evaluate.main([str(tmp_path / "run")]) == 2
+    assert f"{path} is damaged: it says format {claimed}" in one_line_error(capsys.readouterr().err)
+
+
+def test_an_honest_format_2_checkpoint_still_resumes(tmp_path, data_dir, capsys):
+    """One written before the attributes' checksum and the class names: read, with a warning."""
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    with h5py.File(tmp_path / "run" / "checkpoint.h5", "r+") as f:
+        del f.attrs["attrs_sha256"], f["class_names"]
+        f.attrs["format"] = "minibp-checkpoint-2"
+    capsys.readouterr()
+    assert evaluate.main([str(tmp_path / "run")]) == 0
+    assert "warning: an older checkpoint" in capsys.readouterr().err
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 0
+
+
+@pytest.mark.parametrize("data,rng,match", [
+    ("cifar10", {"bit_generator": "PCG64", "state": {"inc": 3}, "has_uint32": 0, "uinteger": 0},
+     "its data_rng.state lacks state"),
+    ("cifar10", {"bit_generator": "PCG64", "state": {"state": -1, "inc": 3}, "has_uint32": 0, "uinteger": 0},
+     "its data_rng.state.state is -1, not an integer in [0, 2**128)"),
+    ("cifar10", {"bit_generator": "PCG64", "state": [1, 3], "has_uint32": 0, "uinteger": 0},
+     "its data_rng.state is [1, 3], not a JSON object"),
+    ("cifar10", {"bit_generator": "MT19937", "state": {"state": 1, "inc": 3}, "has_uint32": 0, "uinteger": 0},
+     "its data_rng.bit_generator is 'MT19937', not 'PCG64'"),
+    ("cifar10", {"bit_generator": "PCG64", "state": {"state": 1, "inc": 3}, "has_uint32": True, "uinteger": 0},
+     "its data_rng.has_uint32 is True, not 0 or 1"),
+    ("imagenet", {"reader": "minibp.imagenet", "state": {"seed": "0", "listing_sha256": "0" * 64}},
+     "its data_rng.state.seed is '0', not a non-negative integer"),
+    ("imagenet", {"reader": "minibp.imagenet", "state": {"seed": 0}}, "its data_rng.state lacks listing_sha256"),
+    ("imagenet", {"bit_generator": "PCG64", "state": {"state": 1, "inc": 3}, "has_uint32": 0, "uinteger": 0},
+     "its data_rng holds 'bit_generator'")])
+def test_the_data_order_state_is_checked_field_by_field(tmp_path, data, rng, match):
+    """A resume hands data_rng to the data reader as it is: under its checksum, a hand-made one is still
+    checked field by field against what its reader (numpy's PCG64, or the ImageNet reader's) writes."""
+    net = tiny_net().compile(batch=4, bits=4)
+    path = checkpoint.save(tmp_path / "checkpoint.h5", net, iteration=1, config={"data": data},
+                           data_state=dict(epoch=0, position=0, order=np.arange(8), rng=json.dumps(rng)))
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path} is damaged: {match}")):
+        checkpoint.load(path)
+
+
+@pytest.mark.parametrize("data,rng", [
+    ("cifar10", json.dumps(np.random.default_rng(3).bit_generator.state)),
+    ("imagenet", json.dumps({"reader": "minibp.imagenet", "state": {"seed": 3, "listing_sha256": "ab" * 32}}))])
+def test_the_data_order_states_the_readers_write_are_read(tmp_path, data, rng):
+    net = tiny_net().compile(batch=4, bits=4)
+    path = checkpoint.save(tmp_path / "checkpoint.h5", net, iteration=1, config={"data": data},
+                           data_state=dict(epoch=0, position=0, order=np.arange(8), rng=rng))
+    assert checkpoint.load(path).data_state["rng"] == rng
+
+
+def test_hdf5_errors_are_damage_but_memory_errors_and_interrupts_pass(tmp_path, monkeypatch):
+    net = tiny_net().compile(batch=4, bits=4)
+    path = checkpoint.save(tmp_path / "checkpoint.h5", net, iteration=1, config={"data": "cifar10"},
+                           data_state=dict(epoch=0, position=0, order=np.arange(8),
+                                           rng=json.dumps(np.random.default_rng(0).bit_generator.state)))
+    for error, raised in ((RuntimeError("Object visitation failed"), ValueError), (MemoryError(), MemoryError),
+                          (KeyboardInterrupt(), KeyboardInterrupt)):
+        def visit(self, function, error=error):
+            raise error
+        monkeypatch.setattr(h5py.Group, "visititems", visit)
+        with pytest.raises(raised) as caught:
+            checkpoint.load(path)
+        assert raised is not ValueError or str(caught.value) == (f"{path} is damaged: HDF5 cannot read it "
+                                                                 "(Object visitation failed)")
+
+
 def test_an_old_format_checkpoint_still_resumes(tmp_path, rng):
     net = tiny_net().compile(batch=4, bits=4)
     train_steps(net, rng)
@@ -103,7 +202,7 @@ def test_an_old_format_checkpoint_still_resumes(tmp_path, rng):
     path = tmp_path / "old.h5"
     with h5py.File(path, "w") as f:  # the flat layout of minibp-checkpoint-1
         f.attrs.update(format="minibp-checkpoint-1", iteration=3, config=json.dumps({}), data_epoch=0,
-                       data_position=0, data_rng=json.dumps({"state": {}}))
+                       data_position=0, data_rng=json.dumps(np.random.default_rng(0).bit_generator.state))
         f["params"] = np.concatenate([state["params/" + n].ravel() for n in names])
         f["velocity"] = np.concatenate([state["momentum/" + n].ravel() for n in names])
         f["running"] = np.concatenate([state[n] for n in state if n.startswith("running/")], axis=1)
@@ -111,3 +210,19 @@ def test_an_old_format_checkpoint_still_resumes(tmp_path, rng):
     fresh = tiny_net().compile(batch=4, bits=4, seed=3)
     checkpoint.restore(fresh, checkpoint.load(path))
     assert all(np.array_equal(fresh.state()[k], state[k]) for k in state)
+
+
+def test_an_old_format_checkpoint_not_in_its_flat_layout_is_named(tmp_path):
+    """Format 1 carries no checksums: its arrays' shapes are checked before restore slices them."""
+    net = tiny_net().compile(batch=4, bits=4)
+    state = net.state()
+    path = tmp_path / "old.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs.update(format="minibp-checkpoint-1", iteration=3, config=json.dumps({}), data_epoch=0,
+                       data_position=0, data_rng=json.dumps(np.random.default_rng(0).bit_generator.state))
+        f["params"] = f["velocity"] = np.concatenate([a.ravel() for n, a in state.items() if n.startswith("params/")])
+        f["running"] = np.concatenate([state[n] for n in state if n.startswith("running/")], axis=1).ravel()
+        f["data_order"] = np.arange(5)
+    with pytest.raises(ValueError, match="^" + re.escape(f"{path} is damaged: its params (")
+                       + r"\d+,\), velocity \(\d+,\) and running \(\d+,\) are not the flat layout's"):
+        checkpoint.restore(tiny_net().compile(batch=4, bits=4), checkpoint.load(path))
