@@ -17,9 +17,11 @@ image), crop a random window of the original size, flip horizontally with probab
 and the augmentation come from one seeded generator whose state is part of `state()`, so a resumed
 run sees exactly the batches an uninterrupted one would.
 """
+import io
 import json
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,11 +76,13 @@ def split_checksums(images, labels):
 def write(path, *, train, test, classes, name=None, class_names=None, attrs=None):
     """Write a prepared data file from arrays: train and test are (images (N, H, W, C) uint8, labels (N,)
     integers in [0, classes)), both splits' images of one (H, W, C). name (default: the file's stem) and
-    class_names (a string per class) are optional attributes, attrs any further ones (where the data came
-    from). Labels are stored as int64, each array with its SHA-256 (docs/data.md has the layout).
+    class_names (a list of strings, one per class) are optional attributes, attrs (a dict) any further ones
+    (where the data came from). Labels are stored as int64, each array with its SHA-256 (docs/data.md has the
+    layout).
 
     The file is written to a temporary name and renamed: a failed write leaves the file at path as it was.
-    Arrays the reader would refuse are a one-line ValueError; a failed write an OSError saying why."""
+    Input the reader would refuse, or HDF5 cannot store, is a one-line ValueError, raised before anything
+    is written; a failed write is an OSError saying why."""
     splits = {}
     for split, pair in (("train", train), ("test", test)):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
@@ -88,18 +92,11 @@ def write(path, *, train, test, classes, name=None, class_names=None, attrs=None
         filter(None, (_labels_problem(split, labels, classes) for split, (_, labels) in splits.items())), None)
     if problem:
         raise ValueError(problem)
-    names = None if class_names is None else [str(n) for n in class_names]
-    if names is not None and len(names) != classes:
-        raise ValueError(f"class_names has {len(names)} names for {classes} classes")
-    clashing = sorted(set(attrs or ()) & {"name", "classes", "class_names"})
-    if clashing:
-        raise ValueError(f"attrs may not set {', '.join(clashing)}: they are write's own arguments")
+    root = _root_attrs(path, classes=classes, name=name, class_names=class_names, attrs=attrs)
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
-            f.attrs.update(attrs or {}, name=str(name or Path(path).stem), classes=int(classes))
-            if names is not None:
-                f.attrs["class_names"] = np.array(names, dtype=h5py.string_dtype())
+            f.attrs.update(root)
             for split, (images, labels) in splits.items():
                 images, labels = np.ascontiguousarray(images), labels.astype(np.int64)
                 group = f.create_group(split)
@@ -109,6 +106,86 @@ def write(path, *, train, test, classes, name=None, class_names=None, attrs=None
     except OSError as e:  # the reason alone: h5py's message runs over lines and names the temporary file
         raise OSError(f"could not write {path}: {os.strerror(e.errno) if e.errno else e}") from None
     return Path(path)
+
+
+def _root_attrs(path, *, classes, name, class_names, attrs):
+    """{attribute: value} of a file's root, each checked to be one HDF5 stores as given (a ValueError of one
+    line otherwise), so that write refuses bad input before it opens a file instead of failing halfway."""
+    if isinstance(class_names, (str, bytes)):  # a str is a sequence of one-letter names: never what was meant
+        raise ValueError(f"class_names must be a list of names, one per class, not a {type(class_names).__name__} "
+                         f"({class_names[:20]!r})")
+    if attrs is not None and not isinstance(attrs, Mapping):
+        raise ValueError(f"attrs must be a dict of attribute names to values, got {type(attrs).__name__}")
+    attrs = dict(attrs or {})
+    clashing = sorted(set(attrs) & {"name", "classes", "class_names"})
+    if clashing:
+        raise ValueError(f"attrs may not set {', '.join(clashing)}: they are write's own arguments")
+    for key, value in attrs.items():
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"attrs has the name {key!r}: attribute names are non-empty strings")
+        problem = _string_problem(f"the attrs name {key!r}", key) or _value_problem(f"attrs[{key!r}]", value)
+        if problem:
+            raise ValueError(problem)
+    if name is None or name == "":  # the file's stem, any undecodable bytes in it (surrogates) escaped
+        name = Path(path).stem.encode("utf-8", "backslashreplace").decode()
+    elif not isinstance(name, str):
+        raise ValueError(f"name must be a string, got {type(name).__name__}")
+    root = dict(attrs, name=name, classes=int(classes))
+    problem = _string_problem("name", name)
+    if class_names is not None:
+        try:
+            names = list(class_names)
+        except TypeError:
+            raise ValueError(f"class_names must be a list of names, one per class, got "
+                             f"{type(class_names).__name__}") from None
+        if len(names) != classes:
+            raise ValueError(f"class_names has {len(names)} names for {classes} classes")
+        for i, text in enumerate(names):
+            if not isinstance(text, str):
+                raise ValueError(f"class_names[{i}] is {type(text).__name__} {text!r}, not a string")
+        problem = problem or next(
+            filter(None, (_string_problem(f"class_names[{i}]", text) for i, text in enumerate(names))), None)
+        root["class_names"] = np.array(names, dtype=h5py.string_dtype())
+    if problem:
+        raise ValueError(problem)
+    # what no check above foresaw (a dict, an object, a mixed list) fails here, in memory, not in the file
+    with h5py.File(io.BytesIO(), "w") as trial:
+        for key, value in root.items():
+            try:
+                trial.attrs[key] = value
+            except Exception as e:  # h5py's TypeError, ValueError, OSError, RuntimeError: all say "cannot"
+                why = str(e).splitlines()[0] if str(e) else type(e).__name__
+                what = key if key in ("name", "class_names") else f"attrs[{key!r}]"
+                raise ValueError(f"{what} cannot be stored as an HDF5 attribute ({why})") from None
+    return root
+
+
+def _string_problem(what, text):
+    """Why the string text cannot be an HDF5 string (UTF-8, NUL-terminated), in one line, or None."""
+    if "\0" in text:
+        return f"{what} holds a NUL character (at {text.index(chr(0))}), which HDF5 strings cannot hold"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return (f"{what} is not valid Unicode (a lone surrogate {text[e.start]!r} at {e.start}): HDF5 strings "
+                "are UTF-8")
+    return None
+
+
+def _value_problem(what, value):
+    """Why an attribute's value cannot be stored, for the values whose own HDF5 error would not say it."""
+    if value is None:
+        return f"{what} is None, which HDF5 cannot store: leave it out, or give a string or a number"
+    return next(filter(None, (_string_problem(what, text) for text in _strings(value))), None)
+
+
+def _strings(value):
+    """The strs in an attribute's value: itself, or those in a list, a tuple or an object array of them."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, (list, tuple)) or isinstance(value, np.ndarray) and value.dtype == object:
+        for item in np.ravel(value) if isinstance(value, np.ndarray) else value:
+            yield from _strings(item)
 
 
 def load_dataset(path):
@@ -198,11 +275,14 @@ def _format_problem(classes, splits):
     for split, (images, labels) in splits.items():
         if images.dtype != np.uint8 or len(images.shape or ()) != 4:
             return f"{split} images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}"
+        if len(images) == 0:
+            return f"the {split} split is empty"
+        if 0 in images.shape[1:]:  # no pixel to train on; HDF5 cannot chunk it either
+            return ("{} images are {}x{}x{} (H x W x C): each of H, W and C must be at least 1"
+                    .format(split, *images.shape[1:]))
         if not np.issubdtype(labels.dtype, np.integer) or labels.shape != images.shape[:1]:
             return (f"{split} labels must be {len(images)} integers for its {len(images)} images, got {labels.dtype} "
                     f"{labels.shape}")
-        if len(images) == 0:
-            return f"the {split} split is empty"
     train, test = (splits[split][0].shape[1:] for split in ("train", "test"))
     if test != train:
         return "test images are {}x{}x{} (H x W x C), train images {}x{}x{}".format(*test, *train)

@@ -12,8 +12,8 @@ names, and attributes naming the source and its checksum. Archives are checked a
 checksums before anything is read from them (CIFAR's are pickles: nothing is unpickled from a file that
 does not match); the HDF5 file is written to a temporary name and renamed, so an interrupted or failed
 conversion (a full disk) never leaves a half-written file behind and keeps the one an earlier conversion
-wrote. A failure is one line on stderr: exit status 2 for a bad archive, input file or --out, 1 for a
-download or a write that failed.
+wrote; downloads too. A failure is one line on stderr: exit status 2 for a bad archive, input file or --out,
+1 for a download or a write that failed; Ctrl-C says what it left (nothing half-written) and exits 130.
 """
 import argparse
 import gzip
@@ -62,6 +62,7 @@ def download(url, destination):
     destination = Path(destination)
     destination.parent.mkdir(parents=True, exist_ok=True)
     print(f"downloading {url}", flush=True)
+    progress = False
     try:
         with atomic_file(destination) as tmp, urllib.request.urlopen(url, timeout=60) as response, \
                 open(tmp, "wb") as out:
@@ -71,9 +72,12 @@ def download(url, destination):
                 done += len(block)
                 if total:
                     print(f"\r  {done / 2**20:.1f} / {total / 2**20:.1f} MiB", end="", flush=True)
-        print()
+                    progress = True
     except OSError as e:
         raise OSError(f"could not download {url}: {e}") from None
+    finally:  # however it ended (an error, Ctrl-C), what is said next starts on a line of its own
+        if progress:
+            print(flush=True)
     return destination
 
 
@@ -193,6 +197,15 @@ def main(argv=None):
                                          f"{FASHION_MNIST_DIR} if present, else downloaded)")
     args = parser.parse_args(argv)
     out = Path(args.out) / f"{args.dataset}.h5"
+    before = _identity(out)
+    try:
+        return _prepare(args, out)
+    except KeyboardInterrupt:
+        return _interrupted(out, before)
+
+
+def _prepare(args, out):
+    """main's work, once its arguments are read: the exit status."""
     try:
         out_folder(args.out)  # before any download
         if args.dataset.startswith("cifar"):
@@ -218,6 +231,28 @@ def main(argv=None):
         sizes = ", ".join(f"{split} {f[split]['images'].shape}" for split in ("train", "test"))
     print(f"wrote {out}: {sizes}")
     return 0
+
+
+def _identity(path):
+    """What tells one file at path from another (the one a conversion renames over it), or None."""
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns, status.st_size
+
+
+def _interrupted(out, before):
+    """Ctrl-C: one line on what is on disk, and the shell's status for SIGINT (128 + 2). Downloads and the
+    HDF5 file are written to temporary names and renamed whole (atomic_file), so an interrupted one has
+    left nothing behind; a download that finished before is kept, and used by the next run."""
+    if _identity(out) != before:  # the rename had happened: the new file is there whole
+        print(f"interrupted after {out} was written (whole)", file=sys.stderr)
+    elif before is not None:
+        print(f"interrupted: {out} was not replaced (the one there is as it was)", file=sys.stderr)
+    else:
+        print(f"interrupted: {out} was not written", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

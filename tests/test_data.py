@@ -49,6 +49,12 @@ def empty_split(f):
     f["test/labels"] = np.zeros(0, np.int64)
 
 
+def zero_width_images(f):
+    for split in ("train", "test"):
+        del f[f"{split}/images"]
+        f[f"{split}/images"] = np.zeros((len(f[f"{split}/labels"]), 8, 0, 3), np.uint8)
+
+
 def float_images(f):
     images = f["test/images"][...]
     del f["test/images"]
@@ -71,6 +77,7 @@ def short_labels(f):
     (lambda f: f.__delitem__("test"), "train", r"no 'test' group \(the file has: train\)"),
     (rename_dataset, "test", r"the train group has no 'images' dataset \(it has: imagse, labels\)"),
     (empty_split, "train", r"the test split is empty"),
+    (zero_width_images, "test", r"train images are 8x0x3 \(H x W x C\): each of H, W and C must be at least 1"),
     (float_images, "train", r"test images must be uint8 \(N, H, W, C\), got float32 \(4, 8, 8, 3\)"),
     (short_labels, "train", r"test labels must be 4 integers for its 4 images, got int64 \(3,\)"),
 ])
@@ -157,6 +164,10 @@ def pair(n=4, shape=(8, 8, 3), labels=None):
     (dict(test=pair(labels=np.zeros(3, int))), r"^test labels must be 4 integers for its 4 images, got int64 \(3,\)$"),
     (dict(test=pair(labels=np.zeros(4))), r"^test labels must be 4 integers .*, got float64 \(4,\)$"),
     (dict(train=pair(n=0)), r"^the train split is empty$"),
+    (dict(test=(np.zeros((0, 8, 8, 3), np.uint8), [])), r"^the test split is empty$"),  # not "labels must be..."
+    (dict(train=pair(n=5, shape=(0, 28, 1)), test=pair(shape=(0, 28, 1))),
+     r"^train images are 0x28x1 \(H x W x C\): each of H, W and C must be at least 1$"),
+    (dict(test=pair(shape=(8, 8, 0))), r"^test images are 8x8x0 \(H x W x C\): each of H, W and C must be"),
     (dict(test=pair(shape=(8, 8, 1))), r"^test images are 8x8x1 \(H x W x C\), train images 8x8x3$"),
     (dict(test=pair(labels=np.array([0, 1, 3, -1]))), r"^test labels span \[-1, 3\], outside the 3 classes \[0, 3\)$"),
     (dict(classes=1), r"^'classes' must be an integer of at least 2, got 1$"),
@@ -169,6 +180,41 @@ def test_write_refuses_what_the_reader_would_refuse(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
         data.write(tmp_path / "mine.h5", **{**dict(train=pair(), test=pair(), classes=3), **options})
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(class_names="abc"), r"^class_names must be a list of names, one per class, not a str \('abc'\)$"),
+    (dict(class_names=b"abc"), r"^class_names must be a list of names, one per class, not a bytes"),
+    (dict(class_names=3), r"^class_names must be a list of names, one per class, got int$"),
+    (dict(class_names=["a", None, "c"]), r"^class_names\[1\] is NoneType None, not a string$"),
+    (dict(class_names=["a", "b\0", "c"]), r"^class_names\[1\] holds a NUL character \(at 1\), which HDF5 strings "
+                                          r"cannot hold$"),
+    (dict(class_names=["a", "b", "\ud800"]), r"^class_names\[2\] is not valid Unicode \(a lone surrogate '\\ud800' "
+                                             r"at 0\): HDF5 strings are UTF-8$"),
+    (dict(name="my\0data"), r"^name holds a NUL character \(at 2\)"),
+    (dict(name="\udc80"), r"^name is not valid Unicode"),
+    (dict(attrs=dict(source=None)), r"^attrs\['source'\] is None, which HDF5 cannot store: leave it out, or give a "
+                                    r"string or a number$"),
+    (dict(attrs=dict(files=["a", "b\0"])), r"^attrs\['files'\] holds a NUL character \(at 1\)"),
+    (dict(attrs=dict(source="\udfff")), r"^attrs\['source'\] is not valid Unicode"),
+    (dict(attrs=dict(source=dict(url="x"))), r"^attrs\['source'\] cannot be stored as an HDF5 attribute \(.+\)$"),
+    (dict(attrs={"": 1}), r"^attrs has the name '': attribute names are non-empty strings$"),
+    (dict(attrs={"a\0b": 1}), r"^the attrs name 'a\\x00b' holds a NUL character"),  # h5py would cut it to "a"
+    (dict(attrs=["source"]), r"^attrs must be a dict of attribute names to values, got list$"),
+])
+def test_write_refuses_what_hdf5_cannot_store_before_writing(tmp_path, monkeypatch, options, message):
+    """Strings HDF5 cannot hold and values it has no type for are one line each, not h5py's error halfway
+    through the file: refused before the file is opened, the one already there left as it was."""
+    path = data.write(tmp_path / "mine.h5", train=pair(), test=pair(), classes=3)
+    before = path.read_bytes()
+
+    def no_file(*args, **kwargs):
+        raise AssertionError("write opened the file before refusing its input")
+    monkeypatch.setattr(data, "atomic_file", no_file)
+    with pytest.raises(ValueError, match=message) as error:
+        data.write(path, **{**dict(train=pair(), test=pair(), classes=3), **options})
+    assert "\n" not in str(error.value)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["mine.h5"]
 
 
 def test_write_stores_names_and_attributes_and_the_reader_loads_them(tmp_path):
