@@ -38,14 +38,16 @@ def check_budget(budget):
     return int(budget)
 
 
-def largest_batch(net, *, store, budget, training=True):
+def largest_batch(net, *, store, budget, training=True, optimizer="sgd", grad_norm=False):
     """The largest batch, at this store (quant.Store), (at most MAX_BATCH) whose arena fits the budget; 0 if not even one image fits.
+    training, optimizer and grad_norm: Net.plan's.
 
     The arena grows with the batch, monotonically and nearly linearly (alignment padding and reduction
     chunks aside): plans at batch 1 and FAR predict the answer, a bracket widened from the prediction by
     doubling steps and then a bisection pin it down in O(log(error)) more plans, whatever the budget."""
     budget = check_budget(budget)
-    allocation = lambda batch: net.plan(batch=batch, store=store, training=training).allocation_bytes  # noqa: E731
+    allocation = lambda batch: net.plan(batch=batch, store=store, training=training, optimizer=optimizer,  # noqa: E731
+                                        grad_norm=grad_norm).allocation_bytes
     fits = lambda batch: allocation(batch) <= budget  # noqa: E731
     one = allocation(1)
     if one > budget:
@@ -72,13 +74,13 @@ def largest_batch(net, *, store, budget, training=True):
 def compile_within_memory(net, *, batch, store, hint="lower --batch, or compute it in parts with --split", **options):
     """net.compile(batch=, store=, **options), after checking that its plan fits the memory available now;
     the refusal gives the plan's size and the largest batch that fits."""
-    training = options.get("training", True)
-    plan = net.plan(batch=batch, store=store, training=training)
+    planned = {k: options[k] for k in ("training", "optimizer", "grad_norm") if k in options}  # what plans differ by
+    plan = net.plan(batch=batch, store=store, **planned)
     available = backend.available_memory()
     if available is not None and plan.allocation_bytes > available:
-        fits = largest_batch(net, store=store, budget=available, training=training) if available > 0 else 0
+        fits = largest_batch(net, store=store, budget=available, **planned) if available > 0 else 0
         if fits == 0:  # no batch size helps: say what is too big
-            one = net.plan(batch=1, store=store, training=training).allocation_bytes
+            one = net.plan(batch=1, store=store, **planned).allocation_bytes
             raise ValueError(f"even a batch of 1 needs {format_bytes(one)} but {backend.device} has "
                              f"{format_bytes(available)} available: the net is too large for this machine (input "
                              f"{'x'.join(map(str, net.input_shape))}, {net.classes:,} classes)")

@@ -26,6 +26,7 @@ from . import params as table
 from .arena import Arena, Plan
 from .chain import Chain
 from .checks import positive_int
+from .optim import OPTIMIZERS, norm_chunks
 from .params import key
 from .layers import ConvPath
 from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store
@@ -37,6 +38,9 @@ from .units import Step
 #   act0, act1 (max unit output or input)                                 unit outputs, then gradients, in turn
 #   residual (max saved input or projection output)                      the outstanding residual (and its grad)
 #   params, grads, velocity (P,)                                         decayed weights first (optim.py)
+#   second_moment (P,)                                                   AdamW's (velocity is its first moment)
+#   grad_sums (ceil(P / NORM_CHUNK),) and grad_norm (1,), float64        the gradient norm's partial sums of squares
+#                                                                        and the norm, which clips and is logged
 #   running, running_before (2, S)      BN running mean/variance of every unit's channels, and their values
 #                                       before this step: a step whose loss is not finite puts them back
 # and the buffers the units share, each sized to the largest request (units.py's shared_sizes):
@@ -66,12 +70,15 @@ class Net(Chain):
     num_decayed = property(lambda self: sum(int(np.prod(p.shape)) for _, _, p in self.parameter_table() if p.decayed))
 
     def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
-             conv_path=None):
+             conv_path=None, optimizer="sgd", grad_norm=False):
         """The table of every buffer a step at this batch and store needs (store: a quant.Store, or the one
         Store(bits, window) names); allocates nothing. training=False: an evaluation's (no stores, gradients
-        or momentum). conv_path: a built layers.ConvPath adds the buffers its convs need (cuDNN's)."""
+        or momentum). conv_path: a built layers.ConvPath adds the buffers its convs need (cuDNN's).
+        optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
+        global gradient norm (optim.py: clipping, last_grad_norm). Both matter only to a training plan."""
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
+        _check_optimizer(optimizer, grad_norm)
         store = _store(store, bits=bits, window=window)
         N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
         checks.check_channels(units, store.k)
@@ -103,6 +110,11 @@ class Net(Chain):
             plan.add("running_before", (2, S), dtype, "batch-norm statistics")
             plan.add("grads", (P,), dtype, "gradients")
             plan.add("velocity", (P,), dtype, "momentum")
+            if optimizer == "adamw":
+                plan.add("second_moment", (P,), dtype, "second moment")
+            if grad_norm:
+                plan.add("grad_sums", (norm_chunks(P),), np.float64, "workspace")
+                plan.add("grad_norm", (1,), np.float64, "workspace")
         if input_grad:
             plan.add("input_grad", (N,) + self.input_shape, dtype, "input gradient")
         if conv_path is not None:
@@ -112,16 +124,18 @@ class Net(Chain):
     # ------------------------------------------------------------------ allocation and state
 
     def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, store=None, seed=0,
-                training=True, input_grad=False, conv="gemm"):
+                training=True, input_grad=False, conv="gemm", optimizer="sgd", grad_norm=False):
         """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, or
         by its three words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
         "block" or "fixed"; the naive ablation's is fixed), and `rounding`, how a value becomes a code
         ("nearest" or "stochastic"; stochastic draws from seed and forward()'s draw). The first compile
         initialises the parameters (initialize(seed=...)); a later one keeps the trained state. conv="gemm"
         (both devices) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every conv but the classifier;
-        layers.ConvPath)."""
+        layers.ConvPath). optimizer ("sgd" or "adamw") and grad_norm plan the optimizer's buffers (plan()):
+        optim.AdamW needs optimizer="adamw", clipping grad_norm=True."""
         store = _store(store, bits=bits, window=window, rounding=rounding)
-        request = dict(batch=batch, store=store, training=training, input_grad=input_grad)
+        request = dict(batch=batch, store=store, training=training, input_grad=input_grad, optimizer=optimizer,
+                       grad_norm=grad_norm)
         self.plan(**request)  # checks all first
         conv_path = ConvPath(conv, self.units, batch=positive_int(batch, "batch"), dtype=self.dtype)
         plan = self.plan(**request, conv_path=conv_path)
@@ -140,7 +154,7 @@ class Net(Chain):
         return self
 
     def initialize(self, *, seed=0):
-        """Fresh parameters, running statistics (0, 1), zero gradients and momentum (params.py)."""
+        """Fresh parameters, running statistics (0, 1), zero gradients, momentum and second moment (params.py)."""
         self._check_compiled()
         table.initialize(self.units, self.arena, seed=seed, dtype=self.dtype)
 
@@ -150,8 +164,8 @@ class Net(Chain):
         return table.get_state(self.units, self.arena)
 
     def load_state(self, state):
-        """Set parameters, running statistics and (optional) momentum from named arrays; a state that does not
-        fit, or holds values that are not finite, is refused whole (ValueError)."""
+        """Set parameters, running statistics and (optional) momentum and second moment from named arrays; a state
+        that does not fit, or holds values that are not finite, is refused whole (ValueError)."""
         self._check_compiled()
         table.set_state(self.units, self.arena, state)
 
@@ -265,6 +279,13 @@ class Net(Chain):
     def _check_compiled(self):
         if self.arena is None:
             raise RuntimeError("compile the net first: net.compile(batch=..., bits=...)")
+
+
+def _check_optimizer(optimizer, grad_norm):
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))}, got {optimizer!r}")
+    if not isinstance(grad_norm, (bool, np.bool_)):
+        raise TypeError(f"grad_norm must be True or False, got {grad_norm!r}")
 
 
 def _store(store, **words):

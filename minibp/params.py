@@ -5,11 +5,15 @@ Each unit declares its parameters by role (Param, below); `key(index, role)` nam
 the checkpoints use. The table lays the parameters out in one flat vector, conv and FC weights first
 (so SGD decays exactly the first `num_decayed` entries), then BN gamma/beta and biases:
 
-    params, grads, velocity   (P,)     flat, in table order
+    params, grads, velocity   (P,)     flat, in table order (velocity: SGD's momentum, AdamW's first moment)
+    second_moment             (P,)     AdamW's, in table order (a net compiled with optimizer="adamw")
     running                   (2, S)   every BN unit's running mean and variance, channels in unit order
 
-A net's state is a dict of named host arrays: "params/<name>", "momentum/<name>" (a training net's)
-and "running/<unit>.bn" (2, C).
+A net's state is a dict of named host arrays: "params/<name>", "momentum/<name>" (a training net's: the
+velocity buffer, whichever optimizer), "second_moment/<name>" (an AdamW net's) and "running/<unit>.bn"
+(2, C). The optimizer's arrays are optional both ways: a state without them loads as zeros, and a net
+without their buffers (an evaluation net, an SGD net) leaves them out, as momentum always was, so any net
+reads any state of its architecture (whether a resume may change the optimizer is the trainer's to say).
 """
 from dataclasses import dataclass
 
@@ -19,6 +23,7 @@ from . import backend
 
 
 OWN_ROLES = ("store", "windows", "stats")  # the buffers a unit may own (Own)
+OPTIMIZER_STATE = {"momentum/": "velocity", "second_moment/": "second_moment"}  # state prefix -> arena buffer
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ def _running(units, arena):
 
 def initialize(units, arena, *, seed, dtype):
     """He-normal conv weights, N(0, 1/fan_in) classifier weights, gamma 1, beta 0, bias 0 (Param.init);
-    running statistics (0, 1); zero gradients and momentum."""
+    running statistics (0, 1); zero gradients, momentum and second moment."""
     rng = np.random.default_rng(seed)
     host = np.empty(arena["params"].size, dtype)
     for _, _, p, where in _slices(units):
@@ -103,7 +108,7 @@ def initialize(units, arena, *, seed, dtype):
                        "one": lambda: 1.0, "zero": lambda: 0.0}[p.init]()
     arena["params"][...] = backend.xp.asarray(host)
     arena["running"][0], arena["running"][1] = 0, 1
-    for name in ("grads", "velocity"):
+    for name in ("grads", "velocity", "second_moment"):
         if name in arena:
             arena[name][...] = 0
 
@@ -113,8 +118,9 @@ def _state_views(units, arena):
     views = {}
     for name, _, p, where in _slices(units):
         views["params/" + name] = arena["params"][where].reshape(p.shape)
-        if "velocity" in arena:
-            views["momentum/" + name] = arena["velocity"][where].reshape(p.shape)
+        for prefix, buffer in OPTIMIZER_STATE.items():
+            if buffer in arena:
+                views[prefix + name] = arena[buffer][where].reshape(p.shape)
     running = _running(units, arena)
     views.update({"running/" + key(u.index, "bn"): running[u.index] for u in units if u.bn_channels})
     return views
@@ -125,12 +131,14 @@ def get_state(units, arena):
 
 
 def set_state(units, arena, state, *, require_finite=True):
-    """Copy named arrays into the arena; momentum may be absent (it is then zero), all else must fit. Every
-    array is checked (shape, numbers, finite in the net's dtype) before any is copied, so a refused state
-    leaves the net as it was. require_finite=False: the net's own state, which a recompile keeps as it is."""
+    """Copy named arrays into the arena; the optimizer's (momentum, second moment) may be absent (then zero) or
+    have no buffer here (then left out), all else must fit. Every array is checked (shape, numbers, finite in
+    the net's dtype) before any is copied, so a refused state leaves the net as it was. require_finite=False:
+    the net's own state, which a recompile keeps as it is."""
     views = _state_views(units, arena)
-    missing = [n for n in views if n not in state and not n.startswith("momentum/")]
-    unknown = [n for n in state if n not in views and not n.startswith("momentum/")]
+    optional = tuple(OPTIMIZER_STATE)
+    missing = [n for n in views if n not in state and not n.startswith(optional)]
+    unknown = [n for n in state if n not in views and not n.startswith(optional)]
     if missing or unknown:
         raise ValueError(f"the state does not fit this net: missing {missing[:3]}, unknown {unknown[:3]}")
     values = {}

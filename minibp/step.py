@@ -20,6 +20,8 @@ at fixed addresses, so the step can be captured once as a CUDA graph and replaye
 - the pool is private to the graph, so no other array ever takes the temporaries' addresses;
 - the learning rate is a kernel argument frozen into a graph: each rate of the schedule gets its own
   capture (a schedule has a handful);
+- clipping's gradient norm is computed and read on the device (optim.py), so a graph holds it; AdamW's
+  bias correction, a kernel argument that changes every step, would be frozen: AdamW runs eagerly only;
 - the loss stays on the device until result() reads it (once per logged step), so divergence is
   found at the next logged step, and checkpoints still refuse weights that are not finite.
 
@@ -47,9 +49,13 @@ class TrainStep:
         self.graph = bool(graph) and backend.device == "gpu"  # the CPU fallback is eager execution
         if self.graph and net.store.stochastic:  # its draws are kernel arguments a graph would freeze
             raise ValueError("stochastic rounding does not run in a CUDA graph yet: train without --graph")
+        if self.graph and getattr(opt, "uses_iteration", False):  # AdamW's bias correction: the same
+            raise ValueError(f"{type(opt).__name__} does not run in a CUDA graph yet (its bias correction changes "
+                             f"every step): train without --graph")
         self.loss_scale = 1.0 / (self.split * (group.size if group else 1))
         self._last = (np.nan, np.nan)
         self._draws = None  # the first sub-batch's draw of the running step (run(iteration=...))
+        self._iteration = None  # the running step's iteration, which the optimizer's step takes
         self._losses = None  # (split, 2) device: each sub-batch's loss and accuracy, in graph mode
         if group is not None:  # a row per sub-batch: its running-statistics increments (2, S), loss, accuracy
             S = net.arena["running"].shape[1]
@@ -72,12 +78,15 @@ class TrainStep:
         """One step on images (split * net.batch, H, W, C) and labels (split * net.batch,). iteration numbers
         the stores' random draws under stochastic rounding: sub-batch s of rank r takes draw
         iteration * ranks * split + r * split + s, as sub-batch r * split + s of one process would, so a
-        resumed run and P ranks draw as one uninterrupted process (None: the net counts its forwards)."""
+        resumed run and P ranks draw as one uninterrupted process (None: the net counts its forwards). It is
+        the number of steps done before this one, which the optimizer's step takes too (AdamW needs it)."""
         if len(images) != self.split * self.net.batch:
             raise ValueError(f"a step takes {self.split} x {self.net.batch} images, got {len(images)}")
+        if iteration is None and getattr(self.opt, "uses_iteration", False):  # before anything runs
+            raise ValueError(f"{type(self.opt).__name__} needs run(..., iteration=): the steps done before this one")
         ranks, rank = (self.group.size, self.group.rank) if self.group else (1, 0)
-        self._draws = None if iteration is None else checks.index(iteration, "iteration") * ranks * self.split \
-            + rank * self.split
+        self._iteration = None if iteration is None else checks.index(iteration, "iteration")
+        self._draws = None if iteration is None else self._iteration * ranks * self.split + rank * self.split
         if not self.graph and self.group is None:
             return self._eager(images, labels, lr)
         checks.check_labels(np.asarray(labels), len(labels), self.net.classes)  # on the host: no device sync
@@ -127,7 +136,7 @@ class TrainStep:
         for s, start in enumerate(range(0, len(images), n)):
             results.append(net.forward(images[start:start + n], labels[start:start + n], draw=self._draw(s)))
             net.backward(loss_scale=self.loss_scale)
-        self.opt.step(lr=lr)
+        self.opt.step(lr=lr, iteration=self._iteration)
         self._last = tuple(float(v) for v in np.mean(results, axis=0))
 
     def _body(self, images, labels, lr):
@@ -151,7 +160,7 @@ class TrainStep:
                 self._last = self._mean_over_ranks()  # raises FloatingPointError before anything is applied
             for increments in self._all.reshape(-1, self._mine.shape[1])[:, :-2]:  # in rank order
                 add_running(net, increments.reshape(2, -1))
-        self.opt.step(lr=lr)
+        self.opt.step(lr=lr, iteration=self._iteration)
 
 
 def defer_running(net, increments):

@@ -1,5 +1,6 @@
 """The net: exact mode is ordinary backprop; the approximate modes change only the backward pass; recompiling keeps
-the trained state, and prediction runs through an evaluation-only arena."""
+the trained state, and prediction runs through an evaluation-only arena; the optimizer's buffers are planned by
+compile(optimizer=, grad_norm=)."""
 import tracemalloc
 
 import numpy as np
@@ -8,7 +9,8 @@ import pytest
 from minibp import backend, quant
 from minibp.models import preact_resnet
 from minibp.net import Net
-from minibp.optim import SGD
+from minibp import optim
+from minibp.optim import SGD, AdamW
 from conftest import device, host
 from gradcheck import numerical_gradient, relative_error
 from nets import odd_net, resnet20_16x16, small_net, tiny_net, train_steps
@@ -280,3 +282,91 @@ def test_predict_runs_any_number_of_images_through_an_evaluation_arena(rng):
     np.testing.assert_allclose(logits, reference, rtol=1e-5, atol=1e-6)
     with pytest.raises(RuntimeError, match="compiled for evaluation"):
         evaluator.forward(device(x[:3]), np.zeros(3, np.int64))
+
+
+def test_the_optimizer_options_plan_their_buffers_and_nothing_else():
+    net = small_net()
+    P = net.num_parameters
+    sgd = net.plan(batch=4, bits="4")
+    assert not any(n in sgd for n in ("second_moment", "grad_sums", "grad_norm"))
+    assert sgd.buffers == net.plan(batch=4, bits="4", optimizer="sgd", grad_norm=False).buffers
+    for optimizer in ("sgd", "adamw"):
+        for grad_norm in (False, True):
+            plan = net.plan(batch=4, bits="4", optimizer=optimizer, grad_norm=grad_norm)
+            added = {n: plan[n] for n in plan.buffers if n not in sgd}
+            assert all(plan[n] == sgd[n] for n in sgd.buffers)  # SGD's plan, in its order, first
+            assert list(plan.buffers)[:len(sgd.buffers)] == list(sgd.buffers)
+            want = {}
+            if optimizer == "adamw":
+                want["second_moment"] = ((P,), np.float32, "second moment")
+            if grad_norm:
+                want["grad_sums"] = ((optim.norm_chunks(P),), np.float64, "workspace")
+                want["grad_norm"] = ((1,), np.float64, "workspace")
+            assert {n: (b.shape, b.dtype, b.category) for n, b in added.items()} == want
+            evaluation = net.plan(batch=4, bits="4", training=False, optimizer=optimizer, grad_norm=grad_norm)
+            assert evaluation.buffers == net.plan(batch=4, bits="4", training=False).buffers
+    assert optim.norm_chunks(P) == -(-P // optim.NORM_CHUNK) == 3
+
+
+@pytest.mark.parametrize("options,error,match", [
+    (dict(optimizer="adam"), ValueError, "optimizer must be one of 'sgd', 'adamw', got 'adam'"),
+    (dict(optimizer=None), ValueError, "optimizer must be one of"),
+    (dict(grad_norm=1), TypeError, "grad_norm must be True or False, got 1"),
+])
+def test_plan_and_compile_refuse_unknown_optimizer_options(options, error, match):
+    net = small_net()
+    for call in (net.plan, net.compile):
+        with pytest.raises(error, match=match):
+            call(batch=2, bits="4", **options)
+    assert net.arena is None
+
+
+def test_recompiling_keeps_the_adamw_state_and_another_optimizer_drops_it(rng):
+    net = tiny_net().compile(batch=4, bits=4, optimizer="adamw")
+    opt = AdamW(net)
+    x, y = batch(rng, classes=3)
+    net.forward(device(x), y)
+    net.backward()
+    opt.step(lr=1e-3, iteration=0)
+    before = net.state()
+    assert sum(k.startswith("second_moment/") for k in before) == len(net.parameter_table())
+    net.compile(batch=2, bits=8, optimizer="adamw", grad_norm=True)
+    after = net.state()
+    assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+    net.compile(batch=2, bits=8)  # SGD's arena: no second moment, the rest kept
+    assert {k: v for k, v in before.items() if not k.startswith("second_moment/")}.keys() == net.state().keys()
+    net.compile(batch=2, bits=8, optimizer="adamw")
+    assert all(not v.any() for k, v in net.state().items() if k.startswith("second_moment/"))
+    net.initialize(seed=1)
+    assert all(not v.any() for k, v in net.state().items() if k.startswith(("second_moment/", "momentum/")))
+
+
+@pytest.mark.skipif(backend.device != "cpu", reason="tracemalloc sees NumPy's allocations")
+def test_an_adamw_step_with_clipping_allocates_nothing_large(rng):
+    """The norm's partial sums and the moments are the arena's: a step of the optimizer allocates no (P,)
+    temporary (resnet20_16x16: P = 0.27 M, 1 MB a float32 copy)."""
+    net = resnet20_16x16().compile(batch=2, bits="4", optimizer="adamw", grad_norm=True)
+    net.grads[...] = device(rng.standard_normal(net.num_parameters).astype(np.float32))
+    for opt in (AdamW(net, clip_norm=1.0), SGD(net, clip_norm=1.0)):
+        opt.step(lr=1e-3, iteration=0)  # loads the kernels
+        tracemalloc.start()
+        opt.step(lr=1e-3, iteration=1)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < 16 * 1024, (type(opt).__name__, peak)
+
+
+def test_the_memory_checks_plan_the_optimizers_buffers(monkeypatch):
+    """memory.py's largest_batch and compile_within_memory size the plan the compile will allocate."""
+    from minibp import memory
+    net, store = small_net(), quant.Store("4")
+    sgd = net.plan(batch=64, store=store).allocation_bytes
+    adamw = net.plan(batch=64, store=store, optimizer="adamw", grad_norm=True).allocation_bytes
+    budget = (sgd + adamw) // 2
+    assert memory.largest_batch(net, store=store, budget=budget) >= 64
+    assert memory.largest_batch(net, store=store, budget=budget, optimizer="adamw", grad_norm=True) < 64
+    monkeypatch.setattr(backend, "available_memory", lambda: budget)
+    with pytest.raises(ValueError, match="a batch of 64 needs"):
+        memory.compile_within_memory(net, batch=64, store=store, optimizer="adamw", grad_norm=True)
+    memory.compile_within_memory(net, batch=64, store=store)
+    assert "second_moment" not in net.arena

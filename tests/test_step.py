@@ -1,10 +1,11 @@
 """The training step: eager execution equals the hand-written loop; graph mode (GPU) replays the
-same step and gives the same losses; on the CPU it falls back to eager execution."""
+same step and gives the same losses; on the CPU it falls back to eager execution. The optimizer's step takes the
+run's iteration (AdamW's bias correction), and AdamW runs eagerly only."""
 import numpy as np
 import pytest
 
 from minibp import backend, checkpoint, train
-from minibp.optim import SGD
+from minibp.optim import SGD, AdamW
 from minibp.step import TrainStep
 from conftest import device, host
 from nets import tiny_resnet
@@ -96,3 +97,59 @@ def test_graph_replay_gives_the_losses_of_eager_execution(rng, split):
             losses[graph].append(step.result())
         assert step.graph == graph
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
+
+
+def adamw_net_and_opt(batch=4, seed=1):
+    net = tiny_resnet(classes=3).compile(batch=batch, bits=4, seed=seed, optimizer="adamw", grad_norm=True)
+    return net, AdamW(net, clip_norm=1.0)
+
+
+def test_an_adamw_step_takes_the_runs_iteration(rng):
+    data = batches(rng, 3, 8)
+    net, opt = adamw_net_and_opt()
+    step = TrainStep(net, opt, split=2)
+    for iteration, (images, labels) in enumerate(data, start=5):  # a run resumed at iteration 5
+        step.run(images, labels, lr=1e-3, iteration=iteration)
+    ref, ref_opt = adamw_net_and_opt()
+    for iteration, (images, labels) in enumerate(data, start=5):
+        ref.zero_grad()
+        for i in (0, 4):
+            ref.forward(images[i:i + 4], labels[i:i + 4], draw=iteration * 2 + i // 4)
+            ref.backward(loss_scale=0.5)
+        ref_opt.step(lr=1e-3, iteration=iteration)
+    assert np.array_equal(host(net.params), host(ref.params))
+    assert opt.last_grad_norm == ref_opt.last_grad_norm
+
+
+def test_an_adamw_step_without_its_iteration_is_refused_before_it_runs(rng):
+    net, opt = adamw_net_and_opt()
+    before = net.state()
+    with pytest.raises(ValueError, match=r"AdamW needs run\(..., iteration=\)"):
+        TrainStep(net, opt, split=2).run(*batches(rng, 1, 8)[0], lr=1e-3)
+    after = net.state()
+    assert all(np.array_equal(before[k], after[k]) for k in before)
+
+
+def test_adamw_runs_eagerly_only(rng):
+    net, opt = adamw_net_and_opt()
+    if backend.device == "gpu":  # its bias correction, a kernel argument, would be frozen in the graph
+        with pytest.raises(ValueError, match="AdamW does not run in a CUDA graph"):
+            TrainStep(net, opt, graph=True)
+    else:
+        assert not TrainStep(net, opt, graph=True).graph
+
+
+@pytest.mark.gpu
+def test_a_graph_replays_a_clipped_sgd_step(rng):
+    """The norm is computed and read on the device, so a captured step clips as eager execution does."""
+    data = batches(rng, 6, 4)
+    results = {}
+    for graph in (False, True):
+        net = tiny_resnet(classes=3).compile(batch=4, bits=4, seed=1, grad_norm=True)
+        opt = SGD(net, clip_norm=0.5)
+        step = TrainStep(net, opt, graph=graph)
+        for images, labels in data:
+            step.run(images, labels, lr=0.05)
+        results[graph] = (*step.result(), opt.last_grad_norm)
+        assert step.graph == graph
+    np.testing.assert_allclose(results[True], results[False], rtol=1e-5)
