@@ -5,8 +5,12 @@
     /state/running/<unit>    (2, C) that unit's BN running mean and variance
     /data_order  (N,)        the current epoch's order of training images
     /class_names             uint8: the JSON list of the data's class names (ImageNet's folders), or null
+    /preprocess/mean         (H, W, C) float32: the training images' mean, which predictions subtract too
     attrs: format, iteration, config (JSON), data_epoch, data_position, data_rng (JSON), and attrs_sha256,
-           the SHA-256 of those six; every array carries the SHA-256 of its bytes as its attribute sha256
+           the SHA-256 of those six and of the optional ones; every array carries the SHA-256 of its bytes as
+           its attribute sha256
+    optional attrs: data (JSON: the data's name, file checksum, image shape and classes), validation (JSON:
+           the split, loss and accuracy of the validation this state scored: best.h5's)
 
 The config says how the net was built (its model spec and model_args, models.build), so it is under the
 checksum too; a net built again from it must have the parameter table (names and shapes) that
@@ -36,6 +40,7 @@ FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read
 OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read
 ATTRS = ("format", "iteration", "config", "data_epoch", "data_position", "data_rng")  # all that a resume reads
+OPTIONAL_ATTRS = ("data", "validation")  # JSON, under attrs_sha256 where present (files before them lack them)
 # What each later format added, refused in a file that claims an earlier one: a flipped bit in the format
 # (3 -> 2 or 1) would otherwise skip the checksums those fields are under.
 LATER = {UNCHECKED_ATTRS: ("attrs_sha256", "class_names"), OLD_FORMAT: ("attrs_sha256", "class_names", "state")}
@@ -68,6 +73,9 @@ class Checkpoint:
     data_state: dict
     path: str = "the checkpoint"
     class_names: tuple = None  # the data's class names (None: the data has none, or an older file)
+    data: dict = None          # {name, sha256, shape, classes} of the data trained on (None: an older file)
+    mean: np.ndarray = None    # (H, W, C) float32 the training images' mean (None: ImageNet, or an older file)
+    validation: dict = None    # {split, loss, accuracy} of the validation of this state (best.h5), or None
 
     def check_classes(self, names, where):
         """A ValueError naming the first difference unless names (the class names of the data at `where`)
@@ -81,6 +89,14 @@ class Checkpoint:
         raise ValueError(f"{where} does not hold the classes {self.path} was trained on: label {first} is "
                          f"{saved!r} in the run and {found!r} there ({len(self.class_names)} classes against "
                          f"{len(names)})")
+
+    def check_data_checksum(self, sha256, where):
+        """A ValueError unless the data file at `where`, of root checksum sha256, is the one the run trained on
+        (where both carry the checksum: files and runs before it are not compared)."""
+        recorded = (self.data or {}).get("sha256")
+        if recorded and sha256 and recorded != sha256:
+            raise ValueError(f"{where} is not the data {self.path} was trained on: its checksum is {sha256[:12]}..., "
+                             f"the run's {recorded[:12]}... (another file, or one written again with other contents)")
 
     def check_parameters(self, net, built):
         """A ValueError naming the first difference unless net's parameter table (names and shapes, params.py)
@@ -147,22 +163,28 @@ def check_finite(arrays):
 
 
 def attrs_sha256(attrs):
-    """The SHA-256 of a checkpoint's ATTRS, as their text (an HDF5 integer reads back as numpy's)."""
-    return sha256_bytes(json.dumps([str(attrs[k]) for k in ATTRS]).encode())
+    """The SHA-256 of a checkpoint's ATTRS and those OPTIONAL_ATTRS it has, as their text (an HDF5 integer
+    reads back as numpy's); a file without the optional ones sums as it always did."""
+    optional = [f"{k}={attrs[k]}" for k in OPTIONAL_ATTRS if k in attrs]
+    return sha256_bytes(json.dumps([str(attrs[k]) for k in ATTRS] + optional).encode())
 
 
-def save(path, net, *, iteration, config, data_state, class_names=None):
-    """Write net's state, the iteration, the run's config, the data stream's state and the data's class
-    names to path, atomically. Raises NotFinite (writing nothing) if the net diverged."""
+def save(path, net, *, iteration, config, data_state, class_names=None, data=None, mean=None, validation=None):
+    """Write net's state, the iteration, the run's config, the data stream's state, the data's class
+    names and (optional) facts of the data (a dict), the training images' mean and this state's
+    validation (a dict) to path, atomically. Raises NotFinite (writing nothing) if the net diverged."""
     state = net.state()
     check_finite(state)
     arrays = {f"state/{name}": array for name, array in state.items()}
     arrays["data_order"] = np.asarray(data_state["order"], np.int64)
     names = None if class_names is None else list(class_names)
     arrays["class_names"] = np.frombuffer(json.dumps(names).encode(), np.uint8)
+    if mean is not None:
+        arrays["preprocess/mean"] = np.asarray(mean, np.float32)
     attrs = dict(format=FORMAT, iteration=int(iteration), config=json.dumps(config),
                  data_epoch=int(data_state["epoch"]), data_position=int(data_state["position"]),
                  data_rng=data_state["rng"])
+    attrs.update({k: json.dumps(v) for k, v in dict(data=data, validation=validation).items() if v is not None})
     image = io.BytesIO()  # built in memory: a failed disk write (a full disk) is then a plain OSError, where
     with h5py.File(image, "w") as f:  # h5py, failing mid-file, can crash the process
         f.attrs.update(attrs, attrs_sha256=attrs_sha256(attrs))
@@ -234,6 +256,17 @@ def _validated(arrays, attrs, *, fmt):
                 raise ValueError(f"{name} fails its SHA-256 check")
     order = arrays.pop("data_order")[0]
     class_names = _class_names(arrays.pop("class_names")[0]) if "class_names" in arrays else None
+    mean = arrays.pop("preprocess/mean")[0] if "preprocess/mean" in arrays else None
+    if mean is not None and (mean.dtype != np.float32 or mean.ndim != 3 or not np.isfinite(mean).all()):
+        raise ValueError(f"preprocess/mean is {mean.dtype} {mean.shape}, not a finite (H, W, C) float32 image")
+    optional = {}
+    for key in OPTIONAL_ATTRS:
+        try:
+            optional[key] = json.loads(str(attrs[key])) if key in attrs else None
+        except json.JSONDecodeError:
+            raise ValueError(f"its {key} attribute is not valid JSON") from None
+        if optional[key] is not None and not isinstance(optional[key], dict):
+            raise ValueError(f"its {key} attribute is not a JSON object")
     state = {name.removeprefix("state/"): array for name, (array, _) in arrays.items()}
     bad = [name for name, a in state.items() if a.dtype.kind != "f"]
     if bad:
@@ -253,7 +286,9 @@ def _validated(arrays, attrs, *, fmt):
         raise ValueError(f"its config or data_rng is not valid JSON ({e})") from None
     if not isinstance(config, dict):
         raise ValueError("its config attribute is not a JSON object")
-    problem = _structure_problem(rng, READER_STATE if config.get("data") == "imagenet" else PCG64_STATE, "data_rng")
+    # an ImageNet run's is its reader's, which names itself (so does a state saved without a config); else numpy's
+    reader = config.get("data") == "imagenet" or isinstance(rng, dict) and "reader" in rng
+    problem = _structure_problem(rng, READER_STATE if reader else PCG64_STATE, "data_rng")
     if problem:
         raise ValueError(problem)
     counts = ("iteration", "data_epoch", "data_position")
@@ -267,7 +302,7 @@ def _validated(arrays, attrs, *, fmt):
         raise ValueError(f"iteration {iteration}, data epoch {epoch} or position {position} out of range")
     return Checkpoint(iteration=iteration, config=config, state=state, class_names=class_names,
                       data_state=dict(epoch=epoch, position=position, order=order.astype(np.int64),
-                                      rng=str(attrs["data_rng"])))
+                                      rng=str(attrs["data_rng"])), mean=mean, **optional)
 
 
 def _structure_problem(value, fields, name):

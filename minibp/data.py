@@ -1,9 +1,12 @@
 """Training data: prepared HDF5 files (docs/data.md), in shuffled, augmented batches.
 
     write("data/mine.h5", train=(images, labels), test=(images, labels), classes=10)   # uint8 NHWC, ints
+    write("data/mine.h5", train=..., test=..., val=(images, labels), classes=10)        # with a validation split
     train, test = load_dataset("data/cifar10.h5")       # Splits: uint8 images (N, H, W, C), labels (N,)
+    val = load_split("data/mine.h5", "val")             # a file's own validation split, where it has one
+    train, val = hold_out(train, 0.1)                   # or 10% of the training split, the same every time
     mean = train.pixel_mean()                           # (H, W, C) float32, per-pixel mean in [0, 1]
-    batches = Batches(train, batch=128, mean=mean, augment=True, seed=0)
+    batches = Batches(train, batch=128, mean=mean, augment=("crop", "flip"), seed=0)
     images, labels = batches.next()                     # float32 NHWC on the active device, int64 labels
 
 Reading checks the whole file (both splits' groups, dtypes and shapes, the class count, the labels'
@@ -12,10 +15,14 @@ one-line ValueError naming the file. `load_split(path, "test")` reads one split.
 writer of the format (minibp.prepare's converters use it): it refuses, with the same one-line
 messages, what the reader would refuse, so a file it writes always loads.
 
-Augmentation is the reference's: zero-pad 4 pixels (after mean subtraction, so the pad is the mean
-image), crop a random window of the original size, flip horizontally with probability 1/2. The order
-and the augmentation come from one seeded generator whose state is part of `state()`, so a resumed
-run sees exactly the batches an uninterrupted one would.
+A file's root attribute sha256 covers its name, classes, class names, further attributes and every split's
+checksums, so a flipped bit in `classes` is damage, not an 11-class net.
+
+Augmentation is chosen transform by transform (AUGMENTS; parse_augment reads "crop,flip" or "none"): crop,
+the reference's zero-pad of 4 pixels (after mean subtraction, so the pad is the mean image) and a random
+window of the original size; flip, horizontally with probability 1/2. The order and the augmentation come
+from one seeded generator whose state is part of `state()`, so a resumed run sees exactly the batches an
+uninterrupted one would.
 """
 import io
 import json
@@ -33,6 +40,23 @@ from .integrity import atomic_file, sha256_array
 
 PREPARE = "python -m minibp.prepare"
 DATASETS = ("cifar10", "cifar100", "fashion-mnist")
+SPLITS = ("train", "test", "val")  # val: optional, a file's own validation split
+AUGMENTS = ("crop", "flip")        # the transforms, in the order they are drawn and applied
+HOLD_OUT_SEED = 0                  # the permutation hold_out takes its validation images from: one for every run
+
+
+def parse_augment(text):
+    """'crop,flip', 'flip', 'none' -> the transforms, in AUGMENTS' order; a ValueError naming the choices."""
+    words = [] if text == "none" else str(text).split(",")
+    unknown = [w for w in words if w not in AUGMENTS]
+    if unknown or len(set(words)) != len(words) or (not words and text != "none"):
+        raise ValueError(f"--augment is none or a comma-separated list of {', '.join(AUGMENTS)}, got {text!r}")
+    return tuple(a for a in AUGMENTS if a in words)
+
+
+def augment_text(transforms):
+    """The transforms as --augment writes them: 'crop,flip', 'none'."""
+    return ",".join(transforms) or "none"
 
 
 @dataclass
@@ -40,7 +64,10 @@ class Split:
     images: np.ndarray   # (N, H, W, C) uint8
     labels: np.ndarray   # (N,) int64
     classes: int
-    name: str
+    name: str            # the data set's (the file's name attribute)
+    part: str = "train"  # which split: train, test, val, or "held-out" (hold_out's)
+    class_names: tuple = None  # the file's class names, if it has them
+    sha256: str = None   # the file's root checksum (None: an older file without one)
 
     def pixel_mean(self):
         """(H, W, C) float32 mean image, in [0, 1] units."""
@@ -52,6 +79,45 @@ class Split:
 
 def dataset_path(data_dir, name):
     return Path(data_dir) / f"{name}.h5"
+
+
+def file_name(path):
+    """A data file's own name (its name attribute, else its stem), read without its arrays."""
+    return describe(path)["name"]
+
+
+def describe(path):
+    """{name, shape (H, W, C), classes} of a data file, read without its arrays (the planner's, the run
+    folder's name); a FileNotFoundError or a one-line ValueError for a file that is missing or not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no data file {path}")
+    try:
+        with h5py.File(path, "r") as f:
+            images, classes = f.get("train/images"), f.attrs.get("classes")
+            if not isinstance(images, h5py.Dataset) or len(images.shape) != 4 or classes is None:
+                raise ValueError(f"{path} is not a data file minibp.data.write made (no train/images or classes)")
+            return dict(name=_text(f.attrs.get("name", path.stem)) or path.stem, shape=tuple(images.shape[1:]),
+                        classes=int(classes))
+    except OSError as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ValueError(f"{path} is not a readable HDF5 file ({why})") from None
+
+
+def hold_out(split, fraction):
+    """(train, validation) Splits of a training split: the validation images are round(fraction * N) of it,
+    chosen by a permutation of fixed seed (HOLD_OUT_SEED), so every run, resume and evaluation of the same
+    file and fraction holds out the same images; both keep the file's order."""
+    n = len(split.labels)
+    held = int(round(fraction * n))
+    if not (0 < fraction < 1) or not 1 <= held < n:
+        raise ValueError(f"--val-split {fraction} holds out {held} of the {n} training images: give a fraction in "
+                         "(0, 1) that leaves at least one image on each side")
+    chosen = np.zeros(n, bool)
+    chosen[np.random.default_rng(HOLD_OUT_SEED).permutation(n)[:held]] = True
+    keep = lambda mask, part: Split(split.images[mask], split.labels[mask], split.classes, split.name,  # noqa: E731
+                                    part=part, class_names=split.class_names, sha256=split.sha256)
+    return keep(~chosen, "train"), keep(chosen, "held-out")
 
 
 def prepare_command(name, path):
@@ -73,9 +139,10 @@ def split_checksums(images, labels):
     return {f"{key}_sha256": sha256_array(array) for key, array in (("images", images), ("labels", labels))}
 
 
-def write(path, *, train, test, classes, name=None, class_names=None, attrs=None):
-    """Write a prepared data file from arrays: train and test are (images (N, H, W, C) uint8, labels (N,)
-    integers in [0, classes)), both splits' images of one (H, W, C). name (default: the file's stem) and
+def write(path, *, train, test, classes, val=None, name=None, class_names=None, attrs=None):
+    """Write a prepared data file from arrays: train, test and (optional) val are (images (N, H, W, C) uint8,
+    labels (N,) integers in [0, classes)), every split's images of one (H, W, C); val, a validation split
+    the trainer selects on instead of the test split. name (default: the file's stem) and
     class_names (a list of strings, one per class) are optional attributes, attrs (a dict) any further ones
     (where the data came from). Labels are stored as int64, each array with its SHA-256 (docs/data.md has the
     layout).
@@ -84,7 +151,7 @@ def write(path, *, train, test, classes, name=None, class_names=None, attrs=None
     Input the reader would refuse, or HDF5 cannot store, is a one-line ValueError, raised before anything
     is written; a failed write is an OSError saying why."""
     splits = {}
-    for split, pair in (("train", train), ("test", test)):
+    for split, pair in (("train", train), ("test", test)) + ((("val", val),) if val is not None else ()):
         if not isinstance(pair, (tuple, list)) or len(pair) != 2:
             raise ValueError(f"{split} must be a pair (images, labels), got {type(pair).__name__}")
         splits[split] = tuple(np.asarray(array) for array in pair)
@@ -96,13 +163,15 @@ def write(path, *, train, test, classes, name=None, class_names=None, attrs=None
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
-            f.attrs.update(root)
+            checksums = {}
             for split, (images, labels) in splits.items():
                 images, labels = np.ascontiguousarray(images), labels.astype(np.int64)
                 group = f.create_group(split)
                 group.create_dataset("images", data=images, chunks=(min(len(images), 256),) + images.shape[1:])
                 group.create_dataset("labels", data=labels)
-                group.attrs.update(split_checksums(images, labels))
+                checksums[split] = split_checksums(images, labels)
+                group.attrs.update(checksums[split])
+            f.attrs.update(root, sha256=root_sha256(root, checksums))
     except OSError as e:  # the reason alone: h5py's message runs over lines and names the temporary file
         raise OSError(f"could not write {path}: {os.strerror(e.errno) if e.errno else e}") from None
     return Path(path)
@@ -151,13 +220,38 @@ def _root_attrs(path, *, classes, name, class_names, attrs):
     # what no check above foresaw (a dict, an object, a mixed list) fails here, in memory, not in the file
     with h5py.File(io.BytesIO(), "w") as trial:
         for key, value in root.items():
+            what = key if key in ("name", "class_names") else f"attrs[{key!r}]"
             try:
                 trial.attrs[key] = value
             except Exception as e:  # h5py's TypeError, ValueError, OSError, RuntimeError: all say "cannot"
                 why = str(e).splitlines()[0] if str(e) else type(e).__name__
-                what = key if key in ("name", "class_names") else f"attrs[{key!r}]"
                 raise ValueError(f"{what} cannot be stored as an HDF5 attribute ({why})") from None
+            if _attr_text(trial.attrs[key]) != _attr_text(value):  # the root checksum is of what reads back
+                raise ValueError(f"{what} does not read back from HDF5 as given ({value!r}): give a string, a "
+                                 "number, or a list of one kind of them")
     return root
+
+
+def root_sha256(root, checksums):
+    """The SHA-256 of a file's root attributes (all but sha256 itself, as their text) and of its splits'
+    checksums ({split: split_checksums}): what a run depends on beyond the arrays, under one checksum."""
+    text = json.dumps(dict(attrs={k: _attr_text(v) for k, v in sorted(root.items()) if k != "sha256"},
+                           splits={k: dict(sorted(v.items())) for k, v in sorted(checksums.items())}))
+    return sha256_array(np.frombuffer(text.encode(), np.uint8))
+
+
+def _attr_text(value):
+    """An attribute's value as text, the same whether given to write or read back by h5py (numpy types,
+    bytes and object arrays of str included)."""
+    if isinstance(value, np.ndarray):
+        return [_attr_text(v) for v in value.tolist()] if value.ndim else _attr_text(value.item())
+    if isinstance(value, (list, tuple)):
+        return [_attr_text(v) for v in value]
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, np.generic):
+        return _attr_text(value.item())
+    return repr(value) if isinstance(value, float) else str(value)
 
 
 def _string_problem(what, text):
@@ -194,14 +288,20 @@ def load_dataset(path):
 
 
 def load_split(path, split):
-    """The train or test split of a prepared HDF5 file, read into memory.
+    """The train, test or val split of a prepared HDF5 file, read into memory.
 
-    The file's structure is checked whole (both splits, shapes, dtypes, the class count); this split's
-    labels are checked against the class count and its arrays against their SHA-256. Every problem is a
-    one-line ValueError (FileNotFoundError for a missing file) naming the file."""
-    if split not in ("train", "test"):
-        raise ValueError(f"{path}: no split {split!r} (train or test)")
+    The file's structure is checked whole (every split, shapes, dtypes, the class count, the root checksum);
+    this split's labels are checked against the class count and its arrays against their SHA-256. Every
+    problem is a one-line ValueError (FileNotFoundError for a missing file) naming the file."""
+    if split not in SPLITS:
+        raise ValueError(f"{path}: no split {split!r} (train, test or val)")
     return _load(path, (split,))[0]
+
+
+def has_split(path, split):
+    """Whether a prepared file holds the split (val is optional), without reading its arrays."""
+    with h5py.File(path, "r") as f:
+        return isinstance(f.get(split), h5py.Group)
 
 
 _unverifiable_warned = set()  # files already reported as carrying no checksums
@@ -223,10 +323,21 @@ def _load(path, splits):
             if "classes" not in f.attrs:
                 raise bad("no 'classes' attribute")
             classes = f.attrs["classes"]
-            problem = _format_problem(classes, {split: _datasets(f, split, bad) for split in ("train", "test")})
+            present = [split for split in SPLITS if split != "val" or "val" in f]
+            problem = _format_problem(classes, {split: _datasets(f, split, bad) for split in present})
             if problem:
                 raise bad(problem)
+            if "val" in splits and "val" not in present:
+                raise ValueError(f"{where} has no val split (it holds {', '.join(present)}): write one with "
+                                 "minibp.data.write(..., val=...), or hold one out with --val-split")
             result, unverified = [], []
+            root = {k: f.attrs[k] for k in f.attrs}
+            if "sha256" not in root:
+                unverified.append("attributes")
+            elif _text(root["sha256"]) != root_sha256(root, {s: {k: _text(f[s].attrs.get(k, "")) for k in (
+                    "images_sha256", "labels_sha256")} for s in present}):
+                raise bad("its attributes (classes, names, checksums) fail their SHA-256 check (the file is damaged)")
+            class_names = tuple(_text(n) for n in root["class_names"]) if "class_names" in root else None
             for split in splits:
                 group = f[split]
                 images, labels = group["images"][...], group["labels"][...]
@@ -239,7 +350,8 @@ def _load(path, splits):
                 problem = _labels_problem(split, labels, classes)
                 if problem:
                     raise bad(problem)
-                result.append(Split(images, labels.astype(np.int64), int(classes), name))
+                result.append(Split(images, labels.astype(np.int64), int(classes), name, part=split,
+                                    class_names=class_names, sha256=_text(root["sha256"]) if "sha256" in root else None))
     except OSError as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a readable HDF5 file ({why}): {again}") from None
@@ -283,9 +395,11 @@ def _format_problem(classes, splits):
         if not np.issubdtype(labels.dtype, np.integer) or labels.shape != images.shape[:1]:
             return (f"{split} labels must be {len(images)} integers for its {len(images)} images, got {labels.dtype} "
                     f"{labels.shape}")
-    train, test = (splits[split][0].shape[1:] for split in ("train", "test"))
-    if test != train:
-        return "test images are {}x{}x{} (H x W x C), train images {}x{}x{}".format(*test, *train)
+    train = splits["train"][0].shape[1:]
+    for split in ("test", "val"):
+        if split in splits and splits[split][0].shape[1:] != train:
+            return "{} images are {}x{}x{} (H x W x C), train images {}x{}x{}".format(
+                split, *splits[split][0].shape[1:], *train)
     return None
 
 
@@ -300,8 +414,12 @@ class Batches:
     """Endless batches of a split: reshuffled every epoch, augmented, normalised."""
 
     def __init__(self, split, *, batch, mean, augment, seed, shuffle=True):
+        """augment: the transforms (a tuple of AUGMENTS' names; True: all of them, False or (): none)."""
         if not 1 <= batch <= len(split.images):
             raise ValueError(f"batch {batch} must be between 1 and the split's {len(split.images)} images")
+        augment = AUGMENTS if augment is True else () if augment is False else tuple(augment)
+        if any(a not in AUGMENTS for a in augment):
+            raise ValueError(f"augment takes {', '.join(AUGMENTS)}, got {augment}")
         self.split, self.batch, self.augment, self.shuffle = split, int(batch), augment, shuffle
         self.mean = np.asarray(mean, np.float32)  # (H, W, C)
         self.rng = np.random.default_rng(seed)
@@ -326,14 +444,17 @@ class Batches:
         out = self.out
         np.multiply(images, np.float32(1 / 255), out=out)
         out -= self.mean
-        if self.augment:
+        if self.augment:  # the draws in AUGMENTS' order: crop and flip together draw as they always have
             H, W = out.shape[1:3]
-            self.padded[:, 4:4 + H, 4:4 + W] = out
-            offsets = self.rng.integers(0, 9, size=(self.batch, 2))
-            flips = self.rng.random(self.batch) < 0.5
-            for i, ((dy, dx), flip) in enumerate(zip(offsets, flips)):
-                window = self.padded[i, dy:dy + H, dx:dx + W]
-                out[i] = window[:, ::-1] if flip else window
+            crop, flip = "crop" in self.augment, "flip" in self.augment
+            if crop:
+                self.padded[:, 4:4 + H, 4:4 + W] = out
+            offsets = self.rng.integers(0, 9, size=(self.batch, 2)) if crop else None
+            flips = self.rng.random(self.batch) < 0.5 if flip else np.zeros(self.batch, bool)
+            for i in range(self.batch):
+                window = self.padded[i, offsets[i, 0]:offsets[i, 0] + H, offsets[i, 1]:offsets[i, 1] + W] if crop \
+                    else out[i]
+                out[i] = window[:, ::-1].copy() if flips[i] else window  # (a copy: window may be out[i] itself)
         return backend.xp.asarray(out), self.split.labels[index]
 
     def state(self):

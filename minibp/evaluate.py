@@ -1,7 +1,9 @@
 """Test accuracy of a training run's checkpoint.
 
-    python -m minibp.evaluate runs/fm-4bit                 # the run folder, or its checkpoint.h5
-    python -m minibp.evaluate runs/fm-4bit --split train   # or on the training images
+    python3 -m minibp.evaluate runs/fm-4bit                 # the run folder's last checkpoint, or a checkpoint file
+    python3 -m minibp.evaluate runs/fm-4bit --which best    # its best.h5 (the best validation so far)
+    python3 -m minibp.evaluate runs/fm-4bit --split val     # on the split it validated on (rundata.py)
+    python3 -m minibp.evaluate runs/fm-4bit --split train   # or on the images it trained on
 
 The net, data and store (bits, window) come from the checkpoint's saved configuration; BN uses its running
 statistics. A net of your own (--model FILE.py:FUNCTION) is built again as the run built it, and refused in
@@ -13,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from . import checkpoint, data, imagenet, models
+from . import checkpoint, models, rundata
 from .kernels import KernelError
 from .memory import compile_within_memory
 from .runconfig import saved_config, store_of
@@ -24,14 +26,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m minibp.evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run folder (with checkpoint.h5) or a checkpoint file")
-    parser.add_argument("--split", choices=["test", "train"], default="test")
+    parser.add_argument("--split", choices=["test", "val", "train"], default="test",
+                        help="test (default); val: the split the run validated on (its held-out part, its file's "
+                             "val split, or the test split); train: the images it trained on")
+    parser.add_argument("--which", choices=["last", "best"], default="last",
+                        help="a run folder's checkpoint.h5 (last, the default) or best.h5")
     parser.add_argument("--data-dir", help="where the <data>.h5 file (or the ImageNet folder) is (default: the run's)")
+    parser.add_argument("--data-file", help="the run's own data file, moved (default: where the run read it)")
     parser.add_argument("--workers", type=int, help="ImageNet: JPEG-decoding processes (default: the cores less one)")
     parser.add_argument("--batch", type=int, default=None, help="images a forward pass (default: the run's sub-batch)")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
     args = parser.parse_args(argv)
     path = Path(args.run)
-    path = path / "checkpoint.h5" if path.is_dir() else path
+    path = path / ("best.h5" if args.which == "best" else "checkpoint.h5") if path.is_dir() else path
     try:
         if args.batch is not None and args.batch < 1:
             raise ValueError(f"--batch must be positive, got {args.batch}")
@@ -39,15 +46,11 @@ def main(argv=None):
         config = saved_config(saved)
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be positive, got {args.workers}")
+        config = dict(config, **{k: v for k, v in (("data_dir", args.data_dir), ("data_file", args.data_file)) if v})
+        run_data = rundata.load(config, batches=False)
         if config["data"] == "imagenet":  # "test" is its val/ folder; the reader normalises
-            train_split, test_split = imagenet.load_folders(args.data_dir or config["data_dir"])
-            saved.check_classes(train_split.class_names, train_split.root)
-            input_shape, mean, where = (config["image_size"], config["image_size"], 3), None, train_split.root
-        else:
-            where = data.dataset_path(args.data_dir or config["data_dir"], config["data"])
-            train_split, test_split = data.load_dataset(where)
-            input_shape, mean = train_split.images.shape[1:], train_split.pixel_mean()
-        split = train_split if args.split == "train" else test_split
+            saved.check_classes(run_data.train.class_names, run_data.train.root)
+        split, input_shape, mean, where = run_data.split(args.split), run_data.input_shape, run_data.mean, run_data.path
         built = models.describe(config["model"], config["model_args"])
 
         def build(input_shape, classes):
@@ -56,6 +59,8 @@ def main(argv=None):
         net = build(input_shape, split.classes)
         saved.check_data(net, build, where)  # before check_parameters, which would blame the net
         saved.check_parameters(net, built)
+        if config["data"] != "imagenet":
+            saved.check_data_checksum(run_data.train.sha256, where)
         batch = min(args.batch or config["batch"] // config["split"], len(split.labels))  # no bigger than the split
         compile_within_memory(net, batch=batch, store=store_of(config), training=False, hint="lower --batch")
         checkpoint.restore(net, saved)
@@ -75,8 +80,9 @@ def main(argv=None):
     if args.json:
         print(json.dumps(result))
     else:
+        of = f" ({run_data.validates_on})" if args.split == "val" else ""
         print(f"{built}, {store_of(config)}, at iteration {saved.iteration}: {args.split} accuracy "
-              f"{accuracy:.4f} (loss {loss:.4f}) on {len(split.labels):,} {config['data']} images")
+              f"{accuracy:.4f} (loss {loss:.4f}) on {len(split.labels):,} {config['data']} images{of}")
     return 0
 
 

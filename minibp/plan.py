@@ -19,24 +19,26 @@ import os
 import signal
 import sys
 
-from . import backend, models
+from . import backend, data, models, runconfig
 from .arena import format_bytes
 from .memory import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
 from .quant import BITS, Store
-from .runconfig import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option
+from .runconfig import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option, parse_model_arg
 
 
-def report(net, *, model, batch, store, budget=None):
+def report(net, *, model, batch, store, budget=None, optimizer="sgd", grad_norm=False):
     """(the plan of a training step at this batch and store, the dict --json prints); with a budget, the
-    largest batch of every store's precision, through the same window."""
-    plan = net.plan(batch=batch, store=store)
+    largest batch of every store's precision, through the same window. optimizer, grad_norm: Net.plan's."""
+    planned = dict(optimizer=optimizer, grad_norm=grad_norm)
+    plan = net.plan(batch=batch, store=store, **planned)
     result = dict(model=model, batch=batch, bits=store.bits, window=store.window, units=len(net.units),
                   parameters=net.num_parameters, categories=plan.bytes_by_category(), total_bytes=plan.total_bytes,
                   allocation_bytes=plan.allocation_bytes,
                   unit_stores=[dict(unit=i, input_shape=list(s), bytes=b) for i, s, b in unit_rows(net, plan)])
     if budget is not None:
         result["budget_bytes"] = budget
-        result["largest_batch"] = {m: largest_batch(net, store=Store(m, store.window), budget=budget) for m in BITS}
+        result["largest_batch"] = {m: largest_batch(net, store=Store(m, store.window), budget=budget, **planned)
+                                   for m in BITS}
     return plan, result
 
 
@@ -56,10 +58,14 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     # the trainer's options (runconfig), read the planner's way: ResNets by name only, the default model
     # following --data, no ImageNet defaults beyond it
-    add_option(parser, "model", metavar=None, default=None, help="resnet<9n+2> (default resnet164); with --data "
-               "imagenet resnet50, resnet101 or resnet152 (default)")
+    add_option(parser, "model", default=None, help="resnet<9n+2> (default resnet164); with --data imagenet "
+               "resnet50, resnet101 or resnet152 (default); or your own net, FILE.py:FUNCTION or "
+               "package.module:FUNCTION, as the trainer takes it")
+    parser.add_argument("--model-arg", dest="model_args", metavar="NAME=VALUE", type=parse_model_arg,
+                        action="append", default=[], help="a keyword argument for your own net's function")
     add_option(parser, "data", choices=list(models.DATA_SHAPES),
                help="input shape and classes; imagenet: 224x224x3, 1000 classes and the ImageNet ResNets")
+    parser.add_argument("--data-file", metavar="PATH", help="the input shape and classes of a data file of your own")
     add_option(parser, "batch", metavar=None, help=None)
     add_option(parser, "bits", help=None)
     add_option(parser, "window", help="the k-bit codes' window")
@@ -71,16 +77,22 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         input_shape, classes = models.DATA_SHAPES[args.data]
+        if args.data_file is not None:
+            facts = data.describe(args.data_file)
+            args.data, input_shape, classes = facts["name"], facts["shape"], facts["classes"]
         if not args.model:  # the trainer's default for the data
             args.model = IMAGENET_DEFAULTS["model"] if args.data == "imagenet" else SHARED_OPTIONS["model"]["default"]
-        net = models.by_name(args.model, imagenet=args.data == "imagenet", input_shape=input_shape, classes=classes)
+        model_args = runconfig.model_args(args.model_args)
+        models.check_spec(args.model, model_args, imagenet=args.data == "imagenet")
+        net = models.build(args.model, model_args=model_args, imagenet=args.data == "imagenet",
+                           input_shape=input_shape, classes=classes)
         budget = check_budget(parse_bytes(args.budget)) if args.budget is not None else None
         if args.batch < 1:
             raise ValueError("--batch must be positive")
         store = Store(args.bits, args.window)
         with planning_for(args.device or backend.device):
             plan, result = report(net, model=args.model, batch=args.batch, store=store, budget=budget)
-    except ValueError as e:
+    except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.json:
@@ -88,7 +100,7 @@ def main(argv=None):
             result.pop("unit_stores")
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{args.model} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
+    print(f"{models.describe(args.model, model_args)} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
           f"batch {args.batch}, bits {args.bits}" + (f", {store.window} window" if store.has_window else ""))
     print(plan.summary())
     print(f"(one allocation of {format_bytes(plan.allocation_bytes)} with alignment)")

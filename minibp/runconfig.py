@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import data, models
+from .optim import OPTIMIZERS
 from .quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
 
 REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
@@ -30,9 +31,12 @@ IMAGENET_SCHEDULE = "0:0.1,160000:0.01,320000:0.001,480000:0.0001"
 IMAGENET_DEFAULTS = dict(model="resnet152", data_dir="data/imagenet", batch=256, iters=640000, image_size=224,
                          lr_schedule=IMAGENET_SCHEDULE, weight_decay=1e-4, val_every=5000, checkpoint_every=1000)
 # Options that define a run: a resumed run must keep them. The others may change on resume.
-DEFINING = ("data", "model", "model_args", "bits", "window", "rounding", "batch", "split", "seed", "momentum",
-            "weight_decay", "no_augment", "image_size")
-CHANGEABLE = ("data_dir", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph", "workers")
+DEFINING = ("data", "model", "model_args", "bits", "window", "rounding", "batch", "split", "seed", "optimizer",
+            "momentum", "weight_decay", "clip_norm", "augment", "val_split", "image_size")
+CHANGEABLE = ("data_dir", "data_file", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph",
+              "workers")
+SGD_DECAY, ADAMW_DECAY = 2e-4, 0.05  # --weight-decay's defaults (the paper's for SGD; AdamW's usual)
+BUILT_IN_AUGMENT = "crop,flip"  # the paper's, for the data sets minibp.prepare writes (and ImageNet's reader)
 
 
 STEPS_SYNTAX = f"ITER:LR[,ITER:LR...], e.g. {REFERENCE_SCHEDULE}"
@@ -176,12 +180,20 @@ def build_parser(*, description=None, exit_on_error=True):
     g.add_argument("--data-dir", metavar="DIR", default="data",
                    help="the folder of the prepared <data>.h5 (default data); for imagenet the folder holding "
                         "train/<class>/ and val/<class>/ (default data/imagenet)")
+    g.add_argument("--data-file", metavar="PATH",
+                   help="train on this file that minibp.data.write made, under the file's own name (instead of "
+                        "--data; default none)")
+    g.add_argument("--augment", metavar="LIST",
+                   help=f"the training images' transforms: none, or a comma-separated list of "
+                        f"{', '.join(data.AUGMENTS)} (crop: zero-pad 4 pixels, a random window; flip: horizontal, "
+                        f"half the time); default {BUILT_IN_AUGMENT} for --data (the paper's), none for --data-file")
+    g.add_argument("--val-split", metavar="FRACTION", type=float,
+                   help="validate on this fraction of the training split, held out from training (the same images "
+                        "every time); default: the data file's val split where it has one, else the test split")
     add_option(g, "model")
     g.add_argument("--model-arg", dest="model_args", metavar="NAME=VALUE", type=parse_model_arg, action="append",
                    default=[], help="a keyword argument for your own net's function, VALUE a Python literal "
                                     "(--model-arg width=32 --model-arg pool=\"'max'\"); repeat it (default none)")
-    g.add_argument("--no-augment", action="store_true",
-                   help="no pad-and-crop or flips (default: augment the training images)")
     g.add_argument("--seed", metavar="N", type=int, default=0, help="seeds the weights and the data order (default 0)")
     g = p.add_argument_group("activation store and step")
     add_option(g, "bits")
@@ -201,12 +213,17 @@ def build_parser(*, description=None, exit_on_error=True):
                    help=f"{STEPS_SYNTAX.split(', e.g.')[0]} (the rate from each ITER on), or {COSINE_SYNTAX} "
                         f"(a linear warm-up, then a half cosine to 0 at --iters); default {REFERENCE_SCHEDULE} "
                         f"(on imagenet {IMAGENET_SCHEDULE})")
+    g.add_argument("--optimizer", choices=list(OPTIMIZERS), default="sgd",
+                   help="sgd (with momentum; default) or adamw (betas 0.9, 0.999, eps 1e-8; decoupled weight "
+                        "decay; its rates are about 1e-3, not SGD's 0.1)")
     g.add_argument("--momentum", metavar="M", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    g.add_argument("--weight-decay", metavar="WD", type=float, default=2e-4,
-                   help="on the conv and FC weights (default 2e-4; 1e-4 on imagenet)")
+    g.add_argument("--weight-decay", metavar="WD", type=float,
+                   help=f"on the conv and FC weights (default {SGD_DECAY:g}, 1e-4 on imagenet; adamw {ADAMW_DECAY:g})")
+    g.add_argument("--clip-norm", metavar="NORM", type=float,
+                   help="scale each step's gradient down to this global L2 norm where it is larger (default off)")
     g = p.add_argument_group("run folder")
     g.add_argument("--out", metavar="DIR",
-                   help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>, the "
+                   help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>, <data> a --data-file's own name; the "
                         "window named when it is not the default)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (default off)")
     g.add_argument("--overwrite", action="store_true",
@@ -215,7 +232,8 @@ def build_parser(*, description=None, exit_on_error=True):
                    help="iterations a console line and a metrics record, loss and accuracy averaged over them "
                         "(default 20)")
     g.add_argument("--val-every", metavar="N", type=int, default=400,
-                   help="iterations between validations on the test split (default 400; 5000 on imagenet)")
+                   help="iterations between validations (default 400; 5000 on imagenet); each writes OUT/best.h5 "
+                        "when its accuracy is the run's best")
     g.add_argument("--checkpoint-every", metavar="N", type=int, default=400,
                    help="iterations between checkpoints, also written at the end and on Ctrl-C (default 400; "
                         "1000 on imagenet)")
@@ -252,6 +270,10 @@ def check_config(config, *, ranks=1):
     for key in ("momentum", "weight_decay"):
         if not (np.isfinite(config[key]) and config[key] >= 0):
             raise ValueError(f"{option(key)} must be a finite non-negative number, got {config[key]}")
+    if config.get("optimizer", "sgd") == "sgd" and config["momentum"] >= 1:
+        raise ValueError(f"--momentum must be below 1, got {config['momentum']}")
+    if config.get("clip_norm") is not None and not (np.isfinite(config["clip_norm"]) and config["clip_norm"] > 0):
+        raise ValueError(f"--clip-norm must be a finite positive number, got {config['clip_norm']}")
     if config.get("rounding") == "stochastic" and config["bits"] in ("exact", "naive"):
         raise ValueError(f"--rounding stochastic rounds the codes of a k-bit store: --bits {config['bits']} has none "
                          "to round (exact) or feeds them forward (naive)")
@@ -267,11 +289,34 @@ def check_config(config, *, ranks=1):
                          f"{config['image_size']}")
     if config.get("workers") is not None and config["workers"] < 1:
         raise ValueError("--workers must be positive")
+    transforms = data.parse_augment(config["augment"])
+    if config["data"] == "imagenet" and transforms not in ((), data.AUGMENTS):  # its reader's are one piece
+        raise ValueError(f"--augment on imagenet is {BUILT_IN_AUGMENT} (its random crops and flips) or none")
+    if config.get("val_split") is not None:
+        if config["data"] == "imagenet":
+            raise ValueError("--val-split holds out part of an HDF5 data file; imagenet validates on its val/ folder")
+        if not (np.isfinite(config["val_split"]) and 0 < config["val_split"] < 1):
+            raise ValueError(f"--val-split is a fraction in (0, 1), got {config['val_split']}")
+
+
+def data_path(config):
+    """The HDF5 data file a configuration trains on: its --data-file, or <data-dir>/<data>.h5."""
+    return Path(config["data_file"]) if config.get("data_file") else data.dataset_path(config["data_dir"],
+                                                                                        config["data"])
 
 
 def new_config(args, *, ranks=1):
     config = {k: v for k, v in vars(args).items() if k not in ("resume", "overwrite", "out", "rank_timeout")}
     config["data_dir"] = str(Path(args.data_dir).resolve())  # a run resumes from any folder
+    if args.data_file is not None:  # the file's own name is the data's, in every message and folder name
+        config["data_file"] = str(Path(args.data_file).resolve())
+        config["data"] = data.file_name(config["data_file"])
+    if args.weight_decay is None:  # (imagenet's default is set by apply_data_defaults)
+        config["weight_decay"] = ADAMW_DECAY if args.optimizer == "adamw" else SGD_DECAY
+    if args.augment is None:
+        config["augment"] = "none" if args.data_file is not None else BUILT_IN_AUGMENT
+    else:
+        config["augment"] = data.augment_text(data.parse_augment(args.augment))
     config["model"], config["model_args"] = models.canonical(args.model), model_args(args.model_args)
     # the sub-batches of a step over all ranks: ranks x split defines the run, so that 2 ranks x --split 1
     # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
@@ -292,11 +337,18 @@ def _real(low):
     return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= low
 
 
+def _augment(v):
+    try:
+        return isinstance(v, str) and data.augment_text(data.parse_augment(v)) == v
+    except ValueError:
+        return False
+
+
 _FLAG = (lambda v: isinstance(v, bool), "true or false")
 _TEXT = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
 # A saved configuration's fields: (check, what it must be); OPTIONAL ones, absent from older runs, take the
 # default given there.
-FIELDS = dict(data=(lambda v: v in data.DATASETS + ("imagenet",), "a data set's name"), data_dir=_TEXT,
+FIELDS = dict(data=_TEXT, data_dir=_TEXT, data_file=(lambda v: v is None or _TEXT[0](v), "a path or null"),
               model=_TEXT, model_args=(lambda v: isinstance(v, dict), "a JSON object"),
               bits=(lambda v: v in BITS, f"one of {', '.join(BITS)}"),
               window=(lambda v: v in WINDOWS, f"one of {', '.join(WINDOWS)}"),
@@ -304,7 +356,11 @@ FIELDS = dict(data=(lambda v: v in data.DATASETS + ("imagenet",), "a data set's 
               batch=(_whole(1), "a positive integer"), split=(_whole(1), "a positive integer"),
               iters=(_whole(1), "a positive integer"), seed=(_whole(0), "a non-negative integer"),
               lr_schedule=_TEXT, momentum=(_real(0), "a finite non-negative number"),
-              weight_decay=(_real(0), "a finite non-negative number"), no_augment=_FLAG,
+              weight_decay=(_real(0), "a finite non-negative number"),
+              augment=(_augment, f"none or a list of {', '.join(data.AUGMENTS)} in that order"),
+              optimizer=(lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
+              clip_norm=(lambda v: v is None or _real(0)(v) and v > 0, "a positive number or null"),
+              val_split=(lambda v: v is None or _real(0)(v) and 0 < v < 1, "a fraction in (0, 1) or null"),
               log_every=(_whole(1), "a positive integer"), val_every=(_whole(1), "a positive integer"),
               checkpoint_every=(_whole(1), "a positive integer"), graph=_FLAG,
               image_size=(lambda v: v is None or _whole(1)(v), "a positive integer or null"),
@@ -312,13 +368,21 @@ FIELDS = dict(data=(lambda v: v in data.DATASETS + ("imagenet",), "a data set's 
 OPTIONAL = dict(window="fixed",  # runs from before the option coded through the paper's window
                 rounding="nearest",  # runs from before stochastic rounding
                 model_args={},  # runs from before your own nets: ResNets, which take none
-                graph=False, image_size=None, workers=None)
+                graph=False, image_size=None, workers=None,
+                data_file=None, val_split=None,  # runs from before your own data files and held-out validation
+                optimizer="sgd", clip_norm=None)  # runs from before AdamW and clipping
 
 
 def saved_config(saved):
     """A checkpoint's configuration, each field checked (type and range) and the whole by check_config,
     before anything reads it: a ValueError naming the checkpoint and the field otherwise."""
     config = dict(OPTIONAL, **saved.config)
+    if "augment" not in config and isinstance(config.get("no_augment"), bool):  # runs from before --augment
+        config["augment"] = "none" if config["no_augment"] else BUILT_IN_AUGMENT
+    config.pop("no_augment", None)
+    if config.get("data_file") is None and config.get("data") not in data.DATASETS + ("imagenet",):
+        raise ValueError(f"{saved.path} is damaged: its configuration's data is {config.get('data')!r}, not a "
+                         "data set's name, and it has no data_file")
     for name, (check, what) in FIELDS.items():
         if name not in config:
             raise ValueError(f"{saved.path} is damaged: its configuration lacks {name}")
@@ -347,7 +411,19 @@ def resumed_config(saved, given, ckpt_path, *, ranks=1):
     if differ:
         raise ValueError(f"{ckpt_path} was trained with other options; a resumed run keeps them: "
                          + "; ".join(differ))
+    if "data_file" in given:
+        given = dict(given, data_file=str(Path(given["data_file"]).resolve()))
+        if config.get("data_file") is None:
+            raise ValueError(f"{ckpt_path} trained on --data {config['data']}: a resume may move its file with "
+                             "--data-dir, not change it to a --data-file")
     changed = {k: [config.get(k), given[k]] for k in CHANGEABLE if k in given and given[k] != config.get(k)}
+    if "iters" in changed and "lr_schedule" not in given and config["lr_schedule"].startswith("cosine:"):
+        old, new = changed["iters"]
+        curve = parse_schedule(config["lr_schedule"], iters=old), parse_schedule(config["lr_schedule"], iters=new)
+        at = saved.iteration
+        raise ValueError(f"--iters {new} would stretch this run's cosine, a curve fixed by its --iters {old}: its rate "
+                         f"at iteration {at} would jump from {curve[0].rate(at):.3g} to {curve[1].rate(at):.3g}. "
+                         "Keep --iters, or give the rest of the run a --lr-schedule of its own")
     for key, (_, new) in changed.items():
         config[key] = new
     if "data_dir" in changed:
@@ -357,9 +433,13 @@ def resumed_config(saved, given, ckpt_path, *, ranks=1):
 
 def apply_data_defaults(args, given):
     """With --data imagenet, the paper's ImageNet setting (IMAGENET_DEFAULTS) for every option the command
-    line does not give."""
+    line does not give. --data and --data-file name the data two ways: one of them."""
+    if "data" in given and "data_file" in given:
+        raise ValueError("--data names a prepared data set and --data-file a file of your own: give one")
     if args.data == "imagenet":
         for key, value in IMAGENET_DEFAULTS.items():
+            if key == "weight_decay" and args.optimizer == "adamw":
+                continue  # the paper's 1e-4 is SGD's; AdamW keeps its own (new_config)
             if key not in given:
                 setattr(args, key, value)
     return args

@@ -2,11 +2,13 @@
 
     OUT/lock            flock'd by the trainer that owns the folder; holds its pid (the OS drops the
                         lock when that process dies, however it dies)
-    OUT/checkpoint.h5   written atomically by checkpoint.save
+    OUT/checkpoint.h5   written atomically by checkpoint.save: the last state, which a resume continues
+    OUT/best.h5         the same, of the validation with the best accuracy so far (minibp.load's default)
     OUT/metrics.jsonl   one JSON object a line, appended and flushed a record at a time, each with
                         "time", the wall-clock time it was written (Unix seconds)
 
     run = RunDir.claim("runs/x", fresh=True, overwrite=False)   # refuses a folder that holds a run
+    run.clear_overwritten()   # overwrite=True: the old run goes only now, once every check of the start passed
     log = MetricsLog(run.metrics_path, keep_through=1200, check=run.check)  # a resumed run: drop records past 1200
     run.check()         # before each write: FolderLost if OUT/lock is no longer the file this process locked
     run.release()       # a start that wrote nothing takes back the folders and the lock it made
@@ -24,7 +26,7 @@ from pathlib import Path
 
 from .integrity import stale_temporaries, write_atomic
 
-LOCK, CHECKPOINT, METRICS = "lock", "checkpoint.h5", "metrics.jsonl"
+LOCK, CHECKPOINT, BEST, METRICS = "lock", "checkpoint.h5", "best.h5", "metrics.jsonl"
 
 
 class FolderLost(Exception):
@@ -32,11 +34,14 @@ class FolderLost(Exception):
 
 
 class RunDir:
-    def __init__(self, path, lock_file, *, made_folders=(), made_lock=False):
-        """made_folders (deepest first) and made_lock: what claim created, for release to take back."""
+    def __init__(self, path, lock_file, *, made_folders=(), made_lock=False, old_lock=None):
+        """made_folders (deepest first) and made_lock: what claim created, for release to take back; old_lock:
+        the lock file's bytes before claim wrote its pid, which a start that wrote nothing puts back."""
         self.path, self._lock_file = Path(path), lock_file
-        self._made_folders, self._made_lock = list(made_folders), made_lock
-        self.checkpoint_path, self.metrics_path = self.path / CHECKPOINT, self.path / METRICS
+        self._made_folders, self._made_lock, self._old_lock = list(made_folders), made_lock, old_lock
+        self._overwrite, self._wrote = False, False
+        self.checkpoint_path, self.best_path, self.metrics_path = self.path / CHECKPOINT, self.path / BEST, \
+            self.path / METRICS
 
     @classmethod
     def claim(cls, path, *, fresh, overwrite=False):
@@ -59,7 +64,8 @@ class RunDir:
             lock_file.close()
             raise ValueError(f"{path} is in use by another trainer (pid {holder}); wait for it or choose "
                              "another --out") from None
-        run = cls(path, lock_file, made_folders=made_folders, made_lock=made_lock)
+        old_lock = None if made_lock else (path / LOCK).read_bytes()
+        run = cls(path, lock_file, made_folders=made_folders, made_lock=made_lock, old_lock=old_lock)
         try:
             os.ftruncate(lock_file.fileno(), 0)  # unbuffered: a failed write leaves nothing for close to fail on
             os.write(lock_file.fileno(), f"{os.getpid()}\n".encode())
@@ -74,10 +80,19 @@ class RunDir:
                 run.release()
                 raise ValueError(f"{path} already holds a run ({', '.join(others)}): pass --resume to continue it, "
                                  "--overwrite to start it again, or another --out")
-            for name in (CHECKPOINT, METRICS):
-                if (path / name).exists():
-                    (path / name).unlink()
+            run._overwrite = True  # removed by clear_overwritten, after the start's checks: a refused one keeps it
         return run
+
+    def clear_overwritten(self):
+        """--overwrite: remove the old run's checkpoint, best checkpoint and metrics, now that the new run's
+        start has passed every check. From here on the start counts as a write (release keeps the lock)."""
+        self.check()
+        self._wrote = True
+        if self._overwrite:
+            for path in (self.checkpoint_path, self.best_path, self.metrics_path):
+                if path.exists():
+                    path.unlink()
+            self._overwrite = False
 
     def check(self):
         """Raise FolderLost unless OUT/lock is still the file this process locked: once it was removed or
@@ -94,13 +109,18 @@ class RunDir:
 
     def release(self):
         """Drop the lock; a start refused before it wrote anything also removes the lock file and the
-        folders that claim made, leaving the disk as it found it."""
+        folders that claim made, or puts back the lock file's old bytes, leaving the disk as it found it."""
         try:
             self.check()
-            if self._made_lock and not [p for p in self.path.iterdir() if p.name != LOCK]:
+            if self._wrote:  # a run that started keeps its folder and lock
+                pass
+            elif self._made_lock:
                 (self.path / LOCK).unlink()
                 for folder in self._made_folders:
                     folder.rmdir()  # refuses a folder that is not empty
+            elif self._old_lock is not None:
+                os.ftruncate(self._lock_file.fileno(), 0)
+                os.write(self._lock_file.fileno(), self._old_lock)
         except (FolderLost, OSError):  # not ours any more, or no longer empty: left as it is
             pass
         self._lock_file.close()  # closing drops the flock

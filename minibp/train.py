@@ -41,10 +41,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, checkpoint, data, dist, imagenet, models
+from . import backend, checkpoint, data, dist, imagenet, models, rundata
 from .kernels import KernelError
 from .memory import compile_within_memory
-from .optim import SGD
+from .optim import SGD, AdamW
 from .quant import DEFAULT_WINDOW, Store
 from .rundir import FolderLost, MetricsLog, RunDir, read_metrics
 from .runconfig import (apply_data_defaults, build_parser, check_config, given_options, new_config, store_of,
@@ -112,7 +112,8 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
         raise ValueError(f"fit() was called while minibp imported {models.importing()} to rebuild the net (a "
                          "resume, evaluate or load): put the script's training under `if __name__ == \"__main__\":`")
     parser = build_parser(exit_on_error=False)
-    names = {a.dest for a in parser._actions} - {"help", "data", "out", "resume", "overwrite", "model", "model_args"}
+    names = {a.dest for a in parser._actions} - {"help", "data", "data_file", "out", "resume", "overwrite", "model",
+                                                 "model_args"}
     unknown = sorted(set(options) - names)
     if unknown:
         raise TypeError(f"fit() got unknown options {', '.join(unknown)}; it takes {', '.join(sorted(names))}")
@@ -127,7 +128,10 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
         if not isinstance(value, bool):
             raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
     function = None if isinstance(model, str) else model
-    argv = ["--model", models.spec_of(function) if function else model, "--data", str(data), "--out", str(out)]
+    # data: a data set's name, or the path of a file that minibp.data.write made (--data-file)
+    own_file = str(data).endswith(".h5") or Path(data).is_file()
+    argv = ["--model", models.spec_of(function) if function else model, "--data-file" if own_file else "--data",
+            str(data), "--out", str(out)]
     argv += ["--resume"] * bool(resume) + ["--overwrite"] * bool(overwrite)
     if not isinstance(model_args or {}, dict):
         raise TypeError(f"model_args must be a dict of keyword arguments, got {type(model_args).__name__}")
@@ -184,7 +188,9 @@ def _run(args, given, group=None, *, function=None, python=False):
     store = Store(args.bits, args.window)  # (the rounding is checked with the rest, by check_config)
     store = f"-{store.window}" if store.has_window and store.window != DEFAULT_WINDOW else ""
     store += "-stochastic" if args.rounding == "stochastic" else ""
-    out = Path(args.out or f"runs/{args.data}-{models.short_name(args.model)}-{args.bits}{store}-seed{args.seed}")
+    name = args.data if args.data_file is None else data.file_name(args.data_file)  # a file's own name
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)  # one folder, whatever the name holds
+    out = Path(args.out or f"runs/{name}-{models.short_name(args.model)}-{args.bits}{store}-seed{args.seed}")
     ranks = group.size if group else 1
 
     def claim():
@@ -201,22 +207,6 @@ def _run(args, given, group=None, *, function=None, python=False):
     finally:
         if group is None or group.rank == 0:
             run.release()
-
-
-def load_data(config):
-    """(train split, test split, mean, training batches, input shape) of the run's data: a prepared HDF5
-    file, or an ImageNet folder streamed by worker processes (its splits are imagenet.Folder listings, and
-    the reader normalises: mean None)."""
-    if config["data"] == "imagenet":
-        train_split, test_split = imagenet.load_folders(config["data_dir"])
-        batches = imagenet.Batches(train_split, batch=config["batch"], size=config["image_size"],
-                                   augment=not config["no_augment"], seed=config["seed"], workers=config.get("workers"))
-        return train_split, test_split, None, batches, batches.image_shape
-    train_split, test_split = data.load_dataset(data.dataset_path(config["data_dir"], config["data"]))
-    mean = train_split.pixel_mean()
-    batches = data.Batches(train_split, batch=config["batch"], mean=mean, augment=not config["no_augment"],
-                           seed=config["seed"])
-    return train_split, test_split, mean, batches, train_split.images.shape[1:]
 
 
 class Session:
@@ -236,6 +226,7 @@ class Session:
         self.iteration = 0      # iterations done
         self.last_saved = None  # the iteration of the last checkpoint written (or resumed from); None: none yet
         self.signals = []       # SIGINT or SIGTERM received: the loop stops after its iteration
+        self.best = self.best_iteration = None  # (accuracy, -loss) of the best validation so far (best.h5's), its iteration
 
     def start(self, args, given, *, function=None):
         """The run's configuration (a resumed run's from its checkpoint), data, net, step and metrics log; the
@@ -249,7 +240,8 @@ class Session:
         config, saved = self.config, self.saved
         self.schedule = parse_schedule(config["lr_schedule"], iters=config["iters"])
 
-        self.train_split, self.test_split, self.mean, self.batches, input_shape = load_data(config)
+        self.data = run_data = rundata.load(config)
+        self.train_split, self.batches = run_data.train, run_data.batches
         if saved is not None:
             if isinstance(self.train_split, imagenet.Folder):  # the sorted folder names are the labels
                 saved.check_classes(self.train_split.class_names, self.train_split.root)
@@ -260,20 +252,26 @@ class Session:
             return models.build(config["model"], model_args=config["model_args"],
                                 imagenet=config["data"] == "imagenet", input_shape=input_shape, classes=classes,
                                 function=function)
-        self.net = net = build(input_shape, self.train_split.classes)
+        self.net = net = build(run_data.input_shape, self.train_split.classes)
         if saved is not None:
-            where = (self.train_split.root if isinstance(self.train_split, imagenet.Folder)
-                     else data.dataset_path(config["data_dir"], config["data"]))
-            saved.check_data(net, build, where)  # before check_parameters, which would blame the net
+            saved.check_data(net, build, run_data.path)  # before check_parameters, which would blame the net
             saved.check_parameters(net, built)
+            if not isinstance(self.train_split, imagenet.Folder):  # the same shapes, but the same data?
+                saved.check_data_checksum(self.train_split.sha256, run_data.path)
         sub_batch = config["batch"] // config["split"]
-        compile_within_memory(net, batch=sub_batch, store=store_of(config), seed=config["seed"])
-        opt = SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"])
+        clip = config.get("clip_norm")
+        compile_within_memory(net, batch=sub_batch, store=store_of(config), seed=config["seed"],
+                              optimizer=config.get("optimizer", "sgd"), grad_norm=clip is not None)
+        opt = (AdamW(net, weight_decay=config["weight_decay"], clip_norm=clip) if config.get("optimizer") == "adamw"
+               else SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"], clip_norm=clip))
         self.step = TrainStep(net, opt, split=config["split"] // self.ranks, graph=config.get("graph", False),
                               group=self.group)
         if saved is not None:
             checkpoint.restore(net, saved)
             self.iteration = self.last_saved = saved.iteration
+        self.best = self.best_so_far() if self.rank_0 else None
+        if self.rank_0:
+            self.run.clear_overwritten()  # every check has passed: only now does --overwrite remove the old run
         try:
             self.metrics = MetricsLog(self.run.metrics_path, keep_through=self.iteration if saved else None,
                                       check=self.run.check) if self.rank_0 else MetricsLog(os.devnull)
@@ -289,6 +287,7 @@ class Session:
               f"({len(self.train_split.labels):,} training images), {store_of(config)}, batch "
               f"{config['batch']}{in_sub_batches}, device {backend.device}"
               f"{', one CUDA graph a step' if self.step.graph else ''}")
+        print(f"augment {config['augment']}; validates on {run_data.validates_on}")
         print(f"plan of a step, allocated once:\n{net.arena.plan.summary()}")
         if saved:
             print(f"resumed from {self.run.checkpoint_path} at iteration {self.iteration}"
@@ -350,8 +349,10 @@ class Session:
                 batches.close()  # its decoding processes
         if self.rank_0:
             self.run.check()  # the folder named below is still this run's
-        print(f"done: {self.iteration} iterations in {self.clock.elapsed()}; checkpoint {self.run.checkpoint_path}, "
-              f"metrics {self.run.metrics_path}")
+        best = (f", best {self.run.best_path} (iteration {self.best_iteration}, validation accuracy {self.best[0]:.4f})"
+                if self.best is not None else "")
+        print(f"done: {self.iteration} iterations in {self.clock.elapsed()}; checkpoint {self.run.checkpoint_path}"
+              f"{best}, metrics {self.run.metrics_path}")
         return 0, self.net
 
     def resume(self, given):
@@ -389,43 +390,73 @@ class Session:
         steps' `sums`, the rate in images a second."""
         loss, accuracy = (float(v) for v in np.mean(sums, axis=0))
         self.say(f"loss {loss:.4f}  acc {accuracy:.3f}  lr {lr:.3g}  {rate:.0f} img/s")
+        norm = self.step.opt.last_grad_norm  # the last step's, before clipping (measured where --clip-norm is on)
         self.log(kind="train", iter=self.iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
-                 planned_bytes=self.net.arena.plan.total_bytes, averaged_over=len(sums))
+                 planned_bytes=self.net.arena.plan.total_bytes, averaged_over=len(sums),
+                 **({} if norm is None else dict(grad_norm=norm)))
 
     def validate(self):
         """Loss and accuracy on the test split, printed and logged. A loss that is not finite (the running
         statistics of a net whose training steps are finite, e.g. on images of a pixel or two) is said and
         logged as such (loss and accuracy null), and training goes on: its steps' own checks stop a divergence."""
         try:
-            val_loss, val_accuracy = evaluate(self.net, self.test_split, self.mean, group=self.group,
+            val_loss, val_accuracy = evaluate(self.net, self.data.val, self.data.mean, group=self.group,
                                               workers=self.config.get("workers"))
         except FloatingPointError as e:
             self.say(f"validation failed: {e}, from the running statistics; training goes on")
             self.log(kind="val", iter=self.iteration, loss=None, accuracy=None, error=str(e))
             return
+        # the best: the highest accuracy, a tie broken by the lower loss (then the earlier model stays)
+        if self.rank_0 and (self.best is None or (val_accuracy, -val_loss) > self.best):
+            self.save(path=self.run.best_path, validation=dict(
+                split=getattr(self.data.val, "part", "val"), iteration=self.iteration, loss=val_loss,
+                accuracy=val_accuracy))
+            self.best, self.best_iteration = (val_accuracy, -val_loss), self.iteration
         self.say(f"validation loss {val_loss:.4f}  acc {val_accuracy:.4f}")
         self.log(kind="val", iter=self.iteration, loss=val_loss, accuracy=val_accuracy)
+
+    def best_so_far(self):
+        """The validation accuracy of the run's best.h5 (None: none yet, or a fresh run). A best.h5 that
+        cannot be read is replaced by the next validation, with a warning."""
+        if self.saved is None or not self.run.best_path.exists():
+            return None
+        try:
+            best = checkpoint.load(self.run.best_path)
+        except ValueError as e:
+            print(f"warning: {e}; the next validation writes a new best.h5", file=sys.stderr)
+            return None
+        accuracy, loss = ((best.validation or {}).get(k) for k in ("accuracy", "loss"))
+        if best.iteration > self.iteration or not all(isinstance(v, (int, float)) for v in (accuracy, loss)):
+            return None  # past the checkpoint resumed from: the resumed run scores that validation again
+        self.best_iteration = best.iteration
+        return accuracy, -loss
 
     def unvalidated(self):
         """Whether the metrics lack this iteration's validation (rank 0's file)."""
         return not any(r.get("kind") == "val" and r.get("iter") == self.iteration
                        for r in read_metrics(self.run.metrics_path))
 
-    def save(self):
-        """A checkpoint of this iteration (rank 0 writes it; the others check the same state is finite)."""
+    def save(self, *, path=None, validation=None):
+        """A checkpoint of this iteration (rank 0 writes it; the others check the same state is finite): the
+        run's checkpoint.h5, or (path, validation) best.h5 with the validation it scored."""
+        path = path or self.run.checkpoint_path
+        split = self.train_split
+        facts = None if isinstance(split, imagenet.Folder) else dict(
+            name=split.name, sha256=split.sha256, shape=list(split.images.shape[1:]), classes=split.classes)
         try:
             if self.rank_0:
                 self.run.check()
-                checkpoint.save(self.run.checkpoint_path, self.net, iteration=self.iteration, config=self.config,
-                                data_state=self.batches.state(),
-                                class_names=getattr(self.train_split, "class_names", None))
+                checkpoint.save(path, self.net, iteration=self.iteration, config=self.config,
+                                data_state=self.batches.state(), class_names=getattr(split, "class_names", None),
+                                data=facts, mean=self.data.mean, validation=validation)
             else:  # the same state as rank 0's: stop with it
                 checkpoint.check_finite(self.net.state())
         except checkpoint.NotFinite as e:
             raise self.diverged(f"at iteration {self.iteration} ({e})") from None
         except OSError as e:
-            raise self.write_failed(self.run.checkpoint_path, e) from None
-        self.last_saved = self.iteration
+            raise self.write_failed(path, e) from None
+        if validation is None:
+            self.last_saved = self.iteration
 
     def resume_advice(self, **change):
         """How to continue this run, with `change`d options, in the caller's words."""

@@ -16,20 +16,22 @@ ROOT = Path(__file__).resolve().parent.parent
 COLORS = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200], [200, 200, 40]])  # a colour a class (make_tree)
 
 
-def make_dataset(directory, name="cifar10", *, n_train=256, n_test=64, shape=(8, 8, 3), classes=4, seed=0):
+def make_dataset(directory, name="cifar10", *, n_train=256, n_test=64, n_val=0, shape=(8, 8, 3), classes=4, seed=0):
     """A learnable data set: each class has its own mean image, plus noise."""
     rng = np.random.default_rng(seed)
     prototypes = rng.integers(40, 216, (classes,) + shape)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{name}.h5"
-    with h5py.File(path, "w") as f:
-        f.attrs.update(name=name, classes=classes)
-        for split, n in (("train", n_train), ("test", n_test)):
+    with h5py.File(path, "w") as f:  # by hand, as the format's page says a file may be written
+        root, checksums = dict(name=name, classes=classes), {}
+        for split, n in (("train", n_train), ("test", n_test)) + ((("val", n_val),) if n_val else ()):
             labels = rng.integers(0, classes, n)
             images = np.clip(prototypes[labels] + rng.normal(0, 25, (n,) + shape), 0, 255).astype(np.uint8)
             f.create_dataset(f"{split}/images", data=images)
             f.create_dataset(f"{split}/labels", data=labels)
-            f[split].attrs.update(data.split_checksums(images, labels))
+            checksums[split] = data.split_checksums(images, labels)
+            f[split].attrs.update(checksums[split])
+        f.attrs.update(root, sha256=data.root_sha256(root, checksums))
     return path
 
 

@@ -90,10 +90,18 @@ def test_damage_is_a_one_line_error_naming_the_file(clean, damage, split, messag
         assert str(error.value).startswith(f"{clean} (cifar10)") and "\n" not in str(error.value)
 
 
+def reseal(f):
+    """The root checksum recomputed, as a writer that means what it wrote would."""
+    splits = [s for s in data.SPLITS if s in f]
+    checksums = {s: {k: f[s].attrs[k] for k in ("images_sha256", "labels_sha256")} for s in splits}
+    f.attrs["sha256"] = data.root_sha256({k: f.attrs[k] for k in f.attrs}, checksums)
+
+
 def relabel(f):  # a label beyond the classes, with the checksum of the new labels
     labels = np.array([0, 4, 5, 1])
     f["test/labels"][...] = labels
     f["test"].attrs["labels_sha256"] = data.split_checksums(f["test/images"][...], labels)["labels_sha256"]
+    reseal(f)
 
 
 def smaller_test_images(f):
@@ -134,6 +142,7 @@ def test_a_file_without_checksums_loads_with_one_warning(clean, capsys):
     with h5py.File(clean, "r+") as f:
         for split in ("train", "test"):
             del f[split].attrs["images_sha256"], f[split].attrs["labels_sha256"]
+        del f.attrs["sha256"]  # (nor the root's checksum, which came later still)
         f["test/images"][0, 0, 0, 0] ^= 0x01  # cannot be detected
     train, test = data.load_dataset(clean)
     data.load_split(clean, "test")
@@ -246,3 +255,66 @@ def test_the_trainer_trains_on_a_file_of_your_own(tmp_path, capsys):
     assert "on cifar10" in capsys.readouterr().out
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["iter"] for r in records if r["kind"] == "val"] == [2] and all(np.isfinite(r["loss"]) for r in records)
+
+
+def test_the_classes_are_under_the_files_checksum(clean):
+    # a one-bit change of classes (10 -> 11 here 4 -> 5) trained a net of another class count
+    with h5py.File(clean, "r+") as f:
+        f.attrs["classes"] = f.attrs["classes"] ^ 1
+    with pytest.raises(ValueError, match=r"its attributes \(classes, names, checksums\) fail their SHA-256 check"):
+        data.load_dataset(clean)
+
+
+def test_a_validation_split_is_written_read_and_checked(tmp_path):
+    rng = np.random.default_rng(0)
+    pair = lambda n: (rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8), rng.integers(0, 3, n))  # noqa: E731
+    path = data.write(tmp_path / "mine.h5", train=pair(6), test=pair(4), val=pair(5), classes=3,
+                      class_names=["a", "b", "c"], attrs=dict(source="here", version=2, scale=0.5))
+    val = data.load_split(path, "val")
+    assert len(val.labels) == 5 and val.part == "val" and val.class_names == ("a", "b", "c") and val.sha256
+    assert data.has_split(path, "val") and not data.has_split(data.write(tmp_path / "plain.h5", train=pair(6),
+                                                                          test=pair(4), classes=3), "val")
+    with pytest.raises(ValueError, match="has no val split"):
+        data.load_split(tmp_path / "plain.h5", "val")
+    with pytest.raises(ValueError, match=r"val images are 4x4x3 \(H x W x C\), train images 8x8x3"):
+        data.write(tmp_path / "bad.h5", train=pair(6), test=pair(4), classes=3,
+                   val=(np.zeros((2, 4, 4, 3), np.uint8), [0, 1]))
+
+
+def test_hold_out_is_the_same_every_time_and_keeps_nothing_twice(clean):
+    train, _ = data.load_dataset(clean)
+    kept, held = data.hold_out(train, 0.5)
+    again_kept, again_held = data.hold_out(train, 0.5)
+    assert np.array_equal(held.images, again_held.images) and np.array_equal(kept.labels, again_kept.labels)
+    assert len(kept.labels) + len(held.labels) == len(train.labels) and held.part == "held-out"
+    rows = {bytes(i) for i in train.images}
+    assert {bytes(i) for i in kept.images} | {bytes(i) for i in held.images} == rows
+    for bad in (0.0, 1.0, 0.01):
+        with pytest.raises(ValueError, match="--val-split"):
+            data.hold_out(train, bad)
+
+
+@pytest.mark.parametrize("text,transforms", [("crop,flip", ("crop", "flip")), ("flip,crop", ("crop", "flip")),
+                                             ("flip", ("flip",)), ("crop", ("crop",)), ("none", ())])
+def test_augment_names_its_transforms(text, transforms):
+    assert data.parse_augment(text) == transforms and data.augment_text(transforms) in (text, "crop,flip")
+
+
+@pytest.mark.parametrize("bad", ["", "crop,crop", "mirror", "none,flip", "crop,"])
+def test_augment_refuses_what_it_does_not_know(bad):
+    with pytest.raises(ValueError, match="--augment is none or a comma-separated list of crop, flip"):
+        data.parse_augment(bad)
+
+
+def test_each_transform_alone_does_what_it_says(clean):
+    train, _ = data.load_dataset(clean)
+    mean = np.zeros(train.images.shape[1:], np.float32)
+    plain = data.Batches(train, batch=6, mean=mean, augment=(), seed=0, shuffle=False).next()[0]
+    flipped = data.Batches(train, batch=6, mean=mean, augment=("flip",), seed=0, shuffle=False).next()[0]
+    for a, b in zip(np.asarray(plain), np.asarray(flipped)):  # each image as it is or mirrored, nothing else
+        assert np.array_equal(a, b) or np.array_equal(a[:, ::-1], b)
+    cropped = np.asarray(data.Batches(train, batch=6, mean=mean, augment=("crop",), seed=0, shuffle=False).next()[0])
+    assert not np.array_equal(cropped, np.asarray(plain))
+    both = [np.asarray(data.Batches(train, batch=6, mean=mean, augment=a, seed=3).next()[0])
+            for a in (True, ("crop", "flip"))]
+    assert np.array_equal(*both)  # True is both transforms, drawn as before

@@ -102,6 +102,16 @@ def test_two_ranks_round_at_random_as_one_process_with_two_sub_batches(work):
     assert not same_state(work / "one", work / "one-stochastic")  # the draws reach the weights
 
 
+def test_two_ranks_step_adamw_with_clipping_as_one_process_with_two_sub_batches(work):
+    """The global norm is of the gradient summed over the ranks: every rank clips by the same factor."""
+    opts = dict(optimizer="adamw", clip_norm=0.5, lr_schedule="0:0.002")
+    assert train(options(work, "one-adamw", split=2, **opts)).returncode == 0
+    result = train(options(work, "two-adamw", **opts), ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert same_state(work / "one-adamw", work / "two-adamw")
+    assert without_timing(read_metrics(work / "two-adamw")) == without_timing(read_metrics(work / "one-adamw"))
+
+
 def test_a_checkpoint_resumes_on_the_other_number_of_ranks(work):
     assert train(options(work, "from-two", iters=3), ranks=2).returncode == 0
     assert train(["--out", str(work / "from-two"), "--resume", "--iters", "6", "--split", "2"]).returncode == 0

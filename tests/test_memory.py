@@ -3,7 +3,7 @@ for any budget), and the trainer's refusal of a plan larger than the memory avai
 import h5py
 import pytest
 
-from minibp import backend, evaluate, memory, models, train
+from minibp import backend, data, evaluate, memory, models, train
 from minibp.net import Net
 from minibp.quant import Store
 from nets import tiny_resnet
@@ -78,6 +78,8 @@ def test_a_net_too_large_for_any_batch_names_what_is_too_big(tmp_path, data_dir,
     """A data file claiming 10^9 classes: no batch fits, and 'the largest batch that fits is 0' would mislead."""
     with h5py.File(data_dir / "cifar10.h5", "r+") as f:
         f.attrs["classes"] = 10**9
+        checksums = {s: {k: f[s].attrs[k] for k in ("images_sha256", "labels_sha256")} for s in ("train", "test")}
+        f.attrs["sha256"] = data.root_sha256({k: f.attrs[k] for k in f.attrs}, checksums)  # a file that means it
     assert train.main(base_args(tmp_path)) == 2
     line = one_line_error(capsys.readouterr().err)
     assert "even a batch of 1 needs" in line and "too large for this machine (input 8x8x3, 1,000,000,000 classes)" \

@@ -171,8 +171,8 @@ def test_fit_checks_its_own_arguments_as_the_command_line_does(tmp_path, data_di
         minibp.fit(len, data="cifar10", out=tmp_path / "x")
     with pytest.raises(TypeError, match="out is a run folder path, got None"):  # it trained into ./None
         minibp.fit("resnet11", data="cifar10", out=None)
-    with pytest.raises(TypeError, match="no_augment is True or False, got 'False'"):  # bool("False") is True
-        minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", no_augment="False")
+    with pytest.raises(TypeError, match="graph is True or False, got 'False'"):  # bool("False") is True
+        minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", graph="False")
     with pytest.raises(TypeError, match="resume is True or False, got 1"):
         minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", resume=1)
     with pytest.raises(TypeError, match="lr_schedule takes --lr-schedule's value, not True"):

@@ -7,10 +7,12 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from minibp import models, plan
 from minibp.quant import BITS
+from runs import ROOT
 
 
 @pytest.mark.parametrize("mode", list(BITS))
@@ -83,3 +85,16 @@ def test_the_plan_command_gives_the_imagenet_resnets(capsys):
     assert json.loads(capsys.readouterr().out)["model"] == "resnet152"  # the default model on imagenet
     assert plan.main(["--model", "resnet164", "--data", "imagenet"]) == 2
     assert "not an ImageNet ResNet" in capsys.readouterr().err
+
+
+def test_the_planner_takes_the_trainers_model_specs_and_a_data_file(tmp_path, capsys):
+    from minibp import data
+    rng = np.random.default_rng(0)
+    pair = (rng.integers(0, 256, (4, 12, 12, 1), dtype=np.uint8), np.array([0, 1, 2, 0]))
+    path = data.write(tmp_path / "mine.h5", train=pair, test=pair, classes=3, name="mine")
+    vgg = str(ROOT / "docs" / "vgg_example.py")
+    assert plan.main(["--model", f"{vgg}:build", "--model-arg", "width=8", "--data-file", str(path),
+                      "--batch", "16"]) == 0
+    assert capsys.readouterr().out.startswith("vgg_example.py:build(width=8) on mine (")
+    assert plan.main(["--model", str(tmp_path / "none.py") + ":build"]) == 2
+    assert "no file" in capsys.readouterr().err

@@ -46,18 +46,21 @@ def test_a_bad_schedule_names_the_syntax(text, match):
         parse_schedule(text, iters=100)
 
 
-def test_a_cosine_schedule_is_recorded_and_resumed_like_the_step_schedule(tmp_path):
+def test_a_cosine_schedule_is_recorded_and_a_longer_resume_refused(tmp_path, capsys):
     make_dataset(tmp_path / "data")
     text = "cosine:0.05:warmup=2"
     assert train.main(base_args(tmp_path, iters=3, log_every=1, val_every=3, lr_schedule=text)) == 0
     assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").config["lr_schedule"] == text
-    # a resume that moves the end stretches the decay: the rate of iteration t is the schedule's over 6
-    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "6"]) == 0
-    stretched = parse_schedule(text, iters=6)
+    # a resume that moves the end would stretch the decay, its rate jumping back up: refused in one line
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "6"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "--iters 6 would stretch this run's cosine" in line and "Keep --iters, or give" in line
+    # ... unless the rest of the run is given a schedule of its own
+    rest = "0:0.001"
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "6", "--lr-schedule", rest]) == 0
     logged = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
-    assert [r["lr"] for r in logged] == [parse_schedule(text, iters=3).rate(t) for t in range(3)] + [
-        stretched.rate(t) for t in range(3, 6)]
-    assert np.isclose(logged[1]["lr"], 0.05) and logged[-1]["lr"] < logged[3]["lr"]
+    assert [r["lr"] for r in logged] == [parse_schedule(text, iters=3).rate(t) for t in range(3)] + [0.001] * 3
+    assert np.isclose(logged[1]["lr"], 0.05)
 
 
 @pytest.mark.parametrize("text,pair", [("width=32", ("width", 32)), ("pool='max'", ("pool", "max")),
@@ -139,7 +142,7 @@ def test_duplicate_schedule_iterations_are_refused(tmp_path, data_dir, capsys):
     (dict(batch="sixteen"), "configuration's batch is 'sixteen', not a positive integer"),
     (dict(model=None), "configuration lacks model"),
     (dict(momentum=float("nan")), "configuration's momentum is nan, not a finite non-negative number"),
-    (dict(no_augment="no"), "configuration's no_augment is 'no', not true or false"),
+    (dict(augment="mirror"), "configuration's augment is 'mirror', not none or a list of crop, flip"),
     (dict(model="resnet12"), "holds a configuration that cannot run"),
 ])
 def test_a_hand_made_config_is_checked_field_by_field(tmp_path, data_dir, capsys, edit, match):

@@ -170,3 +170,21 @@ def test_a_resume_on_data_of_other_classes_blames_the_data(tmp_path, data_dir, c
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4", "--data-dir", str(other.parent)]) == 2
     err = capsys.readouterr().err
     assert f"the data differ from the run's: {other} holds 8x8x3 images (H x W x C) of 5 classes" in err
+
+
+def test_adamw_with_clipping_resumes_bit_identically_and_logs_the_norm(tmp_path, data_dir, capsys):
+    opts = dict(optimizer="adamw", clip_norm=0.5, lr_schedule="0:0.002")
+    assert train.main(base_args(tmp_path, out="straight", iters=6, **opts)) == 0
+    assert train.main(base_args(tmp_path, out="resumed", iters=3, **opts)) == 0
+    assert train.main(["--out", str(tmp_path / "resumed"), "--resume", "--iters", "6"]) == 0
+    a, b = (checkpoint.load(tmp_path / run / "checkpoint.h5") for run in ("straight", "resumed"))
+    assert a.config["optimizer"] == "adamw" and a.config["clip_norm"] == 0.5 and a.config["weight_decay"] == 0.05
+    assert any(name.startswith("second_moment/") for name in a.state) and a.state.keys() == b.state.keys()
+    assert all(np.array_equal(a.state[name], b.state[name]) for name in a.state)
+    norms = [r["grad_norm"] for r in read_metrics(tmp_path / "straight") if r["kind"] == "train"]
+    assert len(norms) == 3 and all(n > 0 for n in norms)
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "resumed"), "--resume", "--optimizer", "sgd"]) == 2
+    assert "--optimizer sgd (the run has adamw)" in capsys.readouterr().err
+    assert train.main(base_args(tmp_path, out="bad", clip_norm=0)) == 2
+    assert "--clip-norm must be a finite positive number, got 0.0" in capsys.readouterr().err
