@@ -11,10 +11,14 @@ import os
 
 
 def __getattr__(name):
-    """minibp.fit (train.fit): the trainer loads on first use, after the OpenBLAS setting below."""
+    """minibp.fit (train.fit) and minibp.load (trained.load): they load on first use, after the OpenBLAS setting
+    below."""
     if name == "fit":
         from .train import fit
         return fit
+    if name == "load":
+        from .trained import load
+        return load
     raise AttributeError(f"module 'minibp' has no attribute {name!r}")
 
 # OpenBLAS's idle threads spin for up to 2^28 cycles after each GEMM (its default), taking the cores from

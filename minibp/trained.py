@@ -1,0 +1,96 @@
+"""A trained run, loaded in a new process to predict: the net its checkpoint holds, compiled for evaluation,
+with the preprocessing it was trained with, so raw images go in as the data file holds them.
+
+    import minibp
+    model = minibp.load("runs/mine")             # best.h5 where the run has one, else checkpoint.h5
+    classes, probabilities = model.predict(images)   # images: uint8 (N, H, W, C), as data.write took them
+    model.class_names[classes[0]]                # the data file's names, where it has them
+
+A checkpoint holds everything a prediction needs: the model spec and its arguments (the net is built again
+from them, your own function's file imported again), the parameters and running statistics, and the
+training images' mean (/preprocess/mean). Preprocessing is the trainer's, and only it: pixel / 255 - mean.
+predict refuses images that are not raw (another dtype than uint8, or another (H, W, C) than the run's), so
+a net is never silently fed images prepared another way; net.predict takes images already normalised.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import backend, checkpoint, models
+from .memory import compile_within_memory
+from .runconfig import saved_config, store_of
+
+
+@dataclass
+class Trained:
+    net: object            # minibp.net.Net, compiled for evaluation (training=False)
+    mean: np.ndarray       # (H, W, C) float32: the training images' mean, in [0, 1] units
+    class_names: tuple     # the data's class names, or None
+    config: dict           # the run's configuration (runconfig)
+    path: Path             # the checkpoint loaded
+    iteration: int         # the iteration it was saved at
+    validation: dict       # {split, iteration, loss, accuracy} of best.h5's validation, or None (a last checkpoint)
+
+    @property
+    def input_shape(self):
+        return tuple(self.net.input_shape)
+
+    def preprocess(self, images):
+        """Raw images (N, H, W, C) uint8 -> the (N, H, W, C) float32 the net trained on: pixel / 255 - mean."""
+        images = np.asarray(images)
+        if images.dtype != np.uint8:
+            raise ValueError(f"predict takes raw images as the data file holds them, uint8 (N, H, W, C); got "
+                             f"{images.dtype}: images already scaled or normalised go to net.predict")
+        if images.ndim == 3:
+            images = images[None]
+        if images.ndim != 4 or images.shape[1:] != self.input_shape or len(images) == 0:
+            raise ValueError(f"predict takes images of the run's shape, (N, {', '.join(map(str, self.input_shape))})"
+                             f" uint8; got {images.shape}")
+        return images.astype(np.float32) * np.float32(1 / 255) - self.mean  # as data.evaluation_batches does
+
+    def predict(self, images):
+        """(classes (N,) int64, probabilities (N, classes) float64) of raw images (uint8 (N, H, W, C), or one
+        image (H, W, C)): the softmax of the logits, each row summing to 1."""
+        logits = self.net.predict(backend.xp.asarray(self.preprocess(images))).astype(np.float64)
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return logits.argmax(axis=1), shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def checkpoint_path(run, which=None):
+    """The checkpoint file of a run folder (which: "best", "last", or None: best.h5 where there is one), or
+    `run` itself when it is a file."""
+    run = Path(run)
+    if run.is_file():
+        return run
+    if not run.is_dir():
+        raise FileNotFoundError(f"no run folder or checkpoint at {run}")
+    if which not in (None, "best", "last"):
+        raise ValueError(f"which is 'best', 'last' or None, got {which!r}")
+    best, last = run / "best.h5", run / "checkpoint.h5"
+    if which == "best" and not best.is_file():
+        raise FileNotFoundError(f"{run} has no best.h5: it is written at each validation that beats the run's "
+                                "best so far (load which='last' for its last checkpoint)")
+    return best if which == "best" or (which is None and best.is_file()) else last
+
+
+def load(run, *, which=None, batch=256):
+    """The Trained model of a run folder (or a checkpoint file): which="best" (best.h5), "last"
+    (checkpoint.h5), or None (best.h5 where the run has one, else checkpoint.h5); batch: images a forward
+    pass (at most). A ValueError (FileNotFoundError) of one line for what cannot be loaded."""
+    path = checkpoint_path(run, which)
+    saved = checkpoint.load(path)
+    config = saved_config(saved)
+    if config["data"] == "imagenet":
+        raise ValueError(f"{path} is an ImageNet run, whose preprocessing is its JPEG reader's: score it with "
+                         "python3 -m minibp.evaluate; minibp.load predicts for runs on HDF5 data files")
+    if saved.mean is None or saved.data is None:
+        raise ValueError(f"{path} was written before checkpoints held their preprocessing (the training images' "
+                         "mean): resume the run for one more checkpoint, or score it with python3 -m minibp.evaluate")
+    shape, classes = tuple(saved.data["shape"]), int(saved.data["classes"])
+    net = models.build(config["model"], model_args=config["model_args"], input_shape=shape, classes=classes)
+    saved.check_parameters(net, models.describe(config["model"], config["model_args"]))
+    compile_within_memory(net, batch=batch, store=store_of(config), training=False, hint="lower batch=")
+    checkpoint.restore(net, saved)
+    return Trained(net=net, mean=saved.mean, class_names=saved.class_names, config=config, path=path,
+                   iteration=saved.iteration, validation=saved.validation)
