@@ -8,12 +8,12 @@
 
 A mode is a store as gradients.py names it: exact, naive, or k bits through a window ("4:range",
 "4:fixed"), rounded at random with a third part ("2:block:stochastic"). Each mode and seed trains with
-python -m minibp.train into OUT/<data>-<model>-<mode>-seed<s> (resumable: an interrupted bench continues
+python3 -m minibp.train into OUT/<data>-<model>-<mode>-seed<s> (resumable: an interrupted bench continues
 the runs it finds); the table prints each mode's final test accuracy per seed, their mean, standard
 deviation and spread (largest minus smallest), and the mean's difference to exact's with a 95% interval
 (Student's t over the seeds' paired differences: a seed gives every mode the same initial weights and
 data order, so the pairs share most of a seed's luck).
-Data: python -m minibp.prepare fashion-mnist (or cifar10).
+Data: python3 -m minibp.prepare fashion-mnist (or cifar10).
 """
 import argparse
 import json
@@ -93,7 +93,7 @@ def main(argv=None):
                                  "--val-every", str(max(args.iters // 4, 1)),
                                  "--log-every", str(max(args.iters // 40, 1))]
             finished = any(r["iter"] >= args.iters for r in validations(run))
-            print(f"=== {label(mode)}, seed {seed}: python -m minibp.train {' '.join(argv)}", flush=True)
+            print(f"=== {label(mode)}, seed {seed}: python3 -m minibp.train {' '.join(argv)}", flush=True)
             start = time.perf_counter()
             status = train.main(argv)
             if status != 0:

@@ -7,7 +7,7 @@ against `backend.xp` and asks `backend.device` ("cpu" or "gpu") when it must dif
     MINIBP_DEVICE=gpu   CuPy, kernels compiled by NVRTC; fails loudly without a usable GPU
     unset               gpu when CuPy imports and sees a device, else cpu, silently
 
-A bad MINIBP_DEVICE is a RuntimeError at import; under a command (python -m minibp.train, ...), which
+A bad MINIBP_DEVICE is a RuntimeError at import; under a command (python3 -m minibp.train, ...), which
 imports this module before its main() can catch anything, it is instead the command's one-line error
 and exit status 2.
 """

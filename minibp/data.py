@@ -38,7 +38,7 @@ import numpy as np
 from . import backend
 from .integrity import atomic_file, sha256_array
 
-PREPARE = "python -m minibp.prepare"
+PREPARE = "python3 -m minibp.prepare"
 DATASETS = ("cifar10", "cifar100", "fashion-mnist")
 SPLITS = ("train", "test", "val")  # val: optional, a file's own validation split
 AUGMENTS = ("crop", "flip")        # the transforms, in the order they are drawn and applied

@@ -1,7 +1,7 @@
 """Data-parallel training over several processes: MPI (mpi4py) starts them, names their ranks and sums
 host arrays; on GPUs NCCL sums the gradients, its unique id sent over MPI.
 
-    mpirun -n 2 python -m minibp.train --batch 128 ...     # each rank computes 64 of the 128 images
+    mpirun -n 2 python3 -m minibp.train --batch 128 ...     # each rank computes 64 of the 128 images
 
     group = start(timeout=60)      # None in a process that no MPI launcher started (mpi4py not imported)
     group.agree(options)           # rank 0's options and device on every rank, or a ValueError naming a difference

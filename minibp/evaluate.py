@@ -23,7 +23,7 @@ from .scoring import evaluate
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minibp.evaluate", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m minibp.evaluate", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run", help="a run folder (with checkpoint.h5) or a checkpoint file")
     parser.add_argument("--split", choices=["test", "val", "train"], default="test",

@@ -214,11 +214,11 @@ def importing():
 
 
 def spec_of(function):
-    """The spec of a module-level function (train.fit's model), by which a resume or python -m minibp.evaluate
+    """The spec of a module-level function (train.fit's model), by which a resume or python3 -m minibp.evaluate
     imports it again: package.module:FUNCTION for a module in a package, else the file that defines it."""
     name = getattr(function, "__qualname__", "")
     if not name.isidentifier():  # a lambda, a nested function, a method, a partial
-        raise ValueError(f"the model must be a module-level function, which a resume and python -m minibp.evaluate "
+        raise ValueError(f"the model must be a module-level function, which a resume and python3 -m minibp.evaluate "
                          f"can import again, not {function!r}")
     module = sys.modules.get(function.__module__)
     if module is not None and module.__name__ != "__main__" and getattr(module, "__package__", None):
@@ -226,7 +226,7 @@ def spec_of(function):
     file = function.__code__.co_filename
     if not file.endswith(".py") or not Path(file).is_file():
         raise ValueError(f"{name} is not defined in a .py file ({file}): define the model's function in one, so "
-                         "that a resume and python -m minibp.evaluate can import it again")
+                         "that a resume and python3 -m minibp.evaluate can import it again")
     return f"{Path(file).resolve()}:{name}"
 
 

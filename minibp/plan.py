@@ -1,11 +1,11 @@
 """Print the memory plan of a training step, without allocating it.
 
-    python -m minibp.plan --model resnet1001 --batch 128 --bits 4
-    python -m minibp.plan --model resnet164 --batch 128 --bits exact --units     # and each unit's store
-    python -m minibp.plan --model resnet1001 --budget 11GiB                      # largest batch per mode
-    python -m minibp.plan --model resnet164 --json
-    python -m minibp.plan --model resnet152 --data imagenet --batch 256 --bits 4   # the ImageNet ResNets
-    python -m minibp.plan --model resnet1001 --budget 11GiB --device gpu         # the GPU's plan, from a CPU
+    python3 -m minibp.plan --model resnet1001 --batch 128 --bits 4
+    python3 -m minibp.plan --model resnet164 --batch 128 --bits exact --units     # and each unit's store
+    python3 -m minibp.plan --model resnet1001 --budget 11GiB                      # largest batch per mode
+    python3 -m minibp.plan --model resnet164 --json
+    python3 -m minibp.plan --model resnet152 --data imagenet --batch 256 --bits 4   # the ImageNet ResNets
+    python3 -m minibp.plan --model resnet1001 --budget 11GiB --device gpu         # the GPU's plan, from a CPU
 
 The numbers come from Net.plan, the very table the trainer's arena allocates from: a batch "fits"
 a budget when the arena's one allocation (every buffer, aligned) is at most the budget. The devices'
@@ -54,7 +54,7 @@ def planning_for(device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minibp.plan", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m minibp.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     # the trainer's options (runconfig), read the planner's way: ResNets by name only, the default model
     # following --data, no ImageNet defaults beyond it

@@ -1,9 +1,9 @@
 """Plots: training and validation curves of runs, and the per-unit memory of a plan.
 
-    python -m minibp.plot runs/fm-4bit                      # writes runs/fm-4bit/curves.png
-    python -m minibp.plot runs/fm-exact runs/fm-4bit        # several runs: writes ./curves.png
-    python -m minibp.plot --plan resnet164 --batch 128 --bits 4          # writes ./plan-resnet164-4.png
-    python -m minibp.plot runs/a runs/b --labels exact,4 --out fig.png  # a file and legend names of your own
+    python3 -m minibp.plot runs/fm-4bit                      # writes runs/fm-4bit/curves.png
+    python3 -m minibp.plot runs/fm-exact runs/fm-4bit        # several runs: writes ./curves.png
+    python3 -m minibp.plot --plan resnet164 --batch 128 --bits 4          # writes ./plan-resnet164-4.png
+    python3 -m minibp.plot runs/a runs/b --labels exact,4 --out fig.png  # a file and legend names of your own
 
 Curves come from each RUN/metrics.jsonl. A run's store, read from its checkpoint, gives its colour
 (its bits) and line style (its window), so that many runs stay apart; runs that share a store, or whose
@@ -157,7 +157,7 @@ def default_out(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minibp.plot", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m minibp.plot", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="*", help="run folders with metrics.jsonl")
     parser.add_argument("--out", help="the PNG to write, .png added to a name without a suffix (default: "
@@ -178,7 +178,7 @@ def main(argv=None):
             for run in args.runs:  # every run checked before anything is drawn
                 if not (Path(run) / "metrics.jsonl").is_file():
                     raise FileNotFoundError(f"no metrics at {Path(run) / 'metrics.jsonl'}: is {run} a run folder of "
-                                            "python -m minibp.train?")
+                                            "python3 -m minibp.train?")
             labels = args.labels.split(",") if args.labels else None
             if labels and len(labels) != len(args.runs):
                 raise ValueError(f"{len(labels)} labels for {len(args.runs)} runs")

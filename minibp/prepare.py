@@ -1,9 +1,9 @@
 """Download public data sets and convert them to the HDF5 files minibp trains from.
 
-    python -m minibp.prepare fashion-mnist            # from /usr/share/datasets/fashion-mnist, else downloads
-    python -m minibp.prepare cifar10                  # downloads the official "python version" archive
-    python -m minibp.prepare cifar100 --archive cifar-100-python.tar.gz   # an archive you already have
-    python -m minibp.prepare cifar10 --out data/      # where the .h5 files go (default: data/)
+    python3 -m minibp.prepare fashion-mnist            # from /usr/share/datasets/fashion-mnist, else downloads
+    python3 -m minibp.prepare cifar10                  # downloads the official "python version" archive
+    python3 -m minibp.prepare cifar100 --archive cifar-100-python.tar.gz   # an archive you already have
+    python3 -m minibp.prepare cifar10 --out data/      # where the .h5 files go (default: data/)
 
 (In a checkout, python datasets/prepare.py is the same command.) Each file is written by
 minibp.data.write, the one writer of the format (docs/data.md): groups train/ and test/ with `images`
@@ -188,7 +188,7 @@ def out_folder(path):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m minibp.prepare", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python3 -m minibp.prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dataset", choices=data.DATASETS)
     parser.add_argument("--out", default="data", help="folder for <dataset>.h5 (default: data)")

@@ -1,4 +1,4 @@
-"""A training run's configuration: the options of python -m minibp.train, the paper's settings as their
+"""A training run's configuration: the options of python3 -m minibp.train, the paper's settings as their
 defaults (ImageNet's when --data imagenet), the checks a configuration passes before anything runs, and
 what a resumed run keeps (DEFINING) or may change (CHANGEABLE). A run's configuration is the dict that
 new_config makes from the command line and its checkpoint saves; resumed_config applies the changes a
@@ -121,7 +121,7 @@ def parse_model_arg(text):
 
 def model_args(pairs):
     """The keyword arguments of your own net's function as a run records them (JSON: a tuple becomes a list, so
-    the function gets the same value when a resume or python -m minibp.evaluate builds the net again); pairs:
+    the function gets the same value when a resume or python3 -m minibp.evaluate builds the net again); pairs:
     [(name, value)] or a dict. A ValueError for a name given twice or a value JSON cannot hold."""
     pairs = list(pairs.items()) if isinstance(pairs, dict) else list(pairs)
     recorded = {}
@@ -144,7 +144,7 @@ def store_of(config):
     return Store(config["bits"], config["window"], config.get("rounding", DEFAULT_ROUNDING))
 
 
-# The options another command shares with the trainer (python -m minibp.plan), declared once: argparse's
+# The options another command shares with the trainer (python3 -m minibp.plan), declared once: argparse's
 # keywords for each. build_parser adds them as they are, another command through add_option, with its changes.
 SHARED_OPTIONS = dict(
     data=dict(choices=data.DATASETS + ("imagenet",), default="cifar10",
@@ -171,7 +171,7 @@ def add_option(parser, name, **changes):
 
 
 def build_parser(*, description=None, exit_on_error=True):
-    """The command line of python -m minibp.train (its module docstring, the description of --help).
+    """The command line of python3 -m minibp.train (its module docstring, the description of --help).
     exit_on_error=False: a bad value is an argparse.ArgumentError (train.fit), not an exit."""
     p = argparse.ArgumentParser(prog="python3 -m minibp.train", description=description, exit_on_error=exit_on_error,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

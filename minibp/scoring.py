@@ -1,4 +1,4 @@
-"""A net's loss and accuracy over a whole split: the trainer's validations and python -m minibp.evaluate."""
+"""A net's loss and accuracy over a whole split: the trainer's validations and python3 -m minibp.evaluate."""
 import numpy as np
 
 from . import data, imagenet

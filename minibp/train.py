@@ -97,7 +97,7 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     model: a module-level function called as model(input_shape=..., classes=..., **model_args) that returns an
     uncompiled minibp.net.Net, defined in a file (a script's training code under `if __name__ == "__main__":`,
     since a resume and python3 -m minibp.evaluate import that file again); or a model spec as --model takes it
-    ("resnet20", "FILE.py:FUNCTION", "package.module:FUNCTION"). data: a data set python -m minibp.prepare
+    ("resnet20", "FILE.py:FUNCTION", "package.module:FUNCTION"). data: a data set python3 -m minibp.prepare
     prepared ("fashion-mnist", "cifar10", ...) or "imagenet". out: the run folder. resume / overwrite: as
     --resume / --overwrite. model_args: the function's keyword arguments (numbers, strings, booleans, None, and
     lists and dicts of them: the checkpoint records them). options: any other option of the command line under
@@ -221,7 +221,7 @@ class Session:
         self.run, self.out, self.group, self.python = run, out, group, python
         self.ranks = group.size if group else 1
         self.rank_0 = group is None or group.rank == 0  # the one that writes metrics and checkpoints
-        self.command = f"mpirun -n {self.ranks} python -m minibp.train" if self.ranks > 1 else "python -m minibp.train"
+        self.command = f"mpirun -n {self.ranks} python3 -m minibp.train" if self.ranks > 1 else "python3 -m minibp.train"
         self.saved = None       # the checkpoint resumed from
         self.iteration = 0      # iterations done
         self.last_saved = None  # the iteration of the last checkpoint written (or resumed from); None: none yet

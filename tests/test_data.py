@@ -69,7 +69,7 @@ def short_labels(f):
 
 @pytest.mark.parametrize("damage,split,message", [
     (flip_pixel, "test", r"\(cifar10\): test images fail their SHA-256 check \(the file is damaged\): prepare it "
-                         r"again with python -m minibp.prepare cifar10 --out "),
+                         r"again with python3 -m minibp.prepare cifar10 --out "),
     (flip_label, "train", r"train labels fail their SHA-256 check"),
     # the structure is checked whole, whichever split is asked for
     (lambda f: f.attrs.__delitem__("classes"), "train", r": no 'classes' attribute: prepare it again"),
@@ -148,7 +148,7 @@ def test_a_file_without_checksums_loads_with_one_warning(clean, capsys):
     data.load_split(clean, "test")
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"warning: {clean} (cifar10) has no SHA-256 checksums")
-    assert "prepare it again with python -m minibp.prepare cifar10" in err
+    assert "prepare it again with python3 -m minibp.prepare cifar10" in err
     assert len(train.images) == 6 and len(test.images) == 4
 
 

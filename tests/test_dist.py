@@ -149,7 +149,7 @@ def test_divergence_on_two_ranks_is_one_error_and_keeps_the_last_good_checkpoint
     [line] = errors(result)
     saved = checkpoint.load(work / "diverged" / "checkpoint.h5")  # finite, or load would refuse it
     assert "training diverged at iteration" in line and f"(iteration {saved.iteration})" in line
-    assert f"mpirun -n 2 python -m minibp.train --out {work / 'diverged'} --resume" in line
+    assert f"mpirun -n 2 python3 -m minibp.train --out {work / 'diverged'} --resume" in line
 
 
 def start_long_run(work, out, *, tag, timeout):

@@ -1,4 +1,4 @@
-"""The planner, python -m minibp.plan: stores sized from the unit shapes; the categories, units and largest batch
+"""The planner, python3 -m minibp.plan: stores sized from the unit shapes; the categories, units and largest batch
 under a budget it prints, quickly for any budget, for the CIFAR and the ImageNet ResNets; its errors. (The
 largest-batch search itself: tests/test_memory.py.)"""
 import json
@@ -69,7 +69,7 @@ def test_device_option_plans_the_other_device_without_it(capsys):
 
 @pytest.mark.slow
 def test_cli_stops_quietly_when_its_reader_does(tmp_path):
-    """`python -m minibp.plan ... | head`: the pipe closes before the plan is printed; no traceback."""
+    """`python3 -m minibp.plan ... | head`: the pipe closes before the plan is printed; no traceback."""
     done = subprocess.Popen([sys.executable, "-m", "minibp.plan", "--model", "resnet20", "--units"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     done.stdout.close()  # the reader has gone before the first line

@@ -1,4 +1,4 @@
-"""python -m minibp.plot: curves of runs and the per-unit memory of a plan, and what it says without matplotlib."""
+"""python3 -m minibp.plot: curves of runs and the per-unit memory of a plan, and what it says without matplotlib."""
 import json
 import subprocess
 import sys

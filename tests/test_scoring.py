@@ -1,7 +1,7 @@
 """scoring.evaluate against its definition: the mean of -log softmax at the true label, and the share of
 argmax hits, over a whole split with a ragged last batch; the ranks of a group together give one process's
 figures bit for bit; a loss that is not finite is an error that names the split. (The trainer's validations
-and python -m minibp.evaluate call it: tests/test_train.py, test_evaluate.py.)"""
+and python3 -m minibp.evaluate call it: tests/test_train.py, test_evaluate.py.)"""
 from types import SimpleNamespace
 
 import numpy as np

@@ -85,7 +85,7 @@ def test_the_plan_holds_the_block_windows_with_the_store():
 
 
 def test_the_planner_names_the_window_and_its_unit_rows_add_up(capsys):
-    """python -m minibp.plan --window W: the per-unit rows hold the windows too, so they sum to the stores."""
+    """python3 -m minibp.plan --window W: the per-unit rows hold the windows too, so they sum to the stores."""
     import json
     from minibp import plan
     for window in ("block", "range"):
