@@ -74,8 +74,8 @@ def main(argv=None):
         r = json.loads(done.stdout.strip().splitlines()[-1])
         used = r["peak"] - r["baseline"]
         worst = max(worst, used / r["plan"])
-        print(f"{mode:>6}  {r['plan'] / 2**20:8.1f}MB  {used / 2**20:13.1f}MB  {used / r['plan']:6.3f}  "
-              f"{r['baseline'] / 2**20:7.1f}MB", flush=True)
+        print(f"{mode:>6}  {r['plan'] / 2**20:8.1f}MiB  {used / 2**20:13.1f}MiB  {used / r['plan']:6.3f}  "
+              f"{r['baseline'] / 2**20:7.1f}MiB", flush=True)
     print(f"worst (peak - baseline) / plan: {worst:.3f} (target <= 1.15)")
     return 0
 

@@ -1,9 +1,10 @@
 """A wheel of minibp works on its own: it ships the kernel sources (kernels/ -> minibp/kernels_src) and
-the licence, and an install of it into a fresh venv trains a step and runs python -m minibp.prepare from
+the licence, and an install of it into a fresh venv trains a step and runs python3 -m minibp.prepare from
 outside the checkout."""
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import zipfile
@@ -60,12 +61,17 @@ def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
     [licence] = [name for name in shipped if ".dist-info/" in name and name.endswith("LICENSE")]
     assert zipfile.ZipFile(wheel).read(licence) == (REPO / "LICENSE").read_bytes()
 
-    # numpy and h5py come from this environment (--system-site-packages): nothing is downloaded. This
-    # environment's own minibp (an editable install of the checkout) is visible too, so the script
-    # reports which copy it ran.
+    # numpy, h5py and pip come from the environment running the tests: nothing is downloaded. Not
+    # --system-site-packages, which shows the base Python's packages (without h5py when the tests run
+    # in a venv): a .pth file puts this interpreter's own site-packages on the new venv's path, after
+    # the venv's. The checkout's editable minibp may be visible through them too, so the script reports
+    # which copy it ran.
     venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv])
+    run([sys.executable, "-m", "venv", "--without-pip", venv])
     python = venv / "bin" / "python"
+    purelib = run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]).strip()
+    ours = site.getsitepackages() + ([site.getusersitepackages()] if site.ENABLE_USER_SITE else [])
+    (Path(purelib) / "outer-site-packages.pth").write_text("".join(f"{path}\n" for path in ours))
     run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", wheel])
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -77,4 +83,4 @@ def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
     assert 0 < report["loss"] < float("inf"), report
     # the command the trainer's missing-data message gives runs from the wheel
     assert run([python, "-m", "minibp.prepare", "--help"], cwd=elsewhere, env=env).startswith(
-        "usage: python -m minibp.prepare")
+        "usage: python3 -m minibp.prepare")
