@@ -350,8 +350,9 @@ def _load(path, splits):
                 problem = _labels_problem(split, labels, classes)
                 if problem:
                     raise bad(problem)
+                sha = _text(root["sha256"]) if "sha256" in root else None
                 result.append(Split(images, labels.astype(np.int64), int(classes), name, part=split,
-                                    class_names=class_names, sha256=_text(root["sha256"]) if "sha256" in root else None))
+                                    class_names=class_names, sha256=sha))
     except OSError as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a readable HDF5 file ({why}): {again}") from None

@@ -8,7 +8,7 @@
 Curves come from each RUN/metrics.jsonl. A run's store, read from its checkpoint, gives its colour
 (its bits) and line style (its window), so that many runs stay apart; runs that share a store, or whose
 checkpoint cannot be read, get a colour each instead. Legends sit below the axes, never over data.
-Needs matplotlib: pip install 'minibp[plot]'.
+Needs matplotlib: pip install -e '.[plot]' in the checkout.
 """
 import argparse
 import os
@@ -27,7 +27,8 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("minibp.plot needs matplotlib: pip install 'minibp[plot]' (or pip install matplotlib)")
+        raise SystemExit("minibp.plot needs matplotlib: pip install -e '.[plot]' in the checkout "
+                         "(or pip install matplotlib)")
     return plt
 
 

@@ -223,8 +223,8 @@ def build_parser(*, description=None, exit_on_error=True):
                    help="scale each step's gradient down to this global L2 norm where it is larger (default off)")
     g = p.add_argument_group("run folder")
     g.add_argument("--out", metavar="DIR",
-                   help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>, <data> a --data-file's own name; the "
-                        "window named when it is not the default)")
+                   help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>, <data> "
+                        "a --data-file's own name, the window named when it is not the default)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (default off)")
     g.add_argument("--overwrite", action="store_true",
                    help="start a new run in an --out that holds one (default off: refused)")

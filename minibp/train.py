@@ -1,8 +1,8 @@
 """Train a net with approximate activations: the paper's ResNets by name, or your own net, under every
 guarantee of a run (README, Reliability).
 
-    python3 -m minibp.train --data fashion-mnist --model resnet20 --bits 4 --iters 800 \\
-        --lr-schedule 0:0.02,50:0.1,400:0.01,650:0.001 --val-every 200 --out runs/fm-4bit
+    python3 -m minibp.train --data fashion-mnist --model resnet20 --bits 4 --iters 2300 \\
+        --lr-schedule cosine:0.1:warmup=100 --augment none --val-every 575 --out runs/fm-4bit
     python3 -m minibp.train --out runs/fm-4bit --resume        # continue after Ctrl-C
     python3 -m minibp.evaluate runs/fm-4bit                    # test accuracy of its checkpoint
     python3 -m minibp.train --data cifar10                     # the paper's recipe: ResNet-164, 4 bits, 64k iterations
@@ -221,12 +221,14 @@ class Session:
         self.run, self.out, self.group, self.python = run, out, group, python
         self.ranks = group.size if group else 1
         self.rank_0 = group is None or group.rank == 0  # the one that writes metrics and checkpoints
-        self.command = f"mpirun -n {self.ranks} python3 -m minibp.train" if self.ranks > 1 else "python3 -m minibp.train"
+        self.command = ("python3 -m minibp.train" if self.ranks == 1 else
+                        f"mpirun -n {self.ranks} python3 -m minibp.train")
         self.saved = None       # the checkpoint resumed from
         self.iteration = 0      # iterations done
         self.last_saved = None  # the iteration of the last checkpoint written (or resumed from); None: none yet
         self.signals = []       # SIGINT or SIGTERM received: the loop stops after its iteration
-        self.best = self.best_iteration = None  # (accuracy, -loss) of the best validation so far (best.h5's), its iteration
+        self.best = None        # (accuracy, -loss) of the best validation so far (best.h5's) ...
+        self.best_iteration = None  # ... and its iteration
 
     def start(self, args, given, *, function=None):
         """The run's configuration (a resumed run's from its checkpoint), data, net, step and metrics log; the
@@ -349,8 +351,8 @@ class Session:
                 batches.close()  # its decoding processes
         if self.rank_0:
             self.run.check()  # the folder named below is still this run's
-        best = (f", best {self.run.best_path} (iteration {self.best_iteration}, validation accuracy {self.best[0]:.4f})"
-                if self.best is not None else "")
+        best = "" if self.best is None else (f", best {self.run.best_path} (iteration {self.best_iteration}, "
+                                             f"validation accuracy {self.best[0]:.4f})")
         print(f"done: {self.iteration} iterations in {self.clock.elapsed()}; checkpoint {self.run.checkpoint_path}"
               f"{best}, metrics {self.run.metrics_path}")
         return 0, self.net

@@ -90,7 +90,7 @@ def test_two_ranks_train_bit_for_bit_as_one_process_with_two_sub_batches(work):
     assert result.stdout.count("done: 6 iterations") == 1  # rank 0 alone prints
     assert same_state(work / "one", work / "two")  # weights, momentum and every running statistic
     assert without_timing(read_metrics(work / "two")) == without_timing(read_metrics(work / "one"))
-    assert sorted(p.name for p in (work / "two").iterdir()) == ["checkpoint.h5", "lock", "metrics.jsonl"]
+    assert sorted(p.name for p in (work / "two").iterdir()) == ["best.h5", "checkpoint.h5", "lock", "metrics.jsonl"]
 
 
 def test_two_ranks_round_at_random_as_one_process_with_two_sub_batches(work):
