@@ -244,6 +244,8 @@ class Session:
 
         self.data = run_data = rundata.load(config)
         self.train_split, self.batches = run_data.train, run_data.batches
+        if self.group is not None:  # every rank reads its own copy: on several machines, its host's
+            self.group.agree_data(self.train_split, run_data.path)
         if saved is not None:
             if isinstance(self.train_split, imagenet.Folder):  # the sorted folder names are the labels
                 saved.check_classes(self.train_split.class_names, self.train_split.root)

@@ -3,59 +3,21 @@ bit for bit, checkpoints move between the two, and a rank that dies, stops answe
 with other options ends the job with a clear error instead of a hang."""
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import time
 import uuid
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("mpi4py", reason="the tests of several ranks need mpi4py and mpich: pip install -e '.[dist]'")
 
+from hosts import ENV, errors, mpirun, rank_pid, same_state, train, without_timing  # noqa: E402
 from minibp import checkpoint, integrity  # noqa: E402
 from runs import ROOT, base_args, make_dataset, read_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test starts trainers, most under mpirun
-
-# One thread a rank, as 2 ranks on 2 cores should run; the one-process runs they are compared with too.
-ENV = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-
-
-def mpirun():
-    """The mpirun of the MPI that mpi4py uses: pip's mpich puts it beside the interpreter's scripts."""
-    for folder in (Path(sys.executable).parent, Path(sysconfig.get_path("scripts"))):
-        if (folder / "mpirun").is_file():
-            return str(folder / "mpirun")
-    found = shutil.which("mpirun")
-    assert found, "mpich is installed with mpi4py (the test extra) and brings mpirun: none found"
-    return found
-
-
-def train(argv, *, ranks=1, env=ENV, timeout=120):
-    """Run the trainer (under mpirun with ranks > 1); the CompletedProcess, stdout and stderr as text."""
-    command = [sys.executable, "-m", "minibp.train"] + argv
-    if ranks > 1:
-        command = [mpirun(), "-n", str(ranks)] + command
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def errors(result):
-    return [line for line in result.stderr.splitlines() if line.startswith("error:")]
-
-
-def same_state(a, b):
-    a, b = (checkpoint.load(Path(run) / "checkpoint.h5") for run in (a, b))
-    return a.iteration == b.iteration and a.state.keys() == b.state.keys() and all(
-        np.array_equal(a.state[name], b.state[name]) for name in a.state)
-
-
-def without_timing(records):
-    return [{k: v for k, v in r.items() if k not in ("images_per_s", "time")} for r in records]
 
 
 @pytest.fixture(scope="module")
@@ -162,18 +124,6 @@ def start_long_run(work, out, *, tag, timeout):
         time.sleep(0.05)
     assert process.poll() is None, process.communicate()[0]
     return process
-
-
-def rank_pid(tag, rank):
-    """The pid of the rank of the run started with MINIBP_TEST_TAG=tag (MPICH tells it its rank as PMI_RANK)."""
-    wanted = {f"MINIBP_TEST_TAG={tag}".encode(), f"PMI_RANK={rank}".encode()}
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and wanted <= set((entry / "environ").read_bytes().split(b"\0")):
-                return int(entry.name)
-        except OSError:  # gone, or not ours
-            continue
-    raise AssertionError(f"no rank {rank} with tag {tag}")
 
 
 @pytest.mark.parametrize("how", ["killed", "stopped", "interrupted"])
