@@ -7,10 +7,10 @@ alternating over rounds:
     python bench/threads.py --beside     # two processes sharing the cores: the direct step alone and beside another
 
 
-direct: conv_direct's kernels, no BLAS (every float32 convolution on the CPU). The im2col rows force the
-im2col + GEMM path (conv_direct.DIRECT_CONV off), which float64 takes on the CPU: with OpenBLAS's own
-spin before its idle threads sleep (OPENBLAS_THREAD_TIMEOUT=28, its default), with minibp's (4: sleep at
-once, set in minibp/__init__.py), and with one BLAS thread.
+direct: conv_direct's kernels, no BLAS (what conv="auto", the default, runs in float32 on the CPU). The
+im2col rows compile the net with conv="gemm", the im2col + GEMM path float64 takes on the CPU: with
+OpenBLAS's own spin before its idle threads sleep (OPENBLAS_THREAD_TIMEOUT=28, its default), with minibp's
+(4: sleep at once, set in minibp/__init__.py), and with one BLAS thread.
 
 --beside: each path's step alone, then while a second process trains the same net through the same
 path (as an evaluation beside a trainer does), each with as many threads as there are cores. Shared
@@ -25,21 +25,20 @@ import subprocess
 import sys
 import time
 
-CONFIGS = {  # name: (direct path, environment)
-    "direct": (True, {}),
-    "im2col, OpenBLAS's spin": (False, {"OPENBLAS_THREAD_TIMEOUT": "28"}),
-    "im2col, minibp's setting": (False, {}),
-    "im2col, 1 BLAS thread": (False, {"OPENBLAS_NUM_THREADS": "1"}),
+CONFIGS = {  # name: (Net.compile's conv path, environment)
+    "direct": ("direct", {}),
+    "im2col, OpenBLAS's spin": ("gemm", {"OPENBLAS_THREAD_TIMEOUT": "28"}),
+    "im2col, minibp's setting": ("gemm", {}),
+    "im2col, 1 BLAS thread": ("gemm", {"OPENBLAS_NUM_THREADS": "1"}),
 }
 
 
 def child(name, steps, *, forever=False):
     import numpy as np
     from minibp import models
-    from minibp.layers import conv_direct
     from minibp.optim import SGD
-    conv_direct.DIRECT_CONV = CONFIGS[name][0]
-    net = models.by_name("resnet20", input_shape=(32, 32, 3), classes=10).compile(batch=64, bits=4, seed=0)
+    net = models.by_name("resnet20", input_shape=(32, 32, 3), classes=10).compile(batch=64, bits=4, seed=0,
+                                                                                 conv=CONFIGS[name][0])
     opt = SGD(net)
     rng = np.random.default_rng(0)
     images, labels = rng.standard_normal((64, 32, 32, 3)).astype(np.float32), rng.integers(0, 10, 64)
@@ -54,7 +53,7 @@ def child(name, steps, *, forever=False):
     step()  # warm-up: kernel builds, thread pools
     while forever:  # the neighbour of --beside: trains until killed
         step()
-    print(json.dumps(dict(times=[step() for _ in range(steps)], path=conv_direct.path(),
+    print(json.dumps(dict(times=[step() for _ in range(steps)], path=CONFIGS[name][0],
                           timeout=os.environ.get("OPENBLAS_THREAD_TIMEOUT"))))
 
 

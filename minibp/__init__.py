@@ -23,7 +23,7 @@ def __getattr__(name):
 
 # OpenBLAS's idle threads spin for up to 2^28 cycles after each GEMM (its default), taking the cores from
 # the OpenMP kernels that run between GEMMs wherever the im2col + BLAS path runs on the CPU (float64, or
-# float32 with conv_direct.DIRECT_CONV off): a ResNet-20 step took 3-4x longer (bench/threads.py). 2^4
+# a net compiled with conv="gemm"): a ResNet-20 step took 3-4x longer (bench/threads.py). 2^4
 # cycles makes them sleep at once. OpenBLAS reads it when it loads, with NumPy: an import of numpy
-# before minibp's keeps OpenBLAS's default (the float32 CPU path calls no BLAS, so training never sees it).
+# before minibp's keeps OpenBLAS's default (conv="auto", the default, calls no BLAS in float32 on the CPU).
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")

@@ -57,16 +57,21 @@ def run_conv(conv, x, w, bias, dy, *, n=2, col_values=None):
     return y, dw, db, dx, dx_added
 
 
+def conv_on(path, *args, **kwargs):
+    """A Conv2D computing through conv_direct.DirectPath if path is "direct", else through its own GemmPath."""
+    conv = layers.Conv2D(*args, **kwargs)
+    return conv.use(conv_direct.DirectPath(conv)) if path == "direct" else conv
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("path", ["direct", "im2col chunks"])
 def test_conv_equals_the_im2col_reference_to_float32_rounding(rng, monkeypatch, case, path):
     """Forward, weight gradient (added to what dw holds), bias gradient, data gradient (written, and
     added with accumulate_dx). 'im2col chunks': 3 images of at most 2 a chunk."""
     H, W, cin, cout, k, s, padding = case
-    monkeypatch.setattr(conv_direct, "DIRECT_CONV", path == "direct")
     if path != "direct":
         monkeypatch.setattr(layers.conv, "COL_ELEMENTS", 2 * H * W * k * k * cin)
-    conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding, bias=True)
+    conv = conv_on(path, (H, W, cin), cout, kernel=k, stride=s, padding=padding, bias=True)
     n = 3
     x = rng.standard_normal((n, H, W, cin)).astype(np.float32)
     w = rng.standard_normal(conv.weight_shape).astype(np.float32)
@@ -139,7 +144,7 @@ def test_every_cpu_target_computes_the_same_convolutions(rng, cpu_target):
     cases = [(9, 9, 17, 40, 3, 1, "same"), (8, 8, 16, 32, 3, 2, "same"), (6, 6, 64, 10, 1, 1, "same")]
     data = []
     for H, W, cin, cout, k, s, padding in cases:
-        conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding)
+        conv = conv_on("direct", (H, W, cin), cout, kernel=k, stride=s, padding=padding)
         x = rng.standard_normal((3, H, W, cin)).astype(np.float32)
         w = rng.standard_normal(conv.weight_shape).astype(np.float32)
         dy = rng.standard_normal((3,) + conv.out_shape).astype(np.float32)
@@ -173,10 +178,9 @@ def test_the_cpu_workspace_is_a_chunk_and_the_gpu_one_the_whole_batch(monkeypatc
         assert c.workspace_shape(128) == ((0, 0) if c.is_pointwise else (128 * c.Ho * c.Wo, c.kh * c.kw * c.cin))
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_a_workspace_smaller_than_planned_is_a_clear_error(rng, monkeypatch, direct):
-    monkeypatch.setattr(conv_direct, "DIRECT_CONV", direct)
-    conv = layers.Conv2D((6, 6, 4), 16, kernel=3, stride=2)
+@pytest.mark.parametrize("path", ["direct", "gemm"])
+def test_a_workspace_smaller_than_planned_is_a_clear_error(rng, path):
+    conv = conv_on(path, (6, 6, 4), 16, kernel=3, stride=2)
     x = rng.standard_normal((2, 6, 6, 4)).astype(np.float32)
     w = rng.standard_normal(conv.weight_shape).astype(np.float32)
     dy = rng.standard_normal((2,) + conv.out_shape).astype(np.float32)
@@ -219,17 +223,48 @@ def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
         "lanes 4, tile 6 pixels x 2 vectors, weight-gradient task 4 x 8", "ok"], done.stdout + done.stderr
 
 
-# ----------------------------------------------------------------------------- ConvPath: what a net asks of its convs
+# ----------------------------------------------------------------------------- ConvPath: each conv's path in a net
 
-def test_a_conv_path_is_gemm_or_cudnn():
+def paths(net):
+    """The class name of each conv's path, in the net's order."""
+    return [type(c.path).__name__ for u in net.units for c in u.convs()]
+
+
+def test_compile_gives_each_conv_its_path_and_refuses_direct_where_it_cannot_run():
+    """"auto" is the direct kernels on the CPU in float32, GEMM elsewhere; a refused compile changes nothing."""
     from nets import small_net
     net = small_net()
-    with pytest.raises(ValueError, match="conv must be one of 'gemm', 'cudnn', got 'fast'"):
+    with pytest.raises(ValueError, match="conv must be one of 'auto', 'gemm', 'direct', 'cudnn', got 'fast'"):
         net.compile(batch=2, conv="fast")
-    net.compile(batch=2, conv="gemm")
-    assert net.conv_path.kind == "gemm" and not net.conv_path.graphs
-    assert "cudnn_workspace" not in net.arena.plan and "cudnn_dw" not in net.arena.plan
-    assert all(c.engine is None for u in net.units for c in u.convs())
+    for kind, path in (("gemm", "GemmPath"), ("auto", "DirectPath" if backend.device == "cpu" else "GemmPath")):
+        net.compile(batch=2, conv=kind)
+        assert net.conv_path.kind == kind and not net.conv_path.graphs and set(paths(net)) == {path}
+        assert "cudnn_workspace" not in net.arena.plan and "cudnn_dw" not in net.arena.plan
+    double = small_net(dtype=np.float64).compile(batch=2)
+    assert set(paths(double)) == {"GemmPath"}
+    for refused in [double] + ([net] if backend.device == "gpu" else []):
+        before = paths(refused)
+        with pytest.raises(ValueError, match=f"conv='direct' runs on the CPU in float32 only, not on the "
+                                             f"{backend.device} in {np.dtype(refused.dtype).name}"):
+            refused.compile(batch=2, conv="direct")
+        assert paths(refused) == before
+
+
+def test_auto_is_direct_bit_for_bit_on_the_cpu_and_gemm_agrees():
+    from nets import small_net, tiny_batch
+    if backend.device != "cpu":
+        pytest.skip("the direct kernels run on the CPU")
+    net, (x, y) = small_net(), tiny_batch(np.random.default_rng(0), n=2)
+    results = {}
+    for kind in ("direct", "auto", "gemm"):
+        net.compile(batch=2, conv=kind)
+        net.initialize(seed=0)
+        loss, _ = net.forward(x, y)
+        net.backward()
+        results[kind] = loss, host(net.grads).copy()
+    assert results["auto"][0] == results["direct"][0] and np.array_equal(results["auto"][1], results["direct"][1])
+    assert abs(results["gemm"][0] - results["direct"][0]) < 1e-5
+    assert np.abs(results["gemm"][1] - results["direct"][1]).max() < 1e-4 * np.abs(results["direct"][1]).max()
 
 
 def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_batch(monkeypatch):
@@ -247,8 +282,8 @@ def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_
     assert plan["cudnn_workspace"].shape == (1000 + len(net.conv_path.graphs) - 1,)
     assert plan["cudnn_dw"].shape == (max(int(np.prod(c.weight_shape)) for c in net.conv_path.graphs),)
     for conv in [c for u in net.units for c in u.convs()]:
-        assert (conv.engine is not None) == (conv in net.conv_path.graphs)
-    assert net.units[-1].conv.engine is None  # the classifier stays on GEMM
+        assert isinstance(conv.path, conv_cudnn.CudnnPath) == (conv in net.conv_path.graphs)
+    assert not isinstance(net.units[-1].conv.path, conv_cudnn.CudnnPath)  # the classifier keeps "auto"'s path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         net.conv_path.check_batch(4)

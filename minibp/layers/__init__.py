@@ -6,9 +6,9 @@ reads (its input x), except batch norm's, which owns the unit's store and reads 
 kept is visible in one place: the unit's BatchNormReLU, which keeps a k-bit (or exact) store per unit and
 nothing else of size.
 
-    conv.py        Conv2D: any kernel size and stride, padding "same" or "valid" (im2col + GEMM), with its
-                   fast paths beside it: conv_direct.py (the CPU's float32 convs) and conv_cudnn.py (cuDNN,
-                   which a net's ConvPath wires in)
+    conv.py        Conv2D: any kernel size and stride, padding "same" or "valid", through the path object it
+                   holds: GemmPath (im2col + GEMM) here, DirectPath (the CPU's float32 kernels) in
+                   conv_direct.py, CudnnPath in conv_cudnn.py; a net's ConvPath chooses one per conv
     bn.py          BatchNormReLU: batch-statistics BN, gamma/beta and ReLU of a unit, fused with its store
     pool.py        MaxPool, AvgPool, GlobalAvgPool and the reference's ParameterFreeShortcut
     loss.py        softmax_cross_entropy: mean over the batch; loss, accuracy and dlogits
@@ -19,7 +19,7 @@ The *_ref functions are plain NumPy statements of what each kernel computes (for
 from .bn import (GAMMA_MIN, ROWS_PER_CHUNK, STATS_CHUNK, STATS_ROWS, BatchNormReLU, batchnorm_coefficients,
                  batchnorm_relu_backward, batchnorm_relu_backward_ref, batchnorm_relu_forward,
                  batchnorm_relu_forward_ref, batchnorm_relu_restore, batchnorm_statistics, reduction_chunks)
-from .conv import COL_ELEMENTS, CONV_PATHS, Conv2D, ConvPath, col2im_ref, im2col_ref
+from .conv import COL_ELEMENTS, CONV_PATHS, Conv2D, ConvPath, GemmPath, col2im_ref, im2col_ref
 from .launch import CPU_BLOCKS, GPU_BLOCK, GPU_MAX_BLOCKS, launch, output_size
 from .loss import softmax_cross_entropy, softmax_cross_entropy_backward
 from .pool import AvgPool, GlobalAvgPool, MaxPool, ParameterFreeShortcut, maxpool_backward_ref, pool_ref

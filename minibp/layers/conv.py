@@ -1,9 +1,25 @@
 """Conv2D: any kernel size and stride, padding "same" or "valid", NHWC, beside kernels/conv.cu.
 
-A 1x1 conv is one GEMM of the (N*H*W, C) matrix, a k x k conv im2col + GEMM; on the CPU every float32 conv
-takes conv_direct.py's kernels instead (a fast path with the same results), and on the GPU a net may run
-its convs through cuDNN (conv_cudnn.py). im2col_ref and col2im_ref state the im2col kernels in NumPy.
+A conv computes through the path object it holds, one of three, which a net chooses for each conv once,
+when it compiles (Net.compile(conv=...), ConvPath below):
+
+    GemmPath      here: a 1x1 conv is one GEMM of the (N*H*W, C) matrix, a k x k conv im2col + GEMM (any
+                  device, any dtype: the reference path, and a Conv2D's own until a net chooses)
+    DirectPath    conv_direct.py: the CPU's float32 kernels, a fast path with the same results
+    CudnnPath     conv_cudnn.py: cuDNN graphs on the GPU
+
+Each keeps one protocol, without the bias (Conv2D adds it, whatever the path):
+
+    path.forward(x, w, y, *, col)                                 y = conv(x, w)
+    path.backward(x, w, dy, *, dw, dx, accumulate_dx, col)        dw += dL/dw; dx = (+= with accumulate_dx)
+                                                                  dL/dx, unless dx is None
+
+col is the conv's workspace, planned by Conv2D.workspace_shape for whichever path runs on the device
+(Net.plan has no path to ask: a plan's sizes do not depend on it); a path's net-wide buffers (cuDNN's)
+come from ConvPath.plan_buffers. im2col_ref and col2im_ref state the im2col kernels in NumPy.
 """
+import warnings
+
 import numpy as np
 
 from .. import backend, kernels
@@ -11,7 +27,7 @@ from . import conv_cudnn, conv_direct
 from ..checks import positive_int
 from .launch import output_size
 
-CONV_PATHS = ("gemm", "cudnn")
+CONV_PATHS = ("auto", "gemm", "direct", "cudnn")
 COL_ELEMENTS = 1 << 20         # CPU: values a chunk of the im2col matrix holds (4 MiB of float32, cache-sized)
 
 
@@ -29,13 +45,8 @@ class Conv2D:
     """y = conv(x, w) [+ bias]: x (N, H, W, Cin), w (Cout, kh, kw, Cin), y (N, Ho, Wo, Cout).
 
     Weights are (Cout, kh, kw, Cin), cuDNN's filter layout for NHWC data ("KRSC"), so the same buffer
-    serves both paths; as a GEMM operand it is the (Cout, kh*kw*Cin) matrix w2, used transposed.
-
-    How it is computed (the results agree to float32 rounding):
-      direct   CPU, float32: conv_direct.py's kernels, a fast path that reads x and dy in place.
-      GEMM     an unstrided 1x1 conv otherwise: x itself is the GEMM operand.
-      im2col   the rest: im2col + GEMM, col2im for the data gradient, a chunk of images at a time in the
-               workspace: the whole batch on the GPU (one GEMM, as cuBLAS likes it), COL_ELEMENTS on the CPU.
+    serves every path; as a GEMM operand it is the (Cout, kh*kw*Cin) matrix w2, used transposed.
+    self.path computes it (GemmPath until use() gives it another: the module docstring lists them).
     """
 
     def __init__(self, in_shape, channels, *, kernel=3, stride=1, padding="same", bias=False):
@@ -47,7 +58,12 @@ class Conv2D:
         self.Ho, self.pad_top = output_size(self.H, self.kh, self.stride, padding)
         self.Wo, self.pad_left = output_size(self.W, self.kw, self.stride, padding)
         self.is_pointwise = self.kh == 1 and self.pad_top == 0 and self.pad_left == 0
-        self.engine = None  # a conv_cudnn.CudnnEngine when the net runs this conv through cuDNN
+        self.path = GemmPath(self)
+
+    def use(self, path):
+        """Compute through path from now on (a net's ConvPath gives each conv its own when it compiles)."""
+        self.path = path
+        return self
 
     @property
     def out_shape(self):
@@ -69,10 +85,10 @@ class Conv2D:
         return max(1, min(n, COL_ELEMENTS // (self.Ho * self.Wo * self.kh * self.kw * self.cin)))
 
     def workspace_shape(self, batch, *, accumulate_dx=False):
-        """(rows, cols) of the workspace col this conv needs: one chunk of the im2col matrix and, on the
-        CPU, the direct path's (conv_direct.workspace_rows). An unstrided 1x1 conv reads x in place and
-        needs no im2col chunk, unless its data gradient is added into another (accumulate_dx) on the GEMM
-        path: then the product goes through the workspace first."""
+        """(rows, cols) of the workspace col this conv needs on either path of the device: one chunk of the
+        im2col matrix and, on the CPU, the direct path's (conv_direct.workspace_rows). An unstrided 1x1 conv
+        reads x in place and needs no im2col chunk, unless its data gradient is added into another
+        (accumulate_dx) on the GEMM path: then the product goes through the workspace first."""
         im2col = not (self.is_pointwise and self.stride == 1) or accumulate_dx
         rows = max(self._images_per_chunk(batch) * self.Ho * self.Wo if im2col else 0,
                    conv_direct.workspace_rows(self, batch))
@@ -91,83 +107,87 @@ class Conv2D:
         return dict(N=n, H=self.H, W=self.W, C=self.cin, kh=self.kh, kw=self.kw, stride=self.stride,
                     pad_top=self.pad_top, pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
 
-    def _columns(self, x, col):
-        """The (n*Ho*Wo, kh*kw*Cin) matrix the GEMM reads for the n images of x: x itself, a subsampled
-        copy, or im2col."""
-        n = x.shape[0]
-        rows, cols = n * self.Ho * self.Wo, self.kh * self.kw * self.cin
-        if self.is_pointwise and self.stride == 1:
-            return x.reshape(rows, cols)
-        out = self._workspace(col, (rows, cols))
-        if self.is_pointwise:  # strided 1x1: subsample
-            backend.xp.copyto(out.reshape(n, self.Ho, self.Wo, self.cin), x[:, ::self.stride, ::self.stride, :])
-        else:
-            kernels.load("conv.cu", x.dtype).im2col(**self._geometry(n), x=x, col=out, threads=rows * self.kh * self.kw)
-        return out
-
-    def _add_columns(self, dcol, dx, *, accumulate):
-        """dx = (or += with accumulate) the adjoint of _columns applied to dcol, for the images of dx."""
-        n = dx.shape[0]
-        if self.is_pointwise and self.stride == 1:
-            if accumulate:
-                dx += dcol.reshape(dx.shape)
-            else:
-                backend.xp.copyto(dx, dcol.reshape(dx.shape))
-        elif self.is_pointwise:  # strided 1x1: the subsampled positions get the gradient, the rest 0
-            if not accumulate:
-                dx[...] = 0
-            dx[:, ::self.stride, ::self.stride, :] += dcol.reshape(n, self.Ho, self.Wo, self.cin)
-        else:
-            kernels.load("conv.cu", dx.dtype).col2im(**self._geometry(n), accumulate=accumulate, col=dcol, dx=dx,
-                                           threads=n * self.H * self.W)
-
-    def _chunks(self, n):
-        """(first, end) images of each im2col chunk."""
-        step = self._images_per_chunk(n)
-        return [(first, min(n, first + step)) for first in range(0, n, step)]
-
     def forward(self, x, w, bias, y, *, col):
         """y (N, Ho, Wo, Cout) = conv(x (N, H, W, Cin)); col is the workspace (workspace_shape)."""
-        xp = backend.xp
-        n = x.shape[0]
-        if self.engine is not None and n == self.engine.batch:
-            self.engine.forward(x, w, y)
-            return
-        y2 = y.reshape(n * self.Ho * self.Wo, self.cout)
-        w2 = w.reshape(self.cout, -1)
-        if conv_direct.applies(x.dtype):
-            conv_direct.forward(self, x, w, y)
-        elif self.is_pointwise and self.stride == 1:
-            xp.matmul(x.reshape(-1, self.cin), w2.T, out=y2)
-        else:
-            pixels = self.Ho * self.Wo
-            for first, end in self._chunks(n):
-                xp.matmul(self._columns(x[first:end], col), w2.T, out=y2[first * pixels:end * pixels])
+        self.path.forward(x, w, y, col=col)
         if self.has_bias:
+            y2 = y.reshape(-1, self.cout)
             y2 += bias
 
     def backward(self, x, w, dy, *, dw, dbias=None, dx=None, accumulate_dx=False, col):
         """dw += dL/dw (and dbias); dx = dL/dx (+= with accumulate_dx) if dx is given. Reads x, the
-        forward input. What the direct kernels or a plain GEMM do not cover goes through im2col chunks:
-        in each, the weight gradient first, then the data gradient in the same workspace."""
-        xp = backend.xp
-        n = x.shape[0]
-        if self.engine is not None and n == self.engine.batch and not accumulate_dx:
-            self.engine.backward(x, w, dy, dw=dw, dx=dx)
-            return
-        pixels = self.Ho * self.Wo
-        dy2 = dy.reshape(n * pixels, self.cout)
-        w2 = w.reshape(self.cout, -1)  # (Cout, kh*kw*Cin)
+        forward input."""
         if self.has_bias:
-            dbias += dy2.sum(axis=0)
-        if conv_direct.applies(x.dtype):
-            conv_direct.backward(self, x, w, dy, dw=dw, dx=dx, accumulate_dx=accumulate_dx, col=col)
-            return
-        dw_left = not (self.is_pointwise and self.stride == 1)
+            dbias += dy.reshape(-1, self.cout).sum(axis=0)
+        self.path.backward(x, w, dy, dw=dw, dx=dx, accumulate_dx=accumulate_dx, col=col)
+
+
+class GemmPath:
+    """im2col + GEMM for one Conv2D, any device and dtype. An unstrided 1x1 conv is one GEMM of x itself;
+    the rest go through the workspace a chunk of images at a time: the whole batch on the GPU (one GEMM, as
+    cuBLAS likes it), COL_ELEMENTS on the CPU; col2im takes the data gradient."""
+
+    def __init__(self, conv):
+        self.conv = conv
+
+    def _columns(self, x, col):
+        """The (n*Ho*Wo, kh*kw*Cin) matrix the GEMM reads for the n images of x: x itself, a subsampled
+        copy, or im2col."""
+        c, n = self.conv, x.shape[0]
+        rows, cols = n * c.Ho * c.Wo, c.kh * c.kw * c.cin
+        if c.is_pointwise and c.stride == 1:
+            return x.reshape(rows, cols)
+        out = c._workspace(col, (rows, cols))
+        if c.is_pointwise:  # strided 1x1: subsample
+            backend.xp.copyto(out.reshape(n, c.Ho, c.Wo, c.cin), x[:, ::c.stride, ::c.stride, :])
+        else:
+            kernels.load("conv.cu", x.dtype).im2col(**c._geometry(n), x=x, col=out, threads=rows * c.kh * c.kw)
+        return out
+
+    def _add_columns(self, dcol, dx, *, accumulate):
+        """dx = (or += with accumulate) the adjoint of _columns applied to dcol, for the images of dx."""
+        c, n = self.conv, dx.shape[0]
+        if c.is_pointwise and c.stride == 1:
+            if accumulate:
+                dx += dcol.reshape(dx.shape)
+            else:
+                backend.xp.copyto(dx, dcol.reshape(dx.shape))
+        elif c.is_pointwise:  # strided 1x1: the subsampled positions get the gradient, the rest 0
+            if not accumulate:
+                dx[...] = 0
+            dx[:, ::c.stride, ::c.stride, :] += dcol.reshape(n, c.Ho, c.Wo, c.cin)
+        else:
+            kernels.load("conv.cu", dx.dtype).col2im(**c._geometry(n), accumulate=accumulate, col=dcol, dx=dx,
+                                                     threads=n * c.H * c.W)
+
+    def _chunks(self, n):
+        """(first, end) images of each im2col chunk."""
+        step = self.conv._images_per_chunk(n)
+        return [(first, min(n, first + step)) for first in range(0, n, step)]
+
+    def forward(self, x, w, y, *, col):
+        xp, c, n = backend.xp, self.conv, x.shape[0]
+        y2 = y.reshape(n * c.Ho * c.Wo, c.cout)
+        w2 = w.reshape(c.cout, -1)
+        if c.is_pointwise and c.stride == 1:
+            xp.matmul(x.reshape(-1, c.cin), w2.T, out=y2)
+        else:
+            pixels = c.Ho * c.Wo
+            for first, end in self._chunks(n):
+                xp.matmul(self._columns(x[first:end], col), w2.T, out=y2[first * pixels:end * pixels])
+
+    def backward(self, x, w, dy, *, dw, dx, accumulate_dx, col):
+        """What a plain GEMM does not cover goes through im2col chunks: in each, the weight gradient first,
+        then the data gradient in the same workspace."""
+        xp, c, n = backend.xp, self.conv, x.shape[0]
+        pixels = c.Ho * c.Wo
+        dy2 = dy.reshape(n * pixels, c.cout)
+        w2 = w.reshape(c.cout, -1)  # (Cout, kh*kw*Cin)
+        dw_left = not (c.is_pointwise and c.stride == 1)
         if not dw_left:
-            _add_weight_grad(dw, dy2, x.reshape(n * pixels, self.cin))
+            _add_weight_grad(dw, dy2, x.reshape(n * pixels, c.cin))
             if dx is not None and not accumulate_dx:
-                xp.matmul(dy2, w2, out=dx.reshape(n * pixels, self.cin))
+                xp.matmul(dy2, w2, out=dx.reshape(n * pixels, c.cin))
                 dx = None
         if not dw_left and dx is None:
             return
@@ -176,7 +196,7 @@ class Conv2D:
             if dw_left:
                 _add_weight_grad(dw, dy2[rows], self._columns(x[first:end], col))
             if dx is not None:
-                dcol = self._workspace(col, (end * pixels - first * pixels, w2.shape[1]))
+                dcol = c._workspace(col, (end * pixels - first * pixels, w2.shape[1]))
                 xp.matmul(dy2[rows], w2, out=dcol)
                 self._add_columns(dcol, dx[first:end], accumulate=accumulate_dx)
 
@@ -200,30 +220,47 @@ def col2im_ref(col, x_shape, kh, kw, stride, pad_top, pad_left, Ho, Wo):
 
 
 class ConvPath:
-    """Which code runs a net's convolutions, chosen once when it compiles (Net.compile(conv=...)):
+    """Which path runs each of a net's convolutions, chosen once when it compiles (Net.compile(conv=...)):
 
-        "gemm"   every Conv2D on its own path (im2col + GEMM; on the CPU the direct kernels), both devices
-        "cudnn"  GPU: every conv but the classifier's through cuDNN graphs built for the compiled batch
-                 (conv_cudnn.py); a forward at another batch takes the "gemm" path, with a warning
+        "auto"    the default: DirectPath where conv_direct.applies (the CPU, float32), else GemmPath
+        "gemm"    GemmPath for every conv, both devices
+        "direct"  DirectPath for every conv: the CPU in float32 only (the kernels take every shape), a
+                  ValueError elsewhere
+        "cudnn"   GPU: CudnnPath for every conv but the classifier's, through graphs built for the compiled
+                  batch (conv_cudnn.py); the classifier, a forward at another batch (with a warning) and a
+                  data gradient added into another take "auto"'s path
 
-    The net asks it for the buffers its plan needs, attaches it to the convs once the arena exists, and
-    shows it each forward's batch; it knows nothing else of the net."""
+    The net asks it for the buffers its plan needs, has it give each conv its path once the arena exists,
+    and shows it each forward's batch; it knows nothing else of the net."""
 
     def __init__(self, kind, units, *, batch, dtype):
         if kind not in CONV_PATHS:
             raise ValueError(f"conv must be one of {', '.join(map(repr, CONV_PATHS))}, got {kind!r}")
-        self.kind, self.convs = kind, [c for u in units for c in u.convs()]
-        # {Conv2D: its built conv_cudnn.ConvGraphs}; the classifier's conv stays on GEMM
+        direct = conv_direct.applies(dtype)
+        if kind == "direct" and not direct:
+            raise ValueError(f"conv='direct' runs on the CPU in float32 only, not on the {backend.device} in "
+                             f"{np.dtype(dtype).name}: use conv='auto' or 'gemm'")
+        own = conv_direct.DirectPath if direct and kind != "gemm" else GemmPath
+        self.kind, self.batch = kind, batch
+        self.paths = {c: own(c) for u in units for c in u.convs()}  # {Conv2D: its path, but cuDNN's}
+        # {Conv2D: its built conv_cudnn.ConvGraphs}; the classifier's conv keeps its own path
         self.graphs = conv_cudnn.net_graphs(units, batch=batch, dtype=dtype) if kind == "cudnn" else {}
 
     def plan_buffers(self, plan, *, dtype):
-        """Add this path's buffers to a step's plan: none for "gemm"; cuDNN's workspace and weight scratch."""
+        """Add this path's buffers to a step's plan: none but cuDNN's workspace and weight scratch."""
         if self.graphs:
             conv_cudnn.plan_buffers(plan, self.graphs, dtype=dtype)
 
     def attach(self, arena):
-        """Point every conv at its engine (None: its own path) with the arena's buffers."""
-        conv_cudnn.attach_engines(self.convs, self.graphs, arena)
+        """Give every conv its path, the cuDNN ones with the arena's buffers."""
+        for conv, path in self.paths.items():
+            if conv in self.graphs:
+                path = conv_cudnn.CudnnPath(self.graphs[conv], fallback=path, workspace=arena["cudnn_workspace"],
+                                            dw_scratch=arena["cudnn_dw"])
+            conv.use(path)
 
     def check_batch(self, n):
-        conv_cudnn.warn_on_other_batch(self.convs, n)
+        """Warn that a forward at a batch other than the compiled one runs without cuDNN (the graphs are built
+        for one batch); Python shows it once."""
+        if self.graphs and n != self.batch:
+            warnings.warn(f"the cuDNN plans are built for batch {self.batch}: a batch of {n} runs through GEMM")

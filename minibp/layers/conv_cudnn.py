@@ -5,9 +5,9 @@ dgrad (dx from dy and w) and wgrad (dw from x and dy). All tensors are float32 a
 described to cuDNN as NCHW dimensions with NHWC strides; weights are (Cout, kh, kw, Cin), cuDNN's
 KRSC filter layout. Padding is TensorFlow's "same" (possibly one more row/column after than
 before), given as pre/post padding. Workspace comes from the arena; the handle runs on CuPy's
-current stream. The GEMM path (layers.Conv2D) stays the reference: the GPU tests compare the two.
+current stream. The GEMM path (conv.GemmPath) stays the reference: the GPU tests compare the two.
 A net's convs come here through conv.ConvPath (Net.compile(conv="cudnn")), which calls the functions at the
-end of this file.
+end of this file and gives each conv with graphs a CudnnPath.
 
 Status: the graph descriptions are built and checked on the CPU in CI (tests/test_cudnn.py); building
 plans and executing them needs a GPU and has not yet run (docs/gpu.md).
@@ -16,8 +16,6 @@ plans and executing them needs a GPU and has not yet run (docs/gpu.md).
     graphs.build(handle)                      # on the GPU: plans, and graphs.workspace_bytes
     graphs.forward(x, w, y, workspace=ws)
 """
-import warnings
-
 import numpy as np
 
 from .. import backend
@@ -104,18 +102,25 @@ class ConvGraphs:
         self._run("wgrad", dict(x=x, dy=dy, dw=dw), workspace)
 
 
-class CudnnEngine:
-    """What a Conv2D runs through when its net compiled with conv="cudnn": the graphs at the compiled
-    batch, the arena's workspace, and a weight-sized scratch (wgrad overwrites; minibp accumulates)."""
+class CudnnPath:
+    """A Conv2D's path when its net compiled with conv="cudnn" (conv.py's protocol): the graphs at the
+    compiled batch, the arena's workspace, and a weight-sized scratch (wgrad overwrites; minibp accumulates).
+    Another batch, and a data gradient added into another (dgrad overwrites), take fallback, "auto"'s path."""
 
-    def __init__(self, graphs, *, workspace, dw_scratch):
-        self.graphs, self.workspace, self.dw_scratch = graphs, workspace, dw_scratch
+    def __init__(self, graphs, *, fallback, workspace, dw_scratch):
+        self.graphs, self.fallback, self.workspace, self.dw_scratch = graphs, fallback, workspace, dw_scratch
         self.batch = graphs.batch
 
-    def forward(self, x, w, y):
+    def forward(self, x, w, y, *, col):
+        if x.shape[0] != self.batch:
+            self.fallback.forward(x, w, y, col=col)
+            return
         self.graphs.forward(x, w, y, workspace=self.workspace)
 
-    def backward(self, x, w, dy, *, dw, dx):
+    def backward(self, x, w, dy, *, dw, dx, accumulate_dx, col):
+        if x.shape[0] != self.batch or accumulate_dx:
+            self.fallback.backward(x, w, dy, dw=dw, dx=dx, accumulate_dx=accumulate_dx, col=col)
+            return
         scratch = self.dw_scratch[: dw.size].reshape(dw.shape)
         self.graphs.backward_weights(x, dy, scratch, workspace=self.workspace)
         dw += scratch
@@ -159,18 +164,3 @@ def plan_buffers(plan, graphs, *, dtype):
     plan.add("cudnn_workspace", (max(max(g.workspace_bytes for g in graphs.values()), 1),), np.uint8, "workspace")
     plan.add("cudnn_dw", (max(int(np.prod(conv.weight_shape)) for conv in graphs),), dtype, "workspace")
 
-
-def attach_engines(convs, graphs, arena):
-    """Every conv back on the GEMM path, then the ones with graphs onto cuDNN, with the arena's workspace."""
-    for conv in convs:
-        conv.engine = None
-    for conv, g in graphs.items():
-        conv.engine = CudnnEngine(g, workspace=arena["cudnn_workspace"], dw_scratch=arena["cudnn_dw"])
-
-
-def warn_on_other_batch(convs, n):
-    """A batch other than the compiled one runs through GEMM (the graphs are built for one batch): say so,
-    once (Python shows a warning once per place)."""
-    engine = convs[0].engine if convs else None
-    if engine is not None and n != engine.batch:
-        warnings.warn(f"the cuDNN plans are built for batch {engine.batch}: a batch of {n} runs through GEMM")

@@ -1,12 +1,13 @@
 """The CPU's fast path for float32 convolutions: kernels/conv_direct.cu, not part of the method.
 
-On the CPU, Conv2D (conv.py) hands its float32 convolutions here: conv_direct and conv_weight_grad read
-x and dy in place (the data gradient is conv_direct of dy, dilated by the stride, with the flipped kernel),
-with no im2col matrix and no BLAS. Why not BLAS: OpenBLAS's threads spin for a while after each GEMM and
-take the cores from the OpenMP kernels that run between (measured 2x slower kernels after a GEMM, 2
-cores). One source serves every CPU: its vectors are as wide as the build's CPU target (build.py:
-AVX-512, AVX2, SSE or NEON), and geometry() reads the tile sizes the build chose. The results agree with
-the im2col path (conv.py) to float32 rounding; tests/test_conv.py checks both.
+DirectPath computes a Conv2D (conv.py) where a net compiles with conv="auto" (the default) or "direct" on
+the CPU in float32: conv_direct and conv_weight_grad read x and dy in place (the data gradient is
+conv_direct of dy, dilated by the stride, with the flipped kernel), with no im2col matrix and no BLAS.
+Why not BLAS: OpenBLAS's threads spin for a while after each GEMM and take the cores from the OpenMP
+kernels that run between (measured 2x slower kernels after a GEMM, 2 cores). One source serves every CPU:
+its vectors are as wide as the build's CPU target (build.py: AVX-512, AVX2, SSE or NEON), and geometry()
+reads the tile sizes the build chose. The results agree with the im2col path (conv.py's GemmPath) to
+float32 rounding; tests/test_conv.py checks both.
 """
 import functools
 
@@ -15,10 +16,6 @@ import numpy as np
 from .. import backend, build, kernels
 
 GRAD_CHUNK_ELEMENTS = 1 << 18  # values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
-
-# The direct kernels run every float32 convolution on the CPU. Tests and benchmarks set it to False to
-# compare with the im2col + BLAS path (which float64 and the GPU take).
-DIRECT_CONV = True
 
 
 class Geometry:
@@ -39,15 +36,17 @@ def geometry():
 
 
 def path(dtype=np.float32):
-    """The way Conv2D computes convolutions on arrays of dtype here, in words (the benchmarks print it)."""
+    """The way a net compiled with conv="auto" computes convolutions on arrays of dtype here, in words (the
+    benchmarks print it)."""
     if not applies(dtype):
         return f"im2col + {'cuBLAS' if backend.device == 'gpu' else 'BLAS'} GEMM"
     return f"direct, {build.cpu_target()[0]} ({geometry().lanes} floats a vector)"
 
 
 def applies(dtype):
-    """True when the direct kernels compute a conv on arrays of dtype, and its gradients."""
-    return DIRECT_CONV and backend.device == "cpu" and dtype == np.float32
+    """True when the direct kernels can compute convs on arrays of dtype here, and their gradients (any
+    shape: the kernels' plain loops take what their vector ones do not)."""
+    return backend.device == "cpu" and dtype == np.float32
 
 
 def grad_chunks(conv, n):
@@ -89,22 +88,28 @@ def _convolve(conv, x, wt, y, *, accumulate, transposed=False):
         **_tasks(tiles))
 
 
-def forward(conv, x, w, y):
-    """y = conv(x) for Conv2D conv, w (Cout, kh, kw, Cin)."""
-    _convolve(conv, x, backend.xp.ascontiguousarray(w.reshape(conv.cout, -1).T), y, accumulate=False)
+class DirectPath:
+    """conv_direct.cu's kernels for one Conv2D (the CPU, float32): the protocol of conv.py's paths."""
 
+    def __init__(self, conv):
+        self.conv = conv
 
-def backward(conv, x, w, dy, *, dw, dx, accumulate_dx, col):
-    """dw += dL/dw: conv_weight_grad's partial sums over chunks of images (in col, L2-sized chunks), then
-    their sum; dx = (or += with accumulate_dx) dL/dx when dx is given."""
-    n = x.shape[0]
-    chunks, images = grad_chunks(conv, n)
-    partial = conv._workspace(col, (chunks, conv.kh * conv.kw * conv.cin, conv.cout))
-    g = geometry()
-    tasks = chunks * conv.kh * conv.kw * -(-conv.cin // g.grad_inputs) * -(-conv.cout // g.grad_outputs)
-    kernels.load("conv_direct.cu", x.dtype).conv_weight_grad(
-        **conv._geometry(n), Cout=conv.cout, images_per_chunk=images, x=x, dy=dy, partial=partial, **_tasks(tasks))
-    dw += partial.sum(axis=0).T.reshape(dw.shape)
-    if dx is not None:
-        flipped = backend.xp.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3))  # (kh, kw, Cout, Cin)
-        _convolve(conv, dy, flipped, dx, accumulate=accumulate_dx, transposed=True)
+    def forward(self, x, w, y, *, col):
+        """y = conv(x), w (Cout, kh, kw, Cin); no workspace."""
+        c = self.conv
+        _convolve(c, x, backend.xp.ascontiguousarray(w.reshape(c.cout, -1).T), y, accumulate=False)
+
+    def backward(self, x, w, dy, *, dw, dx, accumulate_dx, col):
+        """dw += dL/dw: conv_weight_grad's partial sums over chunks of images (in col, L2-sized chunks), then
+        their sum; dx = (or += with accumulate_dx) dL/dx when dx is given."""
+        c, n = self.conv, x.shape[0]
+        chunks, images = grad_chunks(c, n)
+        partial = c._workspace(col, (chunks, c.kh * c.kw * c.cin, c.cout))
+        g = geometry()
+        tasks = chunks * c.kh * c.kw * -(-c.cin // g.grad_inputs) * -(-c.cout // g.grad_outputs)
+        kernels.load("conv_direct.cu", x.dtype).conv_weight_grad(
+            **c._geometry(n), Cout=c.cout, images_per_chunk=images, x=x, dy=dy, partial=partial, **_tasks(tasks))
+        dw += partial.sum(axis=0).T.reshape(dw.shape)
+        if dx is not None:
+            flipped = backend.xp.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3))  # (kh, kw, Cout, Cin)
+            _convolve(c, dy, flipped, dx, accumulate=accumulate_dx, transposed=True)
