@@ -11,7 +11,8 @@ trainer does (TrainStep with the group: its half of the batch, one gradient sum 
 on random CIFAR-shaped images, and rank 0 reports images/s of the global batch over --steps steps after
 a warm-up. Under 2 ranks it then times the sum over the ranks of a gradient buffer the size of
 ResNet-164's and of ResNet-1001's (float32), with the bounded, polled sum the trainer uses
-(Group.sum: Iallreduce + Test) and with a plain blocking Allreduce, median of --repeats.
+(Group.sum: all-to-all, a sum in rank order, all-gather, each polled) and with a plain blocking
+Allreduce, median of --repeats.
 
 On a machine with as many cores as the 1-rank run uses, 2 ranks can only win by what one process
 leaves idle (the Python between kernels, single-threaded passes); the gain of more ranks comes with

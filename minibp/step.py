@@ -28,11 +28,11 @@ at fixed addresses, so the step can be captured once as a CUDA graph and replaye
 Several ranks (group, dist.py), each running split sub-batches of its share of the batch, take the
 step of one process running ranks * split sub-batches: each backward is scaled by 1 / (ranks * split);
 the forward passes write the running-statistics increments aside (defer_running); after the last
-backward one all-reduce sums the flat gradients over the ranks and one all-gather brings every rank's
-increments, losses and accuracies, which every rank then applies in rank order before the same SGD
-step. (With 2 ranks of 1 sub-batch the summed gradients are bit for bit those of one process with 2:
-0 + g1 on one rank, 0 + g2 on the other, g1 + g2 either way; in general they differ from it by the
-order of the additions.) Eager, the losses are checked after the gather, on every rank alike, before
+backward one sum over the ranks (group.sum: in rank order on the CPU) adds the flat gradients and one
+all-gather brings every rank's increments, losses and accuracies, which every rank then applies in rank
+order before the same SGD step. (With P ranks of 1 sub-batch each the summed gradients are bit for bit
+those of one process with --split P, added in the same order; with split above 1 on each rank they
+differ from it by the order of the additions, and NCCL's sum keeps its own order.) Eager, the losses are checked after the gather, on every rank alike, before
 anything is applied; a graph captures the NCCL calls with the rest (MPI cannot be captured: the CPU has
 no graphs anyway).
 """
