@@ -138,8 +138,15 @@ class Hosts:
             for i in range(count):
                 root = self.base / f"host{i}"
                 root.mkdir(parents=True)
-                holder = self._hold('hostname "$1" && mount --bind "$2" /tmp && mount -t tmpfs tmpfs /dev/shm',
-                                    f"host{i}", str(root))
+                # A checkout under /tmp (CI clones into one) stays in view: bound into the host's own /tmp
+                # before it goes over /tmp (--rbind carries that bind along), as a shared install would be.
+                keep = ROOT.resolve()
+                inner = root / keep.relative_to("/tmp") if keep.is_relative_to("/tmp") else None
+                if inner is not None:
+                    inner.mkdir(parents=True)
+                holder = self._hold('hostname "$1" && { [ -z "$3" ] || mount --bind "$4" "$3"; } && '
+                                    'mount --rbind "$2" /tmp && mount -t tmpfs tmpfs /dev/shm',
+                                    f"host{i}", str(root), str(inner or ""), str(keep))
                 host = Host(f"host{i}", f"{SUBNET}.{i + 1}", root, holder.pid)
                 # the cable: eth0 in the host, its other end a port of the bridge
                 for command in (f"ip link add eth0 netns {host.pid} type veth peer name port{i}",
