@@ -14,9 +14,19 @@ deviation and spread (largest minus smallest), and the mean's difference to exac
 (Student's t over the seeds' paired differences: a seed gives every mode the same initial weights and
 data order, so the pairs share most of a seed's luck).
 Data: python3 -m minibp.prepare fashion-mnist (or cifar10).
+
+--ledger FILE keeps finished runs across machines: a run whose settings (data, model, iterations, batch,
+schedule, augmentation, mode, seed) FILE holds is read from it rather than trained, and every run that
+finishes here is added to it, with its validations, the CPU it trained on and minibp's commit. minibp
+trains the same weights on any CPU, so a ledger filled over several sessions gives the same table as one
+long session would. bench/results/accuracy_ledger.jsonl is the repository's (docs/results.md).
 """
 import argparse
+import datetime
 import json
+import os
+import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from gradients import label, store_options
-from minibp import train
+from minibp import checkpoint, train
 
 DEFAULT_SCHEDULE = "0:0.02,50:0.1,400:0.01,650:0.001"  # warm-up, then steps at 1/2 and 13/16 of 800
 # Student's t at 97.5% for 1 to 30 degrees of freedom (a two-sided 95% interval), then the normal's 1.96.
@@ -53,6 +63,57 @@ def last_validation(run):
     return validations(run)[-1]
 
 
+# What makes two runs the same run: the settings a ledger record is looked up by.
+LEDGER_KEY = ("data", "model", "iters", "batch", "lr_schedule", "augment", "mode", "seed")
+
+
+def read_ledger(path):
+    """The ledger's records by their key; none for a file not there yet. A line that is not a record is an
+    error naming the file and line (a hand edit gone wrong), not a run to train again silently."""
+    records = {}
+    if not path.exists():
+        return records
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            key = tuple(record[k] for k in LEDGER_KEY)
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"bench/accuracy.py: {path} line {number} is not a ledger record ({e})") from None
+        records[key] = record
+    return records
+
+
+def append_ledger(path, record):
+    """Adds a record: the file is written whole to a temporary and renamed, so a full disk or a stop
+    leaves the ledger as it was."""
+    old = path.read_text() if path.exists() else ""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(old + json.dumps(record) + "\n")
+    os.replace(tmp, path)
+
+
+def cpu_name():
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def commit():
+    """minibp's commit, with "+changes" where the checkout has uncommitted ones; "unknown" outside git."""
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+changes" if dirty else "")
+
+
 def mean_minutes(minutes, mode, seeds):
     """The mean minutes of the mode's runs that trained in this call ("-" when every one had finished before:
     resuming a finished run takes no time). A run interrupted and resumed counts its last part only."""
@@ -70,17 +131,33 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=800)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
+    parser.add_argument("--augment", default=None, metavar="LIST",
+                        help="the runs' --augment (default: the trainer's default for the data)")
     parser.add_argument("--out", default="runs/accuracy")
+    parser.add_argument("--ledger", type=Path, default=None, metavar="FILE",
+                        help="read finished runs from FILE and add the runs that finish here (not with --quick)")
     parser.add_argument("--quick", action="store_true", help="resnet11, batch 16, 4 iterations: a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
         args.model, args.iters, args.batch, args.lr_schedule = "resnet11", 4, 16, "0:0.05"
+        if args.ledger is not None:
+            parser.error("--ledger keeps full runs; a --quick run writes none")
+    ledger = read_ledger(args.ledger) if args.ledger is not None else {}
     modes, seeds = args.modes.split(","), [int(s) for s in args.seeds.split(",")]
     accuracy, minutes = {}, {}  # (mode, seed) -> final test accuracy, minutes the run took (if it trained)
     for mode in modes:
         store = store_options(mode)
         for seed in seeds:
             run = Path(args.out) / f"{args.data}-{args.model}-{label(mode).replace(' ', '-')}-seed{seed}"
+            settings = dict(data=args.data, model=args.model, iters=args.iters, batch=args.batch,
+                            lr_schedule=args.lr_schedule, augment=args.augment or "default", mode=mode, seed=seed)
+            known = ledger.get(tuple(settings[k] for k in LEDGER_KEY))
+            if known is not None:
+                accuracy[mode, seed] = known["accuracy"]
+                print(f"=== {label(mode)}, seed {seed}: {100 * known['accuracy']:.2f}% from {args.ledger} "
+                      f"(trained {known['date']} on {known['cpu']}, minibp {known['commit']}"
+                      + (f"; {known['source']}" if known.get("source") else "") + ")", flush=True)
+                continue
             common = ["--out", str(run), "--iters", str(args.iters)]
             if (run / "checkpoint.h5").exists():  # (the data may have moved since: a run keeps its folder's path)
                 argv = common + ["--resume", "--data-dir", args.data_dir]
@@ -90,6 +167,7 @@ def main(argv=None):
                                  "--bits", store["bits"], "--window", store["window"], "--batch", str(args.batch),
                                  *(["--rounding", store["rounding"]] if store["rounding"] != "nearest" else []),
                                  "--lr-schedule", args.lr_schedule, "--seed", str(seed),
+                                 *(["--augment", args.augment] if args.augment else []),
                                  "--val-every", str(max(args.iters // 4, 1)),
                                  "--log-every", str(max(args.iters // 40, 1))]
             finished = any(r["iter"] >= args.iters for r in validations(run))
@@ -101,6 +179,14 @@ def main(argv=None):
             accuracy[mode, seed] = last_validation(run)["accuracy"]
             if not finished:  # a run trained before and only resumed at its end says nothing of the time a run takes
                 minutes[mode, seed] = (time.perf_counter() - start) / 60
+            if args.ledger is not None:
+                saved = checkpoint.load(run / "checkpoint.h5").config
+                append_ledger(args.ledger, dict(
+                    settings, accuracy=accuracy[mode, seed], resolved_augment=saved["augment"],
+                    validations=[[r["iter"], r["accuracy"]] for r in validations(run)],
+                    cpu=cpu_name(), commit=commit(), date=datetime.date.today().isoformat(),
+                    minutes_trained_here=round(minutes[mode, seed], 1) if (mode, seed) in minutes else None))
+                print(f"    added to {args.ledger}", flush=True)
     exact = np.array([100 * accuracy["exact", s] for s in seeds]) if "exact" in modes else None
     print(f"\n{args.model} on {args.data}, {args.iters} iterations at batch {args.batch}, seeds "
           f"{', '.join(map(str, seeds))}: test accuracy (%); vs exact: the mean paired difference and its 95% interval")

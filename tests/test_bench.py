@@ -55,6 +55,35 @@ def test_accuracy_bench_quick(tmp_path):
 
 
 @pytest.mark.slow
+def test_accuracy_bench_ledger(tmp_path):
+    """A ledger holds each finished run once; a run it holds is read, not trained, even where its folder is
+    gone (another machine); --quick never writes one."""
+    import json
+    make_dataset(tmp_path / "data", "fashion-mnist", shape=(8, 8, 1))
+    ledger = tmp_path / "ledger.jsonl"
+    tiny = ["bench/accuracy.py", "--data-dir", str(tmp_path / "data"), "--model", "resnet11", "--iters", "4",
+            "--batch", "16", "--lr-schedule", "0:0.05", "--modes", "exact,4:range", "--ledger", str(ledger)]
+    first = run(*tiny, "--seeds", "0", "--out", str(tmp_path / "a"))
+    records = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert [(r["mode"], r["seed"]) for r in records] == [("exact", 0), ("4:range", 0)]
+    assert all(r["iters"] == 4 and r["validations"][-1] == [4, r["accuracy"]] and r["augment"] == "default"
+               and r["resolved_augment"] == "crop,flip" for r in records)
+    # another machine: no run folders; seed 0 comes from the ledger, seed 1 trains and is added
+    second = run(*tiny, "--seeds", "0,1", "--out", str(tmp_path / "b"))
+    assert second.count("from " + str(ledger)) == 2 and not (tmp_path / "b" / "fashion-mnist-resnet11-exact-seed0").exists()
+    assert len(ledger.read_text().splitlines()) == 4
+    row = lambda out, mode: next(l.split()[1] for l in out.split("test accuracy (%)")[1].splitlines() if l.split()[:1] == [mode])
+    assert row(second, "exact") == row(first, "exact")
+    done = subprocess.run([sys.executable, "bench/accuracy.py", "--quick", "--ledger", str(ledger)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--quick run writes none" in done.stderr
+    ledger.write_text(ledger.read_text() + "{not json\n")
+    done = subprocess.run([sys.executable, *tiny, "--seeds", "0", "--out", str(tmp_path / "c")], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and "line 5 is not a ledger record" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.slow
 def test_accumulation_bench_quick(tmp_path):
     out = run("bench/accumulation.py", "--quick", "--plot", str(tmp_path / "acc.png"))
     assert "naive mean" in out and (tmp_path / "acc.png").stat().st_size > 1000
