@@ -72,12 +72,14 @@ def largest_batch(net, *, store, budget, training=True, optimizer="sgd", grad_no
 
 
 def compile_within_memory(net, *, batch, store, hint="lower --batch, or compute it in parts with --split", **options):
-    """net.compile(batch=, store=, **options), after checking that its plan fits the memory available now;
-    the refusal gives the plan's size and the largest batch that fits."""
+    """net.compile(batch=, store=, **options), refused before anything is allocated unless its plan fits the
+    memory available now; the refusal gives the plan's size and the largest batch that fits."""
     planned = {k: options[k] for k in ("training", "optimizer", "grad_norm") if k in options}  # what plans differ by
-    plan = net.plan(batch=batch, store=store, **planned)
-    available = backend.available_memory()
-    if available is not None and plan.allocation_bytes > available:
+
+    def check_fits(plan):
+        available = backend.available_memory()
+        if available is None or plan.allocation_bytes <= available:
+            return
         fits = largest_batch(net, store=store, budget=available, **planned) if available > 0 else 0
         if fits == 0:  # no batch size helps: say what is too big
             one = net.plan(batch=1, store=store, **planned).allocation_bytes
@@ -86,7 +88,8 @@ def compile_within_memory(net, *, batch, store, hint="lower --batch, or compute 
                              f"{'x'.join(map(str, net.input_shape))}, {net.classes:,} classes)")
         raise ValueError(f"a batch of {batch} needs {format_bytes(plan.allocation_bytes)} but {backend.device} has "
                          f"{format_bytes(available)} available: the largest batch that fits is {fits} ({hint})")
-    return net.compile(batch=batch, store=store, **options)
+
+    return net.compile(batch=batch, store=store, check_plan=check_fits, **options)
 
 
 def unit_rows(net, plan):

@@ -58,7 +58,7 @@ class Net(Chain):
         super().__init__(self.input_shape)
         self.arena, self.training, self.conv_path = None, None, None  # set by compile
         self._n = 0                     # the batch of the last training forward, which backward reads
-        self.deferred_running = {}      # {unit index: (2, C) view} while step.defer_running defers updates
+        self.deferred_running = {}      # {unit index: (2, C) view} while defer_running() defers updates
 
     # ------------------------------------------------------------------ the table and the plan
 
@@ -76,12 +76,8 @@ class Net(Chain):
         or momentum). conv_path: a built layers.ConvPath adds the buffers its convs need (cuDNN's).
         optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
         global gradient norm (optim.py: clipping, last_grad_norm). Both matter only to a training plan."""
-        if self.classes is None:
-            raise ValueError("the net has no classifier yet: call net.classifier(classes)")
-        _check_optimizer(optimizer, grad_norm)
         store = _store(store, bits=bits, window=window)
-        N, dtype, units = positive_int(batch, "batch"), self.dtype, self.units
-        checks.check_channels(units, store.k)
+        N, dtype, units = self._check_request(batch=batch, store=store, optimizer=optimizer, grad_norm=grad_norm), self.dtype, self.units
         plan = Plan()
         plan.add("input", (N,) + self.input_shape, dtype, "input batch")
         plan.add("labels", (N,), np.int64, "input batch")
@@ -121,10 +117,19 @@ class Net(Chain):
             conv_path.plan_buffers(plan, dtype=dtype)
         return plan
 
+    def _check_request(self, *, batch, store, optimizer, grad_norm):
+        """The batch (a positive int) once a plan of it could be made; a one-line error naming the fault."""
+        if self.classes is None:
+            raise ValueError("the net has no classifier yet: call net.classifier(classes)")
+        _check_optimizer(optimizer, grad_norm)
+        N = positive_int(batch, "batch")
+        checks.check_channels(self.units, store.k)
+        return N
+
     # ------------------------------------------------------------------ allocation and state
 
     def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, store=None, seed=0,
-                training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False):
+                training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False, check_plan=None):
         """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, or
         by its three words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
         "block" or "fixed"; the naive ablation's is fixed), and `rounding`, how a value becomes a code
@@ -133,16 +138,18 @@ class Net(Chain):
         each conv computes through (layers.ConvPath): "auto" (the direct kernels on the CPU in float32, else
         im2col + GEMM), "gemm", "direct" (CPU, float32) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every
         conv but the classifier). optimizer ("sgd" or "adamw") and grad_norm plan the optimizer's buffers (plan()):
-        optim.AdamW needs optimizer="adamw", clipping grad_norm=True."""
+        optim.AdamW needs optimizer="adamw", clipping grad_norm=True. check_plan: called with the plan before
+        anything is allocated, to refuse it by raising (memory.compile_within_memory: does it fit?)."""
         store = _store(store, bits=bits, window=window, rounding=rounding)
-        request = dict(batch=batch, store=store, training=training, input_grad=input_grad, optimizer=optimizer,
-                       grad_norm=grad_norm)
-        self.plan(**request)  # checks all first
-        conv_path = ConvPath(conv, self.units, batch=positive_int(batch, "batch"), dtype=self.dtype)
-        plan = self.plan(**request, conv_path=conv_path)
+        batch = self._check_request(batch=batch, store=store, optimizer=optimizer, grad_norm=grad_norm)
+        conv_path = ConvPath(conv, self.units, batch=batch, dtype=self.dtype)
+        plan = self.plan(batch=batch, store=store, training=training, input_grad=input_grad, optimizer=optimizer,
+                         grad_norm=grad_norm, conv_path=conv_path)  # the one plan of this compile
+        if check_plan is not None:
+            check_plan(plan)
         kept = self.state() if self.arena is not None else None
         self.store, self.seed, self._draws, self.draw = store, seed, 0, None
-        self.batch, self.training, self.conv_path = positive_int(batch, "batch"), training, conv_path
+        self.batch, self.training, self.conv_path = batch, training, conv_path
         self.arena = None  # the old arena goes before the new one comes
         self.arena = Arena(plan)
         self.conv_path.attach(self.arena)
@@ -269,11 +276,30 @@ class Net(Chain):
             dy = dx
         self._n = 0  # the stores now hold nothing backward may read twice
 
+    # ------------------------------------------------------------------ running statistics
+
+    def defer_running(self, increments):
+        """increments (2, S) or None. While set, a training forward writes each BN unit's running-statistics
+        increment, (1 - bn_momentum) * (batch mean, unbiased variance), into its channels of increments and
+        leaves `running` as it is; add_running applies it later. Ranks training together (step.py, dist.py)
+        gather every rank's increments and apply them in rank order, as one process applies its sub-batches'."""
+        if increments is None:
+            self.deferred_running = {}
+            return
+        self.deferred_running = {index: increments[:, where]
+                                 for index, where in table.running_layout(self.units).items() if where.stop > where.start}
+
+    def add_running(self, increments):
+        """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), with the
+        arithmetic of the update it defers (layers.BatchNormReLU)."""
+        running = self.arena["running"]
+        running *= self.bn_momentum
+        running += increments.astype(running.dtype, copy=False)
+
     def zero_grad(self):
         self._check_compiled()
         self.arena["grads"][...] = 0
 
-    window = property(lambda self: self.store.window)       # the compiled store's window ("fixed" for exact, naive)
     params = property(lambda self: self.arena["params"])   # (P,) flat, in parameter_table() order
     grads = property(lambda self: self.arena["grads"])     # (P,)
 

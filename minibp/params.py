@@ -86,13 +86,18 @@ def bind(units, arena):
     return params, grads
 
 
-def _running(units, arena):
-    """{unit index: its (2, bn_channels) view of the running statistics}, the units' channels in order."""
-    views, channel = {}, 0
+def running_layout(units):
+    """{unit index: the slice of its channels in the running statistics (2, S)}, the units' channels in order."""
+    layout, channel = {}, 0
     for u in units:
-        views[u.index] = arena["running"][:, channel:channel + u.bn_channels]
+        layout[u.index] = slice(channel, channel + u.bn_channels)
         channel += u.bn_channels
-    return views
+    return layout
+
+
+def _running(units, arena):
+    """{unit index: its (2, bn_channels) view of the running statistics}."""
+    return {index: arena["running"][:, where] for index, where in running_layout(units).items()}
 
 
 def initialize(units, arena, *, seed, dtype):

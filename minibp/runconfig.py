@@ -199,8 +199,9 @@ def build_parser(*, description=None, exit_on_error=True):
     add_option(g, "bits")
     add_option(g, "window")
     g.add_argument("--rounding", choices=list(ROUNDINGS), default=DEFAULT_ROUNDING,
-                   help="how a k-bit code rounds a value: nearest (its bin's midpoint; default) or stochastic (one "
-                        "of the two midpoints around it on its side of zero, at random, unbiased there)")
+                   help="how a k-bit code rounds a value: nearest (its bin's midpoint; default) or stochastic (to "
+                        "one of the two levels around it, the levels being the bins' edges, at random: unbiased "
+                        "inside the window)")
     add_option(g, "batch")
     g.add_argument("--split", metavar="K", type=int, default=1,
                    help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
@@ -274,9 +275,7 @@ def check_config(config, *, ranks=1):
         raise ValueError(f"--momentum must be below 1, got {config['momentum']}")
     if config.get("clip_norm") is not None and not (np.isfinite(config["clip_norm"]) and config["clip_norm"] > 0):
         raise ValueError(f"--clip-norm must be a finite positive number, got {config['clip_norm']}")
-    if config.get("rounding") == "stochastic" and config["bits"] in ("exact", "naive"):
-        raise ValueError(f"--rounding stochastic rounds the codes of a k-bit store: --bits {config['bits']} has none "
-                         "to round (exact) or feeds them forward (naive)")
+    store_of(config)  # the store's own rules (quant.Store): stochastic rounding needs a k-bit store
     for key in ("log_every", "val_every", "checkpoint_every"):
         if config[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be positive")

@@ -27,7 +27,7 @@ at fixed addresses, so the step can be captured once as a CUDA graph and replaye
 
 Several ranks (group, dist.py), each running split sub-batches of its share of the batch, take the
 step of one process running ranks * split sub-batches: each backward is scaled by 1 / (ranks * split);
-the forward passes write the running-statistics increments aside (defer_running); after the last
+the forward passes write the running-statistics increments aside (Net.defer_running); after the last
 backward one sum over the ranks (group.sum: in rank order on the CPU) adds the flat gradients and one
 all-gather brings every rank's increments, losses and accuracies, which every rank then applies in rank
 order before the same SGD step. (With P ranks of 1 sub-batch each the summed gradients are bit for bit
@@ -146,38 +146,18 @@ class TrainStep:
         net.zero_grad()
         for s in range(self.split):
             if group is not None:
-                defer_running(net, self._increments[s])
+                net.defer_running(self._increments[s])
             loss, accuracy = net.forward(images[s * n:(s + 1) * n], labels[s * n:(s + 1) * n], sync=False,
                                          draw=self._draw(s))
             self._losses[s, 0], self._losses[s, 1] = loss, accuracy
             net.backward(loss_scale=self.loss_scale)
         if group is not None:
-            defer_running(net, None)
+            net.defer_running(None)
             group.sum(net.grads)
             group.gather(self._mine, self._all)
             if not self.graph:
                 group.wait()
                 self._last = self._mean_over_ranks()  # raises FloatingPointError before anything is applied
             for increments in self._all.reshape(-1, self._mine.shape[1])[:, :-2]:  # in rank order
-                add_running(net, increments.reshape(2, -1))
+                net.add_running(increments.reshape(2, -1))
         self.opt.step(lr=lr, iteration=self._iteration)
-
-
-def defer_running(net, increments):
-    """increments (2, S) or None. While set, a training forward writes each BN unit's running-statistics
-    increment, (1 - bn_momentum) * (batch mean, unbiased variance), into its channels of increments and
-    leaves `running` as it is; add_running applies it later. Ranks training together (dist.py) gather
-    every rank's increments and apply them in rank order, as one process applies its sub-batches'."""
-    if increments is None:
-        net.deferred_running = {}
-        return
-    edges = np.cumsum([0] + [u.bn_channels for u in net.units])  # the running buffer's layout (params.py)
-    net.deferred_running = {u.index: increments[:, a:b] for u, a, b in zip(net.units, edges, edges[1:]) if b > a}
-
-
-def add_running(net, increments):
-    """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), with the
-    arithmetic of the update it defers."""
-    running = net.arena["running"]
-    running *= net.bn_momentum
-    running += increments.astype(running.dtype, copy=False)

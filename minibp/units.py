@@ -251,7 +251,7 @@ class Step:
         self.store, self.eps, self.bn_momentum = net.store, net.eps, net.bn_momentum
         # stochastic rounding: (seed, draw) of this training forward pass, each unit's key from them and its index
         self.rounding_draw = (net.seed, net.draw) if train and net.store.stochastic else None
-        self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (step.defer_running)
+        self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (Net.defer_running)
 
     def shared(self, name, shape=None):
         """A net buffer: whole and flat, or its first n*prod(shape) elements as (n,) + shape."""

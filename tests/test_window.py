@@ -35,8 +35,8 @@ def test_window_option_is_checked_and_the_naive_ablation_keeps_the_papers():
     for bits in (4, "exact", "naive"):  # checked even where it would not be used
         with pytest.raises(ValueError, match="window must be one of"):
             net.compile(batch=4, bits=bits, window="sigma")
-    assert net.compile(batch=4, bits="naive", window="range").window == "fixed"
-    assert net.compile(batch=4, bits=4).window == "block"  # the default
+    assert net.compile(batch=4, bits="naive", window="range").store.window == "fixed"
+    assert net.compile(batch=4, bits=4).store.window == "block"  # the default
 
 
 def test_the_block_window_fits_each_block_of_rows():
@@ -80,8 +80,8 @@ def test_the_plan_holds_the_block_windows_with_the_store():
         H, W, C = u.in_shape
         assert w.shape == (quant.blocks(16 * H * W), 3, C), (u.index, w.shape)
     assert extra == sum(w.nbytes for w in windows) > 0
-    assert net.compile(batch=16, bits=4, window="block").window == "block"
-    assert net.compile(batch=16, bits="exact", window="block").window == "fixed"  # exact codes nothing
+    assert net.compile(batch=16, bits=4, window="block").store.window == "block"
+    assert net.compile(batch=16, bits="exact", window="block").store.window == "fixed"  # exact codes nothing
 
 
 def test_the_planner_names_the_window_and_its_unit_rows_add_up(capsys):

@@ -1,12 +1,15 @@
 """Batch norm + ReLU of one unit, fused with writing and reading its activation store, beside kernels/bn.cu.
 
     BatchNormReLU            the layer a unit holds: its statistics, its store and windows, one call a pass
+    StoreView                a unit's store at one batch size: the buffers the kernels read and write
     batchnorm_statistics     the kernels' wrappers, one per pass, on arrays the caller gives (tests call them)
     batchnorm_coefficients
     batchnorm_relu_forward / _restore / _backward
     batchnorm_relu_*_ref     the same in plain NumPy
 
 """
+from dataclasses import dataclass, fields
+
 import numpy as np
 
 from .. import backend, kernels, quant
@@ -205,6 +208,32 @@ def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
     return dx, dgamma, dbeta
 
 
+@dataclass(frozen=True)
+class StoreView:
+    """A unit's store at a batch of n, as the kernels take it: the second link of the chain quant.Store (the
+    policy) -> StoreView (this unit's buffers at n) -> StoreIn / StoreOut (kernels/bn_walk.cuh, one launch)
+    -> a row's Unit. Built once per batch size (BatchNormReLU.view); every pass of the unit reads this one.
+
+        bits        0 (exact: x_copy) or k (codes)
+        x_copy      (n, H, W, C) float      exact mode's copy of x
+        codes       (n*H*W*C*k/8,) uint8    the packed k-bit codes
+        windows     (blocks(n*H*W), 3, C)   the block window's own; None: the one per channel in stats[4:7]
+        stochastic  the codes' levels are the bins' edges (quant.Store.stochastic)
+    """
+    bits: int = 0
+    x_copy: object = None
+    codes: object = None
+    windows: object = None
+    stochastic: bool = False
+
+    def kernel_args(self):
+        """The keywords of the kernels' wrappers below (batchnorm_relu_forward, _restore, _backward)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}  # (no copies)
+
+
+UNCODED = StoreView()  # an evaluation's forward: no store written, no window taken
+
+
 class BatchNormReLU:
     """A unit's batch norm (batch statistics) -> gamma/beta -> ReLU over (N, H, W, C), fused with its store.
     The layer owns the unit's buffers of the method and reads them through views of a batch of n:
@@ -219,6 +248,7 @@ class BatchNormReLU:
     def __init__(self, in_shape):
         self.in_shape, self.C = tuple(in_shape), in_shape[2]
         self.own = self.running = None  # bind()
+        self._views = {}
 
     def own_buffers(self, n, *, store, keep):
         """The buffers above for a batch of n, the store and windows only when kept (training, or the naive
@@ -233,21 +263,27 @@ class BatchNormReLU:
     def bind(self, *, own, running):
         """own: the views of the buffers above by role; running: the unit's (2, C) running mean and variance."""
         self.own, self.running = own, running
+        self._views = {}  # (n, store) -> StoreView: a compile binds new buffers
 
-    def _view(self, n, store):
-        """The store's arguments of the kernels for a batch of n: bits, x_copy or codes, windows and stochastic."""
-        values = elements(n, self.in_shape)
-        windows = self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2]))] if store.block else None
-        if not store.k:
-            return dict(bits=0, x_copy=self.own["store"][:values].reshape((n,) + self.in_shape), windows=windows,
-                        stochastic=False)
-        return dict(bits=store.k, codes=self.own["store"][: values * store.k // 8], windows=windows,
-                    stochastic=store.stochastic)
+    def view(self, n, store):
+        """The StoreView of a batch of n under the store (quant.Store), made at its first use; whether there
+        are block windows is decided here, once (store.block)."""
+        view = self._views.get((n, store))
+        if view is None:
+            values = elements(n, self.in_shape)
+            windows = self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2]))] if store.block else None
+            if not store.k:
+                view = StoreView(x_copy=self.own["store"][:values].reshape((n,) + self.in_shape), windows=windows)
+            else:
+                view = StoreView(bits=store.k, codes=self.own["store"][: values * store.k // 8], windows=windows,
+                                 stochastic=store.stochastic)
+            self._views[n, store] = view
+        return view
 
     def forward(self, x, a, *, store, train, gamma, beta, eps, partial=None, momentum=None, deferred=None,
                 rounding_key=None):
         """a = relu(bn(x)), x and a (n, H, W, C). Training: the batch's statistics, the running ones updated
-        (deferred (2, C): their increment goes there instead, step.defer_running), the store written (a
+        (deferred (2, C): their increment goes there instead, Net.defer_running), the store written (a
         stochastic store's codes rounded at random by rounding_key's draws). Evaluation: the running statistics, and no
         store but the naive net's, whose codes go forward."""
         n, stats = x.shape[0], self.own["stats"]
@@ -258,10 +294,10 @@ class BatchNormReLU:
         else:
             stats[0], stats[1] = self.running[0], self.running[1]
         coded = train or store.naive  # (uncoded: no codes, so no window to take)
-        view = self._view(n, store) if coded else dict(bits=0, windows=None, stochastic=False)
-        batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=view["bits"], window=store.window if coded else "fixed",
-                               extremes=extremes, windows=view["windows"], stochastic=view["stochastic"])
-        batchnorm_relu_forward(x, stats, beta, a, naive=store.naive, rounding_key=rounding_key, **view)
+        view = self.view(n, store) if coded else UNCODED
+        batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=view.bits, window=store.window if coded else "fixed",
+                               extremes=extremes, windows=view.windows, stochastic=view.stochastic)
+        batchnorm_relu_forward(x, stats, beta, a, naive=store.naive, rounding_key=rounding_key, **view.kernel_args())
 
     def _update_running(self, stats, n, *, momentum, deferred=None):
         """running = momentum * running + increment, the increment (1 - momentum) * (batch mean, unbiased
@@ -277,9 +313,9 @@ class BatchNormReLU:
 
     def restore(self, a, *, store, beta):
         """a (n, H, W, C) from the store: the exact activation (exact mode) or a~."""
-        batchnorm_relu_restore(self.own["stats"], beta, a, **self._view(a.shape[0], store))
+        batchnorm_relu_restore(self.own["stats"], beta, a, **self.view(a.shape[0], store).kernel_args())
 
     def backward(self, da, dx, *, store, beta, dgamma, dbeta, partial, sums, residual_grad=None):
         """dx = dL/dx [+ residual_grad] from da = dL/da and the store; dgamma, dbeta accumulate (+=)."""
-        batchnorm_relu_backward(da, self.own["stats"], beta, dx, **self._view(da.shape[0], store), dgamma=dgamma,
+        batchnorm_relu_backward(da, self.own["stats"], beta, dx, **self.view(da.shape[0], store).kernel_args(), dgamma=dgamma,
                                 dbeta=dbeta, partial=partial, sums=sums, residual_grad=residual_grad)
