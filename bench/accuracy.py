@@ -25,7 +25,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from gradients import label, store_options
+from options import cpu_model, modes_option, net_options
 from minibp import checkpoint, train
 
 DEFAULT_SCHEDULE = "0:0.02,50:0.1,400:0.01,650:0.001"  # warm-up, then steps at 1/2 and 13/16 of 800
@@ -94,13 +94,6 @@ def append_ledger(path, record):
     os.replace(tmp, path)
 
 
-def cpu_name():
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else ():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def commit():
     """minibp's commit, with "+changes" where the checkout has uncommitted ones; "unknown" outside git."""
     here = Path(__file__).resolve().parent
@@ -123,13 +116,10 @@ def mean_minutes(minutes, mode, seeds):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="fashion-mnist")
-    parser.add_argument("--data-dir", default="data")
-    parser.add_argument("--model", default="resnet20")
-    parser.add_argument("--modes", default=MODES)
+    net_options(parser, model="resnet20", batch=128, data="fashion-mnist", data_dir=True)
+    modes_option(parser, MODES)
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--iters", type=int, default=800)
-    parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
     parser.add_argument("--augment", default=None, metavar="LIST",
                         help="the runs' --augment (default: the trainer's default for the data)")
@@ -184,7 +174,7 @@ def main(argv=None):
                 append_ledger(args.ledger, dict(
                     settings, accuracy=accuracy[mode, seed], resolved_augment=saved["augment"],
                     validations=[[r["iter"], r["accuracy"]] for r in validations(run)],
-                    cpu=cpu_name(), commit=commit(), date=datetime.date.today().isoformat(),
+                    cpu=cpu_model(), commit=commit(), date=datetime.date.today().isoformat(),
                     minutes_trained_here=round(minutes[mode, seed], 1) if (mode, seed) in minutes else None))
                 print(f"    added to {args.ledger}", flush=True)
     exact = np.array([100 * accuracy["exact", s] for s in seeds]) if "exact" in modes else None

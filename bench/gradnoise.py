@@ -27,6 +27,7 @@ import sys
 import numpy as np
 
 from accuracy import DEFAULT_SCHEDULE
+from options import modes_option, net_options
 from gradients import compile_modes, copy_weights, label, line_style, out_path, pyplot_or_none, weight_gradients
 from minibp import data, quant
 from minibp.plot import legend_below, save
@@ -52,13 +53,10 @@ def print_table(title, values, columns):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="fashion-mnist")
-    parser.add_argument("--data-dir", default="data")
-    parser.add_argument("--model", default="resnet20")
-    parser.add_argument("--modes", default=MODES)
+    net_options(parser, model="resnet20", batch=128, data="fashion-mnist", data_dir=True)
+    modes_option(parser, MODES)
     parser.add_argument("--points", default="0,100,400,800", help="iterations of training at which to measure")
     parser.add_argument("--batches", type=int, default=8, help="batches the SGD noise is measured over")
-    parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--clip", help="K:SIGMA,...: the range and block windows' clip at k bits for this run, in "

@@ -17,6 +17,8 @@ import sys
 
 import numpy as np
 
+from options import modes_option, net_options
+
 
 def resident_bytes(field):
     """VmRSS or VmHWM (peak) of this process, from /proc."""
@@ -52,10 +54,8 @@ def child(model, batch, mode, data):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet164")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--data", default="cifar10", choices=["cifar10", "cifar100", "fashion-mnist"])
-    parser.add_argument("--modes", default="exact,8,4")
+    net_options(parser, model="resnet164", batch=128, data="cifar10", data_choices=["cifar10", "cifar100", "fashion-mnist"])
+    modes_option(parser, "exact,8,4")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:

@@ -16,7 +16,6 @@ width, or im2col + BLAS).
 import argparse
 import collections
 import os
-import platform
 import statistics
 import sys
 import time
@@ -24,39 +23,11 @@ import time
 import numpy as np
 
 from gradients import store_options
+from options import NARROWER_CPU, cpu_model, cpu_option, limit_cpu, modes_option, net_options
 from minibp import backend, build, kernels, models
 from minibp.layers import conv_direct
 from minibp.optim import SGD
 from minibp.models import DATA_SHAPES
-
-# A narrower CPU imitated on a wider one (--cpu avx2 on an AVX-512 machine): minibp's kernels, NumPy's
-# OpenBLAS and PyTorch's kernels (ATen, oneDNN, MKL) all limited to that instruction set, so that the
-# ratios measured stand for that class of machine. Each library reads its variable when it loads.
-NARROWER_CPU = {
-    "avx2": {build.TARGET_VARIABLE: "avx2", "OPENBLAS_CORETYPE": "Haswell", "ATEN_CPU_CAPABILITY": "avx2",
-             "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
-}
-
-
-def limit_cpu(target):
-    """Run this process again with every library limited to target (NARROWER_CPU), unless it already is."""
-    if target is None:
-        return
-    if target not in build.usable_cpu_targets():
-        sys.exit(f"--cpu {target}: this CPU runs {', '.join(build.usable_cpu_targets())}")
-    variables = NARROWER_CPU[target]
-    if any(os.environ.get(k) != v for k, v in variables.items()):
-        sys.stdout.flush()
-        os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **variables})
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
 
 def describe_machine():
     """What a figure was measured on: the CPU, the instruction sets in use and the convolutions' path."""
@@ -141,14 +112,10 @@ def kernel_seconds(iteration, steps=2):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet164")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--data", default="cifar10", choices=list(DATA_SHAPES))
-    parser.add_argument("--modes", default="exact,8,4,4:fixed", help="stores as gradients.py names them "
-                        "(k bits through the default window, or k:window)")
+    net_options(parser, model="resnet164", batch=128, data="cifar10", data_choices=list(DATA_SHAPES))
+    modes_option(parser, "exact,8,4,4:fixed")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--cpu", choices=list(NARROWER_CPU), help="imitate a CPU of this narrower instruction "
-                        "set (minibp's kernels and NumPy's BLAS limited to it)")
+    cpu_option(parser)
     parser.add_argument("--kernels", action="store_true", help="also time every kernel of two more steps a mode "
                         "and print where each mode's step differs from the first mode's")
     args = parser.parse_args(argv)

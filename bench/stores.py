@@ -27,6 +27,7 @@ import numpy as np
 
 from minibp import backend, data, layers, quant
 from minibp.optim import SGD
+from options import net_options
 from gradients import compile_modes, out_path, relative_error
 
 T = np.float64(quant.MASK_THRESHOLD)  # the mask's threshold: codes count bins of v - T
@@ -158,11 +159,8 @@ def table(k, rows, title):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="fashion-mnist")
-    parser.add_argument("--data-dir", default="data")
-    parser.add_argument("--model", default="resnet20")
+    net_options(parser, model="resnet20", batch=128, data="fashion-mnist", data_dir=True)
     parser.add_argument("--points", default="0,100,400", help="iterations of training at which to measure")
-    parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="the tables (default bench/results/stores.txt; other settings: a "

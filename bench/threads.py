@@ -25,6 +25,8 @@ import subprocess
 import sys
 import time
 
+from options import cpu_option, limit_cpu
+
 CONFIGS = {  # name: (Net.compile's conv path, environment)
     "direct": ("direct", {}),
     "im2col, OpenBLAS's spin": ("gemm", {"OPENBLAS_THREAD_TIMEOUT": "28"}),
@@ -99,7 +101,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--cpu", help="imitate a narrower CPU (bench/speed.py's --cpu)")
+    cpu_option(parser)
     parser.add_argument("--beside", action="store_true", help="time the direct step alone and beside another "
                         "training process")
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
@@ -108,7 +110,7 @@ def main(argv=None):
     if args.child:
         child(args.child, args.steps, forever=args.forever)
         return 0
-    from speed import describe_machine, limit_cpu
+    from speed import describe_machine
     limit_cpu(args.cpu)
     if args.beside:
         return beside(args)

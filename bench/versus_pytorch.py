@@ -37,7 +37,8 @@ import time
 import numpy as np
 
 from memory import resident_bytes
-from speed import NARROWER_CPU, conv_flops, conv_seconds, describe_machine, gemm_gflops, limit_cpu
+from options import cpu_option, limit_cpu, net_options
+from speed import conv_flops, conv_seconds, describe_machine, gemm_gflops
 
 INSTALL_HINT = "PyTorch is not installed: pip install torch==2.13.0 (or pip install -e '.[bench]')"
 MISSING_TORCH = 3  # a child's exit status when torch does not import
@@ -179,8 +180,7 @@ def run_child(args, config):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet164", help="resnet<9n+2>: resnet164 (default), resnet1001, ...")
-    parser.add_argument("--batch", type=int, default=128)
+    net_options(parser, model="resnet164", batch=128)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=3, help="timed steps a process (after --warmup)")
     parser.add_argument("--warmup", type=int, default=1)
@@ -188,8 +188,7 @@ def main(argv=None):
     parser.add_argument("--torch-format", choices=["channels_last", "contiguous"], default="channels_last",
                         help="PyTorch's memory format (channels_last: its faster one on the CPU, measured)")
     parser.add_argument("--quick", action="store_true", help="resnet11, batch 8, 1 round of 1 step")
-    parser.add_argument("--cpu", choices=list(NARROWER_CPU), help="imitate a CPU of this narrower instruction "
-                        "set: minibp's kernels, NumPy's BLAS and PyTorch's kernels limited to it")
+    cpu_option(parser)
     parser.add_argument("--child", choices=list(CONFIGS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
