@@ -3,14 +3,14 @@
 // bn_walk.cuh's; a row function here sees one row (w: LaneRow or WideRow) and the arrays at its element w.e.
 // NumPy references: minibp/layers/bn.py (batchnorm_relu_*_ref) and minibp/quant.py.
 //
-// Activations are (rows, C), channels last. stats is the unit's (7, C) table, written by the forward pass
-// and read by the backward pass (bn_walk.cuh's StatsRow names its rows):
+// Activations are (rows, C), channels last. stats is the unit's (4, C) statistics, written by the forward
+// pass and read by the backward pass (bn_walk.cuh's StatsRow names its rows):
 //     stats[MEAN] = mean_c      stats[SIGMA] = sigma_c = sqrt(var_c + eps)
 //     stats[GAMMA] = gamma_c, clamped to >= GAMMA_MIN (1e-8)      stats[B] = b_c = beta_c / gamma_c
-//     stats[4:7] = shift_c, below_c, above_c: the window of channel c's k-bit code (quant.cuh)
 // The store is x itself (bits = 0, "exact" mode) or the k-bit codes of v = xhat + b (quant.cuh), coded
-// through windows (blocks, 3, C): a window per channel for each block of block_rows rows. The fixed and
-// range windows are one block, stats[4:7] (block_rows >= rows); the block window is the unit's own.
+// through the unit's windows (blocks, 3, C): channel c's shift_c, below_c, above_c (WindowRow) for each block
+// of block_rows rows. The fixed and range windows are one block (block_rows >= rows); the block window's
+// blocks are quant.BLOCK_ROWS rows.
 #include "bn_walk.cuh"
 
 #ifndef GAMMA_MIN

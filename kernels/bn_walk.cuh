@@ -21,11 +21,12 @@
 
 // ----------------------------------------------------------------------------- what a pass reads and writes
 
-// The rows of a unit's (7, C) statistics table (bn.cu) and of a (3, C) window (quant.cuh).
+// The rows of a unit's (4, C) statistics (bn.cu) and of a (3, C) window (quant.cuh).
 enum StatsRow { MEAN = 0, SIGMA = 1, GAMMA = 2, B = 3 };
+constexpr int STATS_ROWS = 4;  // a unit's stats (STATS_ROWS, C): these rows alone (layers/bn.py's STATS_ROWS)
 enum WindowRow { SHIFT = 0, BELOW = 1, ABOVE = 2 };
 
-// The unit as every pass reads it: its (7, C) statistics, beta, and the windows of its codes (blocks, 3, C), a
+// The unit as every pass reads it: its (4, C) statistics, beta, and the windows of its codes (blocks, 3, C), a
 // window per channel for each block of block_rows rows (one block, block_rows >= rows, for the fixed and range
 // windows). The kernels build it once from their arguments.
 struct Unit {
@@ -90,7 +91,7 @@ struct Lanes {
 struct LaneRow : Lanes<false> {
     long long r, e;        // the row, its first element r*C
     int C;
-    const real_t* stats;   // (7, C)
+    const real_t* stats;   // (4, C): StatsRow's
     const real_t* win;     // (3, C): the row's window
     const real_t* beta;    // (C,)
     const real_t* sums;    // (2, C): backward_dx's dbeta and dgamma, or null
@@ -107,7 +108,7 @@ struct LaneRow : Lanes<false> {
 // channels whose tables repeat n times (for_wide_rows).
 constexpr int SCRATCH = 128;
 struct WideTables {  // laid out for the wide row's C channels
-    real_t stats[8 * SCRATCH];  // (8, C): the unit's stats, then gamma / sigma
+    real_t stats[5 * SCRATCH];  // (5, C): the unit's stats, then gamma / sigma
     real_t beta[SCRATCH];       // (C,)
     real_t win[5 * SCRATCH];    // (5, C): shift, below, above, then 1/below and 1/above (as floats)
     real_t sums[2 * SCRATCH];   // (2, C): backward_dx's dbeta and dgamma
@@ -122,7 +123,7 @@ struct WideRow : Lanes<true> {
     const real_t* sums;
     const float* draws;
     __device__ __forceinline__ real_t stat(StatsRow i, int c) const { return stats[i * C + c]; }
-    __device__ __forceinline__ real_t dx_scale(int c) const { return stats[7 * C + c]; }
+    __device__ __forceinline__ real_t dx_scale(int c) const { return stats[STATS_ROWS * C + c]; }
     __device__ __forceinline__ float window(WindowRow i, int c) const { return (float)win[i * C + c]; }
     __device__ __forceinline__ float inv_below(int c) const { return (float)win[3 * C + c]; }
     __device__ __forceinline__ float inv_above(int c) const { return (float)win[4 * C + c]; }
@@ -225,8 +226,8 @@ __device__ void for_wide_rows(const Unit& u, long long first, long long end, lon
             for (long long r = run; r < run_end;) {
                 const int n = run_end - r < most ? (int)(run_end - r) : most, Cw = n * piece;
                 if (n != tables_n || c0 != tables_c0) {
-                    repeat_rows(u.stats, 7, C, c0, piece, n, t.stats);
-                    for (int c = 0; c < Cw; ++c) t.stats[7 * Cw + c] = t.stats[GAMMA * Cw + c] / t.stats[SIGMA * Cw + c];
+                    repeat_rows(u.stats, STATS_ROWS, C, c0, piece, n, t.stats);
+                    for (int c = 0; c < Cw; ++c) t.stats[STATS_ROWS * Cw + c] = t.stats[GAMMA * Cw + c] / t.stats[SIGMA * Cw + c];
                     repeat_rows(u.beta, 1, C, c0, piece, n, t.beta);
                     if (needs.sums) repeat_rows(needs.sums, 2, C, c0, piece, n, t.sums);
                     tables_window = nullptr;

@@ -93,8 +93,9 @@ def compile_within_memory(net, *, batch, store, hint="lower --batch, or compute 
 
 
 def unit_rows(net, plan):
-    """[(unit index, input shape, store bytes)] of the units that keep a store in this plan (the block
-    window's windows included)."""
-    return [(u.index, u.in_shape, sum(plan[key(u.index, role)].nbytes for role in ("store", "windows")
-                                      if key(u.index, role) in plan))
-            for u in net.units if key(u.index, "store") in plan]
+    """[(unit index, input shape, store bytes)] of the units that keep a store in this plan: the activation
+    stores' bytes of each (its codes, and the block window's windows, which grow with the batch)."""
+    def stores(u):
+        names = (key(u.index, role) for role in ("store", "windows"))
+        return sum(plan[n].nbytes for n in names if n in plan and plan[n].category == "activation stores")
+    return [(u.index, u.in_shape, stores(u)) for u in net.units if key(u.index, "store") in plan]

@@ -1,7 +1,7 @@
 """Units: the links of a net's chain, each owning its forward and backward pass.
 
 A unit declares, once, what it needs: its parameters (`parameters()`), its own buffers (`own_buffers()`:
-the activation store, the block window's windows and the batch-norm statistics) and how much of each
+the activation store, its windows and the batch-norm statistics) and how much of each
 shared buffer it uses (`shared_sizes()`). The net turns these declarations into the one plan table
 (net.py's `key()` names them "unit<i>.<role>"), allocates it, and hands every unit its views (`bind()`);
 a unit reads its arrays by role, as `self.p["w"]`, `self.own["store"]` (the roles a unit may own:
@@ -59,7 +59,7 @@ class ConvUnit(Unit):
     """[x += residual] -> BN -> gamma/beta -> ReLU -> [pool] -> conv: the paper's unit.
 
     Keeps for its backward pass only what its BatchNormReLU layer owns: the store (the k-bit codes of
-    v = xhat + b, or x itself in exact mode), the block window's windows and the (7, C) statistics.
+    v = xhat + b, or x itself in exact mode), its windows (k bits) and the (4, C) statistics.
     batchnorm=False (the unit on the data) keeps nothing: it reads the net's input buffer again.
     """
 

@@ -1,6 +1,6 @@
 // The k-bit store of (M, C) values v, through quant.cuh's functions, the ones the training kernels
 // (bn.cu) use: tests/quant_kernels.py's wrappers, for the tests and bench/quant.py.
-// window is (3, C): each channel's shift, below and above, as bn.cu's stats[4:7].
+// window is (3, C): each channel's shift, below and above, as one block of a unit's windows in bn.cu.
 // n_bytes = M*C*k/8, the size of the codes. A thread takes one row at a time, in blocks of up to
 // BLOCK_C channels whose codes go through a local scratch block as numbers, as bn.cu's go through a
 // row of its output: the loops over a block vectorise on the CPU. They round to the nearest level (the bins'

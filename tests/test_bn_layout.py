@@ -20,15 +20,16 @@ ROWS_PER_CHUNK = (1, 3, 1000)  # of the elementwise kernels: any split of the ro
 
 def _case(rows, C, bits, *, window="fixed", stochastic=False):
     """A unit's arrays: x, its stats (the default launch's), the windows of its codes (through `window`: the
-    block window's own, else stats[4:7]) and block_rows, beta, da and a residual gradient."""
+    block window's, else one window per channel; none in exact mode) and block_rows, beta, da and a residual
+    gradient."""
     rng = np.random.default_rng(7 * C + rows)
     x = (rng.standard_normal((rows, C)) * 2 + 0.5).astype(np.float32)
     gamma = (np.abs(rng.standard_normal(C)) + 0.3).astype(np.float32)
     beta = (rng.standard_normal(C) * 0.8).astype(np.float32)
-    stats = device(np.zeros((7, C), np.float32))
+    stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
     partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
     extremes = layers.batchnorm_statistics(device(x), stats, partial=partial, window=window)
-    windows = device(np.zeros((quant.blocks(rows), 3, C), np.float32)) if window == "block" else None
+    windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32)) if bits else None
     layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window,
                                   extremes=extremes, windows=windows, stochastic=stochastic)
     da, residual = rng.standard_normal((2, rows, C)).astype(np.float32)
@@ -194,7 +195,7 @@ def test_other_chunkings_of_a_reduction_differ_only_by_rounding(bits):
     x, stats = host(arrays["x"]).astype(np.float64), host(arrays["stats"]).astype(np.float64)
     default = _run(arrays, rows, C, bits, launch=launch)
     if bits:  # xhat~ and the mask as the backward pass reads them from the codes
-        xhat, _, mask = quant.dequantize_ref(default["store"], stats[4:7], stats[3], stats[2], bits=bits,
+        xhat, _, mask = quant.dequantize_ref(default["store"], host(arrays["windows"])[0], stats[3], stats[2], bits=bits,
                                              shape=(rows, C))
     else:
         xhat = (x - stats[0]) / stats[1]
@@ -220,7 +221,7 @@ def test_one_pass_statistics_keep_the_digits_of_a_large_mean(mean, outliers):
     x = (np.random.default_rng(3).standard_normal((rows, C)) + mean).astype(np.float32)
     if outliers:
         x[:64] += 11
-    stats = device(np.zeros((7, C), np.float32))
+    stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
     layers.batchnorm_statistics(device(x), stats, partial=device(np.zeros(layers.reduction_chunks(rows) * C,
                                                                           np.float32)))
     got, x = host(stats), x.astype(np.float64)

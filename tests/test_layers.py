@@ -82,7 +82,7 @@ def _bn_case(rng, shape, dtype=np.float64):
 def _bn_forward(x, gamma, beta, stats, a, eps=1e-5, **store):
     partial = device(np.zeros(2 * layers.reduction_chunks(x.size // x.shape[-1]) * x.shape[-1], x.dtype))
     layers.batchnorm_statistics(x, stats, partial=partial)
-    layers.batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=store.get("bits", 0))
+    layers.batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=store.get("bits", 0), windows=store.get("windows"))
     layers.batchnorm_relu_forward(x, stats, beta, a, **store)
     return partial
 
@@ -90,7 +90,7 @@ def _bn_forward(x, gamma, beta, stats, a, eps=1e-5, **store):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_batchnorm_relu_forward_matches_reference(rng, dtype):
     x, gamma, beta = _bn_case(rng, (4, 5, 3, 6), dtype)
-    stats, a = device(np.zeros((7, 6), dtype)), device(np.zeros(x.shape, dtype))
+    stats, a = device(np.zeros((layers.STATS_ROWS, 6), dtype)), device(np.zeros(x.shape, dtype))
     copy = device(np.zeros(x.shape, dtype))
     _bn_forward(device(x), device(gamma), device(beta), stats, a, bits=0, x_copy=copy)
     a_ref, _, mean, sigma = layers.batchnorm_relu_forward_ref(x.astype(np.float64), gamma, beta, eps=1e-5)
@@ -102,7 +102,7 @@ def test_batchnorm_relu_forward_matches_reference(rng, dtype):
 
 def test_batchnorm_relu_gradients_match_finite_differences(rng):
     x, gamma, beta = (device(v) for v in _bn_case(rng, (3, 4, 4, 4)))
-    stats, a, dx = device(np.zeros((7, 4))), device(np.zeros(x.shape)), device(np.zeros(x.shape))
+    stats, a, dx = device(np.zeros((layers.STATS_ROWS, 4))), device(np.zeros(x.shape)), device(np.zeros(x.shape))
     probe = device(_rand(rng, x.shape))
     copy = device(np.zeros(x.shape))
 
@@ -129,7 +129,7 @@ def test_batchnorm_relu_gradients_match_finite_differences(rng):
 
 def test_batchnorm_relu_backward_adds_the_residual_gradient(rng):
     x, gamma, beta = (device(v) for v in _bn_case(rng, (2, 3, 3, 4)))
-    stats, a, copy = device(np.zeros((7, 4))), device(np.zeros(x.shape)), device(np.zeros(x.shape))
+    stats, a, copy = device(np.zeros((layers.STATS_ROWS, 4))), device(np.zeros(x.shape)), device(np.zeros(x.shape))
     partial = _bn_forward(x, gamma, beta, stats, a, bits=0, x_copy=copy)
     da, residual = device(_rand(rng, x.shape)), device(_rand(rng, x.shape))
     outputs = []
@@ -146,17 +146,17 @@ def test_batchnorm_store_codes_equal_quantize_of_v(rng, bits):
     """The fused forward writes the codes quant.quantize_ref would write for v = xhat + b."""
     from minibp import quant
     x, gamma, beta = _bn_case(rng, (4, 4, 4, 8), np.float32)
-    stats, a = device(np.zeros((7, 8), np.float32)), device(np.zeros(x.shape, np.float32))
-    codes = device(np.zeros(x.size * bits // 8, np.uint8))
-    _bn_forward(device(x), device(gamma), device(beta), stats, a, bits=bits, codes=codes)
-    s = host(stats)
+    stats, a = device(np.zeros((layers.STATS_ROWS, 8), np.float32)), device(np.zeros(x.shape, np.float32))
+    codes, windows = device(np.zeros(x.size * bits // 8, np.uint8)), device(np.zeros((1, 3, 8), np.float32))
+    _bn_forward(device(x), device(gamma), device(beta), stats, a, bits=bits, codes=codes, windows=windows)
+    s, window = host(stats), host(windows)[0]
     v = ((x - s[0]) / s[1] + s[3]).astype(np.float32)
-    assert np.array_equal(s[4:7], quant.window_ref(s[3], bits=bits))
-    assert np.array_equal(host(codes), quant.quantize_ref(v, s[4:7], bits=bits))
+    assert np.array_equal(window, quant.window_ref(s[3], bits=bits))
+    assert np.array_equal(host(codes), quant.quantize_ref(v, window, bits=bits))
     # and the backward restores a~ exactly as quant.dequantize_ref does
     restored = device(np.zeros(x.shape, np.float32))
-    layers.batchnorm_relu_restore(stats, device(beta), restored, bits=bits, codes=codes)
-    assert np.array_equal(host(restored), quant.dequantize_ref(host(codes), s[4:7], s[3], s[2], bits=bits,
+    layers.batchnorm_relu_restore(stats, device(beta), restored, bits=bits, codes=codes, windows=windows)
+    assert np.array_equal(host(restored), quant.dequantize_ref(host(codes), window, s[3], s[2], bits=bits,
                                                                           shape=x.shape)[1])
 
 

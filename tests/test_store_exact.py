@@ -78,21 +78,21 @@ def _one_sign_case(bits, rng):
 
 
 def _extremes(x, window, *, per=None):
-    """The least and largest x per channel, (2, n, C): the batch's, or (block window) each run of `per` rows'
-    (default a block's; the statistics pass hands over each chunk's of layers.STATS_CHUNK rows)."""
+    """The least and largest x per channel, (2, n, C): each run of `per` rows' (the statistics pass hands over
+    each chunk's of layers.STATS_CHUNK rows), else the batch's (range window) or each block's (block window)."""
     rows = x.reshape(-1, x.shape[-1])
-    starts = np.arange(0, len(rows), (per or quant.BLOCK_ROWS) if window == "block" else len(rows))
+    starts = np.arange(0, len(rows), per or (quant.BLOCK_ROWS if window == "block" else len(rows)))
     return np.stack([np.minimum.reduceat(rows, starts), np.maximum.reduceat(rows, starts)])
 
 
 def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fixed", rounding_key=None):
     """(stats, a, codes, windows) as the training forward writes them: with x's own statistics and
     eps = 1e-5, or with the given mean and var and eps = 0 (sigma = sqrt(var) exactly). windows: the block
-    window's (blocks, 3, C), else None (the window is stats[4:7])."""
+    window's (blocks, 3, C), else the one window per channel as (1, 3, C)."""
     C = x.shape[-1]
     rows = x.size // C
-    stats = device(np.zeros((7, C), np.float32))
-    windows = device(np.zeros((quant.blocks(rows), 3, C), np.float32)) if window == "block" else None
+    stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
+    windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32))
     if mean is None:
         partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
         extremes = layers.batchnorm_statistics(device(x), stats, partial=partial, window=window)
@@ -125,8 +125,9 @@ def _window(x, s, bits, window, *, stochastic=False):
 
 
 def _row_windows(s, windows, rows):
-    """The window the kernels coded each row through: stats[4:7] (3, C), or the block windows per row."""
-    return s[4:7] if windows is None else quant.row_windows_ref(host(windows), rows)
+    """The window the kernels coded each row through: the one window (3, C), or the block windows per row."""
+    w = host(windows)
+    return w[0] if w.shape[0] == 1 else quant.row_windows_ref(w, rows)
 
 
 def _cases(bits):
@@ -142,12 +143,12 @@ def test_forward_codes_are_quantize_ref_byte_for_byte(bits, window):
         s = host(stats)
         rows = x.size // x.shape[-1]
         assert np.array_equal(s[3], (beta / np.maximum(gamma, np.float32(layers.GAMMA_MIN))).astype(np.float32))
-        got = s[4:7] if windows is None else np.moveaxis(host(windows), 1, 0)
+        got = host(windows)[0] if window != "block" else np.moveaxis(host(windows), 1, 0)
         assert np.array_equal(got, _window(x, s, bits, window))
         v = _v(x, s).reshape(rows, -1)
         assert np.array_equal(host(codes), quant.quantize_ref(v, _row_windows(s, windows, rows), bits=bits))
-        if windows is None:  # quant_kernels.py's kernels (a window per channel) write the same bytes from v
-            assert np.array_equal(host(quant_kernels.quantize(device(v), stats[4:7], bits=bits)), host(codes))
+        if window != "block":  # quant_kernels.py's kernels (a window per channel) write the same bytes from v
+            assert np.array_equal(host(quant_kernels.quantize(device(v), windows[0], bits=bits)), host(codes))
 
 
 @pytest.mark.parametrize("key", [12345, -2**63, 2**63 - 1])
@@ -160,7 +161,7 @@ def test_stochastic_codes_are_quantize_ref_byte_for_byte_and_keep_the_mask(bits,
         stats, _, codes, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var, window=window,
                                           rounding_key=key)
         s, rows, C = host(stats), x.size // x.shape[-1], x.shape[-1]
-        got = s[4:7] if windows is None else np.moveaxis(host(windows), 1, 0)
+        got = host(windows)[0] if window != "block" else np.moveaxis(host(windows), 1, 0)
         assert np.array_equal(got, _window(x, s, bits, window, stochastic=True))
         v = _v(x, s).reshape(rows, -1)
         row_windows = _row_windows(s, windows, rows)
@@ -177,14 +178,15 @@ def test_edge_data_reaches_every_hard_case(bits):
     """The edge case is what it claims: values exactly on edges, far values, shifts at both bounds."""
     K = 1 << bits
     x, gamma, beta, mean, var = _edge_case(bits, np.random.default_rng(bits))
-    s = host(_store(x, gamma, beta, bits=bits, mean=mean, var=var)[0])  # the fixed window
+    stats, _, _, windows = _store(x, gamma, beta, bits=bits, mean=mean, var=var)  # the fixed window
+    s, (shift, below, _) = host(stats), host(windows)[0]
     v = _v(x, s)
-    edges = (np.arange(K + 1, dtype=np.float32)[:, None] - s[4]) * s[5] + quant.MASK_THRESHOLD
+    edges = (np.arange(K + 1, dtype=np.float32)[:, None] - shift) * below + quant.MASK_THRESHOLD
     on_edge = [np.isin(edges[:, c], v[:, c]) for c in range(v.shape[1])]
     assert on_edge[0].all()  # b = 0: every edge, the zero edge (v = 1e-6) among them
     assert np.mean(on_edge) > 0.5  # and most edges of the other channels
     assert (np.abs(v) >= 20).any(axis=0).all() and (np.abs(v) >= 999).any()
-    assert {1, K - 1} <= set(s[4].tolist()) and s[3].min() <= -50 and s[3].max() >= 50
+    assert {1, K - 1} <= set(shift.tolist()) and s[3].min() <= -50 and s[3].max() >= 50
 
 
 @pytest.mark.parametrize("key", [None, 12345])  # rounding to the nearest level, or stochastic rounding's levels
@@ -213,8 +215,8 @@ def test_masks_are_exact_and_restore_equals_reference(bits, window, key):
         # the naive forward feeds the same a~ forward
         _, a_naive, _, _ = _store(x, gamma, beta, bits=bits, mean=mean, var=var, naive=True, window=window)
         assert np.array_equal(host(a_naive), a)
-        if windows is None:  # and quant_kernels.py's kernels decode the codes the same way
-            decoded = quant_kernels.dequantize(codes, stats[4:7], stats[3], stats[2], bits=bits, shape=x.shape)
+        if window != "block":  # and quant_kernels.py's kernels decode the codes the same way
+            decoded = quant_kernels.dequantize(codes, windows[0], stats[3], stats[2], bits=bits, shape=x.shape)
             for name, got, want in zip(("xhat", "a", "mask"), decoded, (xhat, a, mask)):
                 assert np.array_equal(host(got), want), name
 

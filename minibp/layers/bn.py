@@ -20,15 +20,16 @@ from .launch import launch
 
 ROWS_PER_CHUNK = 16      # rows a reduction sums in order into one row of partial sums, which xp adds up
 
-# stats is a unit's (7, C) table: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma, and
-# the window (shift, below, above) of channel c's k-bit code (kernels/bn.cu, minibp/quant.py) under the
-# fixed and range windows; the block window's are the unit's own (blocks, 3, C) windows (_windows).
-# The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b.
+# stats is a unit's (4, C) statistics: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma
+# (kernels/bn.cu). The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b
+# through the unit's windows (blocks, 3, C): the window (shift, below, above) of each channel's codes
+# (minibp/quant.py), one block under the fixed and range windows, a block of quant.BLOCK_ROWS rows each
+# under the block window.
 #
 # The kernels' layout (kernels/bn.cu): launch.py.
 
 SHIFT_ROWS = 32        # rows, spread over the batch, whose mean is the statistics' shift
-STATS_ROWS = 7         # a unit's statistics table: (7, C), as above
+STATS_ROWS = 4         # a unit's statistics: (4, C), as above (bn_walk.cuh's STATS_ROWS)
 STATS_CHUNK = 2 * ROWS_PER_CHUNK  # rows a chunk of the statistics' sums; a block window's block is whole chunks
 assert quant.BLOCK_ROWS % STATS_CHUNK == 0
 
@@ -62,8 +63,8 @@ def _check_stats(stats, C):
 def batchnorm_statistics(x, stats, *, partial, window="fixed"):
     """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1]; partial is
     (>= 2 * reduction_chunks(rows) * C,) scratch. Returns the extremes a window is taken from, the least and
-    largest x per channel as (2, chunks, C): the batch's (range: in stats[5:7], chunks = 1), each chunk's of
-    STATS_CHUNK rows (block: in partial, read before partial is used again), or None (fixed).
+    largest x per channel of each chunk of STATS_CHUNK rows as (2, chunks, C), a view of partial to be read
+    before partial is used again (range and block), or None (fixed).
 
     One pass over x: the sums of d = x - s and d^2, with s the mean of SHIFT_ROWS rows spread over the
     batch (other images: a shift near the mean), so that var = mean(d^2) - mean(d)^2 keeps its digits.
@@ -76,32 +77,32 @@ def batchnorm_statistics(x, stats, *, partial, window="fixed"):
     xp.mean(x.reshape(rows, C)[:: -(-rows // SHIFT_ROWS)], axis=0, out=stats[0])
     moments, part = _chunk_sums(kernels.load("bn.cu", x.dtype).channel_sums, rows=rows, C=C, rows_per_chunk=STATS_CHUNK,
                                 partial=partial, values=4 if extremes else 2, extremes=extremes, x=x, shift=stats[0])
-    if window == "range":
-        xp.min(part[2], axis=0, out=stats[5])
-        xp.max(part[3], axis=0, out=stats[6])
     moments /= rows  # mean(d), mean(d^2)
     stats[0] += moments[0]
     xp.maximum(moments[1] - moments[0] * moments[0], 0, out=stats[1])
-    return {"fixed": None, "range": stats[5:7].reshape(2, 1, C), "block": part[2:4]}[window]
+    return part[2:4] if extremes else None
 
 
 def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None,
                            stochastic=False):
     """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:4], gamma clamped
-    to >= 1e-8 and b = beta / gamma, and at k bits the code's windows (_windows: stats[4:7] or the block
-    windows), fixed or from the extremes that batchnorm_statistics returned (stochastic: a range or block
-    window for levels on the bins' edges, quant.window_ref). A kernel for the coefficients, and at k bits one
-    for the windows, a thread per block and channel."""
+    to >= 1e-8 and b = beta / gamma, and at k bits the code's windows (blocks, 3, C), fixed or from the
+    extremes that batchnorm_statistics returned: the range window's one block spans all their chunks, the
+    block window's each quant.BLOCK_ROWS rows of them (stochastic: windows for levels on the bins' edges,
+    quant.window_ref). A kernel for the coefficients, and at k bits one for the windows, a thread per block
+    and channel."""
     C = gamma.shape[0]
     _check_stats(stats, C)
-    windows = _windows(stats, windows)
-    blocks, per_block = windows.shape[0], quant.BLOCK_ROWS // STATS_CHUNK if window == "block" else 1
-    chunks = 0 if extremes is None else extremes.shape[1]  # (2, chunks, C): a block is per_block chunks
-    if check_window(window) != "fixed" and (extremes is None or extremes.shape != (2, chunks, C)
-                                            or -(-chunks // per_block) != blocks):
-        raise ValueError(f"the {window} window needs the extremes of {blocks} block(s) of {C} channels "
-                         f"(batchnorm_statistics), got {getattr(extremes, 'shape', None)}")
     module = kernels.load("bn.cu", gamma.dtype)
+    if bits:
+        windows = _windows(stats, windows)
+        chunks = 0 if extremes is None else extremes.shape[1]  # (2, chunks, C): a block is per_block chunks
+        per_block = quant.BLOCK_ROWS // STATS_CHUNK if window == "block" else max(chunks, 1)
+        blocks = windows.shape[0]
+        if check_window(window) != "fixed" and (extremes is None or extremes.shape != (2, chunks, C)
+                                                or -(-chunks // per_block) != blocks):
+            raise ValueError(f"the {window} window needs the extremes of {blocks} block(s) of {C} channels "
+                             f"(batchnorm_statistics), got {getattr(extremes, 'shape', None)}")
     module.batchnorm_coefficients(C=C, eps=eps, gamma=gamma, beta=beta, stats=stats, threads=C)
     if bits:
         module.code_windows(C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits,
@@ -111,17 +112,20 @@ def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", ext
 
 
 def _windows(stats, windows):
-    """The k-bit windows as (blocks, 3, C): the one per channel in stats[4:7], or a block window's own."""
+    """The k-bit windows (blocks, 3, C), checked against the stats (4, C) they go with."""
     C = stats.shape[1]
     if windows is None:
-        return stats[4:7].reshape(1, 3, C)
+        raise ValueError(f"a k-bit store codes through its windows: give windows (blocks, 3, {C})")
     if windows.ndim != 3 or windows.shape[1:] != (3, C) or windows.dtype != stats.dtype:
         raise ValueError(f"windows must be (blocks, 3, {C}) {stats.dtype}, got {windows.dtype} {windows.shape}")
     return windows
 
 
 def _window_args(stats, windows, rows):
-    """windows and block_rows for a kernel over `rows` rows: one block, or quant.BLOCK_ROWS rows a block."""
+    """windows and block_rows for a kernel over `rows` rows: one block, or quant.BLOCK_ROWS rows a block;
+    none in exact mode (its kernels read no window)."""
+    if windows is None:
+        return dict(windows=None, block_rows=max(rows, 1))
     windows = _windows(stats, windows)
     if windows.shape[0] == 1:
         return dict(windows=windows, block_rows=max(rows, 1))
@@ -217,7 +221,7 @@ class StoreView:
         bits        0 (exact: x_copy) or k (codes)
         x_copy      (n, H, W, C) float      exact mode's copy of x
         codes       (n*H*W*C*k/8,) uint8    the packed k-bit codes
-        windows     (blocks(n*H*W), 3, C)   the block window's own; None: the one per channel in stats[4:7]
+        windows     (blocks, 3, C)          k bits: a window per channel, blocks(n*H*W) blocks (block window) or 1
         stochastic  the codes' levels are the bins' edges (quant.Store.stochastic)
     """
     bits: int = 0
@@ -238,10 +242,11 @@ class BatchNormReLU:
     """A unit's batch norm (batch statistics) -> gamma/beta -> ReLU over (N, H, W, C), fused with its store.
     The layer owns the unit's buffers of the method and reads them through views of a batch of n:
 
-        stats    (7, C)                                    the table above: written forward, read backward
+        stats    (4, C)                                    the statistics above: written forward, read backward
         store    (N*H*W*C,) float         exact            x itself
                  (N*H*W*C*k/8,) uint8     k bits           the packed codes of v = xhat + b
-        windows  (blocks(N*H*W), 3, C)    block window     a window per channel for each block of rows
+        windows  (blocks(N*H*W), 3, C)    k bits, block    a window per channel for each block of rows
+                 (1, 3, C)                k bits, else     the fixed or range window per channel
 
     Each pass is one call, given the net's store (quant.Store: which of these exist, how codes are made)."""
 
@@ -256,8 +261,10 @@ class BatchNormReLU:
         values, rows = elements(n, self.in_shape), elements(n, self.in_shape[:2])
         stores = [Own("store", (values,), None, "activation stores") if not store.k else
                   Own("store", (values * store.k // 8,), np.uint8, "activation stores")]
-        if store.block:
-            stores.append(Own("windows", (quant.blocks(rows), 3, self.C), None, "activation stores"))
+        if store.k:  # the windows' one home: a block each BLOCK_ROWS rows (block window), else one, which
+            # does not grow with the batch and is counted with the statistics
+            stores.append(Own("windows", (quant.blocks(rows), 3, self.C), None, "activation stores") if store.block
+                          else Own("windows", (1, 3, self.C), None, "batch-norm statistics"))
         return (stores if keep else []) + [Own("stats", (STATS_ROWS, self.C), None, "batch-norm statistics")]
 
     def bind(self, *, own, running):
@@ -271,10 +278,10 @@ class BatchNormReLU:
         view = self._views.get((n, store))
         if view is None:
             values = elements(n, self.in_shape)
-            windows = self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2]))] if store.block else None
             if not store.k:
-                view = StoreView(x_copy=self.own["store"][:values].reshape((n,) + self.in_shape), windows=windows)
+                view = StoreView(x_copy=self.own["store"][:values].reshape((n,) + self.in_shape))
             else:
+                windows = self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2])) if store.block else 1]
                 view = StoreView(bits=store.k, codes=self.own["store"][: values * store.k // 8], windows=windows,
                                  stochastic=store.stochastic)
             self._views[n, store] = view
