@@ -33,7 +33,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .imagenet import READER
+from .io.imagenet import READER
 from .integrity import HDF5_ERRORS, sha256_array as sha256, sha256_bytes, write_atomic
 
 FORMAT = "minibp-checkpoint-3"

@@ -19,7 +19,8 @@ import os
 import signal
 import sys
 
-from . import backend, data, models, runconfig
+from . import backend, models, runconfig
+from .io import data
 from .arena import format_bytes
 from .memory import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
 from .quant import BITS, Store

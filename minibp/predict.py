@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data
+from .io import data
 from .kernels import KernelError
 from .trained import load
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, models
+from . import models
+from .io import data
 from .optim import OPTIMIZERS
 from .quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
 
@@ -181,7 +182,7 @@ def build_parser(*, description=None, exit_on_error=True):
                    help="the folder of the prepared <data>.h5 (default data); for imagenet the folder holding "
                         "train/<class>/ and val/<class>/ (default data/imagenet)")
     g.add_argument("--data-file", metavar="PATH",
-                   help="train on this file that minibp.data.write made, under the file's own name (instead of "
+                   help="train on this file that minibp.io.data.write made, under the file's own name (instead of "
                         "--data; default none)")
     g.add_argument("--augment", metavar="LIST",
                    help=f"the training images' transforms: none, or a comma-separated list of "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, imagenet
+from .io import data, imagenet
 from .runconfig import data_path
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, checkpoint, data, dist, imagenet, models, rundata
+from . import backend, checkpoint, dist, models, rundata
+from .io import data, imagenet
 from .kernels import KernelError
 from .memory import compile_within_memory
 from .optim import SGD, AdamW
@@ -128,7 +129,7 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
         if not isinstance(value, bool):
             raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
     function = None if isinstance(model, str) else model
-    # data: a data set's name, or the path of a file that minibp.data.write made (--data-file)
+    # data: a data set's name, or the path of a file that minibp.io.data.write made (--data-file)
     own_file = str(data).endswith(".h5") or Path(data).is_file()
     argv = ["--model", models.spec_of(function) if function else model, "--data-file" if own_file else "--data",
             str(data), "--out", str(out)]

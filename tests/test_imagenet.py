@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from minibp import checkpoint, evaluate, imagenet, models, train
+from minibp import checkpoint, evaluate, models, train
+from minibp.io import imagenet
 from conftest import host
 from nets import tiny_resnet
 from runs import COLORS, ROOT, read_metrics, wait_gone

@@ -3,7 +3,8 @@ for any budget), and the trainer's refusal of a plan larger than the memory avai
 import h5py
 import pytest
 
-from minibp import backend, data, evaluate, memory, models, train
+from minibp import backend, evaluate, memory, models, train
+from minibp.io import data
 from minibp.net import Net
 from minibp.quant import Store
 from nets import tiny_resnet

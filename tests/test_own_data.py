@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import minibp
-from minibp import checkpoint, data, evaluate, predict, train
+from minibp import checkpoint, evaluate, predict, train
+from minibp.io import data
 from runs import ROOT, one_line_error, read_metrics
 
 NET = '''
