@@ -11,13 +11,13 @@ import os
 
 
 def __getattr__(name):
-    """minibp.fit (train.fit) and minibp.load (trained.load): they load on first use, after the OpenBLAS setting
+    """minibp.fit (train.fit) and minibp.load (run.trained.load): they load on first use, after the OpenBLAS setting
     below."""
     if name == "fit":
         from .train import fit
         return fit
     if name == "load":
-        from .trained import load
+        from .run.trained import load
         return load
     raise AttributeError(f"module 'minibp' has no attribute {name!r}")
 

@@ -19,12 +19,13 @@ import os
 import signal
 import sys
 
-from . import backend, models, runconfig
-from .io import data
+from . import backend, models
 from .arena import format_bytes
-from .memory import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
+from .io import data
 from .quant import BITS, Store
-from .runconfig import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option, parse_model_arg
+from .run import config
+from .run.config import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option, parse_model_arg
+from .run.sizing import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
 
 
 def report(net, *, model, batch, store, budget=None, optimizer="sgd", grad_norm=False):
@@ -57,7 +58,7 @@ def planning_for(device):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m minibp.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    # the trainer's options (runconfig), read the planner's way: ResNets by name only, the default model
+    # the trainer's options (run/config.py), read the planner's way: ResNets by name only, the default model
     # following --data, no ImageNet defaults beyond it
     add_option(parser, "model", default=None, help="resnet<9n+2> (default resnet164); with --data imagenet "
                "resnet50, resnet101 or resnet152 (default); or your own net, FILE.py:FUNCTION or "
@@ -83,7 +84,7 @@ def main(argv=None):
             args.data, input_shape, classes = facts["name"], facts["shape"], facts["classes"]
         if not args.model:  # the trainer's default for the data
             args.model = IMAGENET_DEFAULTS["model"] if args.data == "imagenet" else SHARED_OPTIONS["model"]["default"]
-        model_args = runconfig.model_args(args.model_args)
+        model_args = config.model_args(args.model_args)
         models.check_spec(args.model, model_args, imagenet=args.data == "imagenet")
         net = models.build(args.model, model_args=model_args, imagenet=args.data == "imagenet",
                            input_shape=input_shape, classes=classes)

@@ -19,7 +19,7 @@ From Python, fit() below runs this same loop: minibp.fit(build, data="fashion-mn
 Writes OUT/metrics.jsonl (one JSON object a line: {"kind": "train"|"val"|"resume", "iter", ..., "time"}) and
 OUT/checkpoint.h5 (atomically, every --checkpoint-every iterations, at the end, on Ctrl-C and on
 SIGTERM). A resumed run continues with the saved configuration and data order and ends with the same
-weights as an uninterrupted one. One trainer at a time owns a run folder (rundir.py). A run that
+weights as an uninterrupted one. One trainer at a time owns a run folder (run/folder.py). A run that
 diverges stops without touching its last good checkpoint and says how to resume it. Under mpirun the
 ranks take the step of one process with ranks x --split sub-batches (step.py), and rank 0 alone
 writes the run folder. The console gives the plan once, then a line every --log-every iterations (loss
@@ -41,16 +41,17 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, checkpoint, dist, models, rundata
+from . import backend, dist, models
 from .io import data, imagenet
 from .kernels import KernelError
-from .memory import compile_within_memory
 from .optim import SGD, AdamW
 from .quant import DEFAULT_WINDOW, Store
-from .rundir import FolderLost, MetricsLog, RunDir, read_metrics
-from .runconfig import (apply_data_defaults, build_parser, check_config, given_options, new_config, store_of,
+from .run import checkpoint, splits
+from .run.config import (apply_data_defaults, build_parser, check_config, given_options, new_config, store_of,
                         parse_schedule, resumed_config)
-from .scoring import evaluate
+from .run.evaluation import evaluate
+from .run.folder import FolderLost, MetricsLog, RunDir, read_metrics
+from .run.sizing import compile_within_memory
 from .step import TrainStep
 
 
@@ -243,7 +244,7 @@ class Session:
         config, saved = self.config, self.saved
         self.schedule = parse_schedule(config["lr_schedule"], iters=config["iters"])
 
-        self.data = run_data = rundata.load(config)
+        self.data = run_data = splits.load(config)
         self.train_split, self.batches = run_data.train, run_data.batches
         if self.group is not None:  # every rank reads its own copy: on several machines, its host's
             self.group.agree_data(self.train_split, run_data.path)

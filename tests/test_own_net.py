@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import minibp
-from minibp import checkpoint, evaluate, models, train
+from minibp import evaluate, models, train
+from minibp.run import checkpoint
 from runs import ROOT, base_args, one_line_error, read_metrics
 
 VGG = str(ROOT / "docs" / "vgg_example.py")

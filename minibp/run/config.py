@@ -20,10 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import models
-from .io import data
-from .optim import OPTIMIZERS
-from .quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
+from .. import models
+from ..io import data
+from ..optim import OPTIMIZERS
+from ..quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
 
 REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
 # ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate

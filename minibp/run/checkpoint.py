@@ -33,8 +33,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .io.imagenet import READER
-from .integrity import HDF5_ERRORS, sha256_array as sha256, sha256_bytes, write_atomic
+from ..io.imagenet import READER
+from ..integrity import HDF5_ERRORS, sha256_array as sha256, sha256_bytes, write_atomic
 
 FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, checkpoint, models
-from .memory import compile_within_memory
-from .runconfig import saved_config, store_of
+from .. import backend, models
+from . import checkpoint
+from .config import saved_config, store_of
+from .sizing import compile_within_memory
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Trained:
     net: object            # minibp.net.Net, compiled for evaluation (training=False)
     mean: np.ndarray       # (H, W, C) float32: the training images' mean, in [0, 1] units
     class_names: tuple     # the data's class names, or None
-    config: dict           # the run's configuration (runconfig)
+    config: dict           # the run's configuration (config.py)
     path: Path             # the checkpoint loaded
     iteration: int         # the iteration it was saved at
     validation: dict       # {split, iteration, loss, accuracy} of best.h5's validation, or None (a last checkpoint)
