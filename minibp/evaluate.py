@@ -15,9 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from . import models
 from .kernels import KernelError
-from .run import checkpoint, splits
+from .run import checkpoint, modelspec, splits
 from .run.config import saved_config, store_of
 from .run.evaluation import evaluate
 from .run.sizing import compile_within_memory
@@ -52,10 +51,10 @@ def main(argv=None):
         if config["data"] == "imagenet":  # "test" is its val/ folder; the reader normalises
             saved.check_classes(run_data.train.class_names, run_data.train.root)
         split, input_shape, mean, where = run_data.split(args.split), run_data.input_shape, run_data.mean, run_data.path
-        built = models.describe(config["model"], config["model_args"])
+        built = modelspec.describe(config["model"], config["model_args"])
 
         def build(input_shape, classes):
-            return models.build(config["model"], model_args=config["model_args"],
+            return modelspec.build(config["model"], model_args=config["model_args"],
                                 imagenet=config["data"] == "imagenet", input_shape=input_shape, classes=classes)
         net = build(input_shape, split.classes)
         saved.check_data(net, build, where)  # before check_parameters, which would blame the net

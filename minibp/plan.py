@@ -23,7 +23,7 @@ from . import backend, models
 from .arena import format_bytes
 from .io import data
 from .quant import BITS, Store
-from .run import config
+from .run import config, modelspec
 from .run.config import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option, parse_model_arg
 from .run.sizing import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
 
@@ -85,8 +85,8 @@ def main(argv=None):
         if not args.model:  # the trainer's default for the data
             args.model = IMAGENET_DEFAULTS["model"] if args.data == "imagenet" else SHARED_OPTIONS["model"]["default"]
         model_args = config.model_args(args.model_args)
-        models.check_spec(args.model, model_args, imagenet=args.data == "imagenet")
-        net = models.build(args.model, model_args=model_args, imagenet=args.data == "imagenet",
+        modelspec.check_spec(args.model, model_args, imagenet=args.data == "imagenet")
+        net = modelspec.build(args.model, model_args=model_args, imagenet=args.data == "imagenet",
                            input_shape=input_shape, classes=classes)
         budget = check_budget(parse_bytes(args.budget)) if args.budget is not None else None
         if args.batch < 1:
@@ -102,7 +102,7 @@ def main(argv=None):
             result.pop("unit_stores")
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{models.describe(args.model, model_args)} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
+    print(f"{modelspec.describe(args.model, model_args)} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
           f"batch {args.batch}, bits {args.bits}" + (f", {store.window} window" if store.has_window else ""))
     print(plan.summary())
     print(f"(one allocation of {format_bytes(plan.allocation_bytes)} with alignment)")

@@ -12,7 +12,7 @@
     optional attrs: data (JSON: the data's name, file checksum, image shape and classes), validation (JSON:
            the split, loss and accuracy of the validation this state scored: best.h5's)
 
-The config says how the net was built (its model spec and model_args, models.build), so it is under the
+The config says how the net was built (its model spec and model_args, modelspec.build), so it is under the
 checksum too; a net built again from it must have the parameter table (names and shapes) that
 /state/params holds (Checkpoint.check_parameters), or a resume and an evaluation refuse it.
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import backend, models
-from . import checkpoint
+from .. import backend
+from . import checkpoint, modelspec
 from .config import saved_config, store_of
 from .sizing import compile_within_memory
 
@@ -89,8 +89,8 @@ def load(run, *, which=None, batch=256):
         raise ValueError(f"{path} was written before checkpoints held their preprocessing (the training images' "
                          "mean): resume the run for one more checkpoint, or score it with python3 -m minibp.evaluate")
     shape, classes = tuple(saved.data["shape"]), int(saved.data["classes"])
-    net = models.build(config["model"], model_args=config["model_args"], input_shape=shape, classes=classes)
-    saved.check_parameters(net, models.describe(config["model"], config["model_args"]))
+    net = modelspec.build(config["model"], model_args=config["model_args"], input_shape=shape, classes=classes)
+    saved.check_parameters(net, modelspec.describe(config["model"], config["model_args"]))
     compile_within_memory(net, batch=batch, store=store_of(config), training=False, hint="lower batch=")
     checkpoint.restore(net, saved)
     return Trained(net=net, mean=saved.mean, class_names=saved.class_names, config=config, path=path,
