@@ -34,7 +34,8 @@ import numpy as np
 
 from gradients import label, store_options
 from options import cpu_model, modes_option, net_options
-from minibp import checkpoint, train
+from minibp import train
+from minibp.run import checkpoint
 
 DEFAULT_SCHEDULE = "0:0.02,50:0.1,400:0.01,650:0.001"  # warm-up, then steps at 1/2 and 13/16 of 800
 # Student's t at 97.5% for 1 to 30 degrees of freedom (a two-sided 95% interval), then the normal's 1.96.

@@ -18,8 +18,8 @@ import numpy as np
 from minibp import backend, kernels, models
 from minibp.arena import format_bytes
 from minibp.optim import SGD
-from minibp.memory import largest_batch, parse_bytes
 from minibp.quant import Store
+from minibp.run.sizing import largest_batch, parse_bytes
 from minibp.step import TrainStep
 
 

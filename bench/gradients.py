@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minibp import backend, data, models
+from minibp import backend, models
+from minibp.io import data
 from minibp.plot import store_style
 from minibp.quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, check_rounding, check_window, parse_bits
 

@@ -29,10 +29,11 @@ import numpy as np
 from accuracy import DEFAULT_SCHEDULE
 from options import modes_option, net_options
 from gradients import compile_modes, copy_weights, label, line_style, out_path, pyplot_or_none, weight_gradients
-from minibp import data, quant
+from minibp import quant
+from minibp.io import data
 from minibp.plot import legend_below, save
 from minibp.optim import SGD
-from minibp.runconfig import parse_schedule
+from minibp.run.config import parse_schedule
 
 MODES = "8:fixed,8:range,8:block,4:fixed,4:range,4:block,2:fixed,2:range,2:block"
 

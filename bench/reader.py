@@ -1,4 +1,4 @@
-"""Images per second of the ImageNet reader (minibp/imagenet.py) on a generated tree of JPEGs.
+"""Images per second of the ImageNet reader (minibp/io/imagenet.py) on a generated tree of JPEGs.
 
     python bench/reader.py                                  # 2000 JPEGs of about 400x350, 1 and 2 workers
     python bench/reader.py --images 20000 --workers 1,2,4,8 --tree /tmp/inet   # the tree is kept for reuse
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from minibp import imagenet
+from minibp.io import imagenet
 
 
 def make_tree(root, *, images, classes=10, seed=0):

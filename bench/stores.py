@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from minibp import backend, data, layers, quant
+from minibp import backend, layers, quant
+from minibp.io import data
 from minibp.optim import SGD
 from options import net_options
 from gradients import compile_modes, out_path, relative_error

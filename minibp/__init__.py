@@ -1,9 +1,16 @@
 """minibp: memory-efficient backprop with approximate activations (Chakrabarti & Moseley, NeurIPS 2019).
 
-Read in this order: backend (NumPy or CuPy) -> kernels (one loader for CUDA sources on both devices) ->
-arena (every buffer planned, one allocation) -> quant (the k-bit store) -> layers -> net (units,
-residuals, the approximate-activation schedule) -> optim -> models -> data, checkpoint, memory (a plan
-fitted to the memory), scoring (loss and accuracy over a split) -> train.
+Read in this order (docs/architecture.md, "Reading path"); each module imports only those before it.
+The engine, here: backend (NumPy or CuPy) -> constants (numbers shared with the kernels) -> integrity
+(checksums, atomic writes) -> build (the CPU builds) -> kernels (one loader for CUDA sources on both devices)
+-> arena (every buffer planned, one allocation) -> quant (the k-bit store) -> params (the parameter table)
+-> checks -> layers -> units -> chain -> optim -> net (the approximate-activation schedule) -> models (the
+paper's ResNets) -> step (one training step) -> dist (several processes).
+The readers, io/: workers -> data (the HDF5 data sets) -> imagenet (the streaming JPEG reader).
+A run's libraries, run/: modelspec (a ResNet's name or your own net) -> config -> splits (the run's data) ->
+folder (lock and metrics log) -> checkpoint -> sizing (a plan fitted to the memory) -> evaluation (loss and
+accuracy over a split) -> trained (minibp.load).
+The command lines, python3 -m minibp.X: train (and minibp.fit), evaluate, predict, plan, plot, prepare.
 """
 __version__ = "0.1.0"
 
@@ -11,13 +18,13 @@ import os
 
 
 def __getattr__(name):
-    """minibp.fit (train.fit) and minibp.load (trained.load): they load on first use, after the OpenBLAS setting
+    """minibp.fit (train.fit) and minibp.load (run.trained.load): they load on first use, after the OpenBLAS setting
     below."""
     if name == "fit":
         from .train import fit
         return fit
     if name == "load":
-        from .trained import load
+        from .run.trained import load
         return load
     raise AttributeError(f"module 'minibp' has no attribute {name!r}")
 

@@ -2,7 +2,7 @@
 
     python3 -m minibp.evaluate runs/fm-4bit                 # the run folder's last checkpoint, or a checkpoint file
     python3 -m minibp.evaluate runs/fm-4bit --which best    # its best.h5 (the best validation so far)
-    python3 -m minibp.evaluate runs/fm-4bit --split val     # on the split it validated on (rundata.py)
+    python3 -m minibp.evaluate runs/fm-4bit --split val     # on the split it validated on (run/splits.py)
     python3 -m minibp.evaluate runs/fm-4bit --split train   # or on the images it trained on
 
 The net, data and store (bits, window) come from the checkpoint's saved configuration; BN uses its running
@@ -15,11 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from . import checkpoint, models, rundata
 from .kernels import KernelError
-from .memory import compile_within_memory
-from .runconfig import saved_config, store_of
-from .scoring import evaluate
+from .run import checkpoint, modelspec, splits
+from .run.config import saved_config, store_of
+from .run.evaluation import evaluate
+from .run.sizing import compile_within_memory
 
 
 def main(argv=None):
@@ -47,14 +47,14 @@ def main(argv=None):
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be positive, got {args.workers}")
         config = dict(config, **{k: v for k, v in (("data_dir", args.data_dir), ("data_file", args.data_file)) if v})
-        run_data = rundata.load(config, batches=False)
+        run_data = splits.load(config, batches=False)
         if config["data"] == "imagenet":  # "test" is its val/ folder; the reader normalises
             saved.check_classes(run_data.train.class_names, run_data.train.root)
         split, input_shape, mean, where = run_data.split(args.split), run_data.input_shape, run_data.mean, run_data.path
-        built = models.describe(config["model"], config["model_args"])
+        built = modelspec.describe(config["model"], config["model_args"])
 
         def build(input_shape, classes):
-            return models.build(config["model"], model_args=config["model_args"],
+            return modelspec.build(config["model"], model_args=config["model_args"],
                                 imagenet=config["data"] == "imagenet", input_shape=input_shape, classes=classes)
         net = build(input_shape, split.classes)
         saved.check_data(net, build, where)  # before check_parameters, which would blame the net

@@ -19,11 +19,13 @@ import os
 import signal
 import sys
 
-from . import backend, data, models, runconfig
+from . import backend, models
 from .arena import format_bytes
-from .memory import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
+from .io import data
 from .quant import BITS, Store
-from .runconfig import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option, parse_model_arg
+from .run import config, modelspec
+from .run.config import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option, parse_model_arg
+from .run.sizing import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
 
 
 def report(net, *, model, batch, store, budget=None, optimizer="sgd", grad_norm=False):
@@ -56,7 +58,7 @@ def planning_for(device):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m minibp.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    # the trainer's options (runconfig), read the planner's way: ResNets by name only, the default model
+    # the trainer's options (run/config.py), read the planner's way: ResNets by name only, the default model
     # following --data, no ImageNet defaults beyond it
     add_option(parser, "model", default=None, help="resnet<9n+2> (default resnet164); with --data imagenet "
                "resnet50, resnet101 or resnet152 (default); or your own net, FILE.py:FUNCTION or "
@@ -82,9 +84,9 @@ def main(argv=None):
             args.data, input_shape, classes = facts["name"], facts["shape"], facts["classes"]
         if not args.model:  # the trainer's default for the data
             args.model = IMAGENET_DEFAULTS["model"] if args.data == "imagenet" else SHARED_OPTIONS["model"]["default"]
-        model_args = runconfig.model_args(args.model_args)
-        models.check_spec(args.model, model_args, imagenet=args.data == "imagenet")
-        net = models.build(args.model, model_args=model_args, imagenet=args.data == "imagenet",
+        model_args = config.model_args(args.model_args)
+        modelspec.check_spec(args.model, model_args, imagenet=args.data == "imagenet")
+        net = modelspec.build(args.model, model_args=model_args, imagenet=args.data == "imagenet",
                            input_shape=input_shape, classes=classes)
         budget = check_budget(parse_bytes(args.budget)) if args.budget is not None else None
         if args.batch < 1:
@@ -100,7 +102,7 @@ def main(argv=None):
             result.pop("unit_stores")
         print(json.dumps(result, indent=1))
         return 0
-    print(f"{models.describe(args.model, model_args)} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
+    print(f"{modelspec.describe(args.model, model_args)} on {args.data} ({len(net.units)} units, {net.num_parameters:,} parameters), "
           f"batch {args.batch}, bits {args.bits}" + (f", {store.window} window" if store.has_window else ""))
     print(plan.summary())
     print(f"(one allocation of {format_bytes(plan.allocation_bytes)} with alignment)")

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from .rundir import numbered_records
+from .run.folder import numbered_records
 
 BITS_COLORS = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}
 WINDOW_STYLES = {"fixed": ":", "range": "--", "block": "-"}
@@ -41,7 +41,7 @@ def store_style(bits, window):
 def run_styles(runs):
     """A line style per run: its store's (store_style), if every run's checkpoint names a store of its own;
     otherwise a colour per run, and a line style per ten runs."""
-    from . import checkpoint
+    from .run import checkpoint
     stores = []
     for run in runs:
         try:
@@ -133,7 +133,7 @@ def save(fig, out):
 def plot_plan(model, *, batch, bits, out, data="cifar10"):
     """Each unit's store, and the shared buffers as one bar, in MiB."""
     from . import models
-    from .memory import unit_rows
+    from .run.sizing import unit_rows
     plt = _pyplot()
     shape, classes = models.DATA_SHAPES[data]
     net = models.by_name(model, input_shape=shape, classes=classes)

@@ -6,7 +6,7 @@
     python3 -m minibp.predict runs/mine images.npy --out preds.npz  # classes (N,), probabilities (N, classes)
 
 The run's best.h5 is used where it has one (--which last: its checkpoint.h5). Images go in raw, as the
-data file holds them; the run's own preprocessing is applied (trained.py). Exit status: 0 done, 1 a write
+data file holds them; the run's own preprocessing is applied (run/trained.py). Exit status: 0 done, 1 a write
 failed, 2 a bad option or input file.
 """
 import argparse
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data
+from .io import data
 from .kernels import KernelError
-from .trained import load
+from .run.trained import load
 
 
 def read_images(path, split):

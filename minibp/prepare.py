@@ -6,7 +6,7 @@
     python3 -m minibp.prepare cifar10 --out data/      # where the .h5 files go (default: data/)
 
 (In a checkout, python datasets/prepare.py is the same command.) Each file is written by
-minibp.data.write, the one writer of the format (docs/data.md): groups train/ and test/ with `images`
+minibp.io.data.write, the one writer of the format (docs/data.md): groups train/ and test/ with `images`
 (N, H, W, C) uint8 and `labels` (N,) int64, each with its SHA-256, the number of classes and their
 names, and attributes naming the source and its checksum. Archives are checked against the official
 checksums before anything is read from them (CIFAR's are pickles: nothing is unpickled from a file that
@@ -26,7 +26,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import data
+from .io import data
 from .integrity import atomic_file, file_digest, sha256_bytes
 
 CIFAR = {

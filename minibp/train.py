@@ -13,13 +13,13 @@ guarantee of a run (README, Reliability).
     mpirun -n 2 python3 -m minibp.train --data cifar10         # 2 ranks, 64 of each 128 images (dist.py)
 
 Your own net: --model FILE.py:FUNCTION (or package.module:FUNCTION) is called as FUNCTION(input_shape=...,
-classes=..., NAME=VALUE for each --model-arg) and returns an uncompiled minibp.net.Net (models.build).
+classes=..., NAME=VALUE for each --model-arg) and returns an uncompiled minibp.net.Net (modelspec.build).
 From Python, fit() below runs this same loop: minibp.fit(build, data="fashion-mnist", out="runs/fm-vgg", ...).
 
 Writes OUT/metrics.jsonl (one JSON object a line: {"kind": "train"|"val"|"resume", "iter", ..., "time"}) and
 OUT/checkpoint.h5 (atomically, every --checkpoint-every iterations, at the end, on Ctrl-C and on
 SIGTERM). A resumed run continues with the saved configuration and data order and ends with the same
-weights as an uninterrupted one. One trainer at a time owns a run folder (rundir.py). A run that
+weights as an uninterrupted one. One trainer at a time owns a run folder (run/folder.py). A run that
 diverges stops without touching its last good checkpoint and says how to resume it. Under mpirun the
 ranks take the step of one process with ranks x --split sub-batches (step.py), and rank 0 alone
 writes the run folder. The console gives the plan once, then a line every --log-every iterations (loss
@@ -41,15 +41,17 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, checkpoint, data, dist, imagenet, models, rundata
+from . import backend, dist
+from .io import data, imagenet
 from .kernels import KernelError
-from .memory import compile_within_memory
 from .optim import SGD, AdamW
 from .quant import DEFAULT_WINDOW, Store
-from .rundir import FolderLost, MetricsLog, RunDir, read_metrics
-from .runconfig import (apply_data_defaults, build_parser, check_config, given_options, new_config, store_of,
+from .run import checkpoint, modelspec, splits
+from .run.config import (apply_data_defaults, build_parser, check_config, given_options, new_config, store_of,
                         parse_schedule, resumed_config)
-from .scoring import evaluate
+from .run.evaluation import evaluate
+from .run.folder import FolderLost, MetricsLog, RunDir, read_metrics
+from .run.sizing import compile_within_memory
 from .step import TrainStep
 
 
@@ -108,8 +110,8 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     A bad option or input is a ValueError (or FileNotFoundError) with the command line's message, raised
     before anything is written; a diverged run raises Diverged, a failed write WriteFailed. Ctrl-C or SIGTERM
     finishes the iteration, saves a checkpoint and raises KeyboardInterrupt."""
-    if models.importing():  # this file is being imported by minibp to rebuild its net: never train it again
-        raise ValueError(f"fit() was called while minibp imported {models.importing()} to rebuild the net (a "
+    if modelspec.importing():  # this file is being imported by minibp to rebuild its net: never train it again
+        raise ValueError(f"fit() was called while minibp imported {modelspec.importing()} to rebuild the net (a "
                          "resume, evaluate or load): put the script's training under `if __name__ == \"__main__\":`")
     parser = build_parser(exit_on_error=False)
     names = {a.dest for a in parser._actions} - {"help", "data", "data_file", "out", "resume", "overwrite", "model",
@@ -128,9 +130,9 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
         if not isinstance(value, bool):
             raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
     function = None if isinstance(model, str) else model
-    # data: a data set's name, or the path of a file that minibp.data.write made (--data-file)
+    # data: a data set's name, or the path of a file that minibp.io.data.write made (--data-file)
     own_file = str(data).endswith(".h5") or Path(data).is_file()
-    argv = ["--model", models.spec_of(function) if function else model, "--data-file" if own_file else "--data",
+    argv = ["--model", modelspec.spec_of(function) if function else model, "--data-file" if own_file else "--data",
             str(data), "--out", str(out)]
     argv += ["--resume"] * bool(resume) + ["--overwrite"] * bool(overwrite)
     if not isinstance(model_args or {}, dict):
@@ -190,7 +192,7 @@ def _run(args, given, group=None, *, function=None, python=False):
     store += "-stochastic" if args.rounding == "stochastic" else ""
     name = args.data if args.data_file is None else data.file_name(args.data_file)  # a file's own name
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)  # one folder, whatever the name holds
-    out = Path(args.out or f"runs/{name}-{models.short_name(args.model)}-{args.bits}{store}-seed{args.seed}")
+    out = Path(args.out or f"runs/{name}-{modelspec.short_name(args.model)}-{args.bits}{store}-seed{args.seed}")
     ranks = group.size if group else 1
 
     def claim():
@@ -242,7 +244,7 @@ class Session:
         config, saved = self.config, self.saved
         self.schedule = parse_schedule(config["lr_schedule"], iters=config["iters"])
 
-        self.data = run_data = rundata.load(config)
+        self.data = run_data = splits.load(config)
         self.train_split, self.batches = run_data.train, run_data.batches
         if self.group is not None:  # every rank reads its own copy: on several machines, its host's
             self.group.agree_data(self.train_split, run_data.path)
@@ -250,10 +252,10 @@ class Session:
             if isinstance(self.train_split, imagenet.Folder):  # the sorted folder names are the labels
                 saved.check_classes(self.train_split.class_names, self.train_split.root)
             self.batches.restore(saved.data_state)
-        built = models.describe(config["model"], config["model_args"])
+        built = modelspec.describe(config["model"], config["model_args"])
 
         def build(input_shape, classes):
-            return models.build(config["model"], model_args=config["model_args"],
+            return modelspec.build(config["model"], model_args=config["model_args"],
                                 imagenet=config["data"] == "imagenet", input_shape=input_shape, classes=classes,
                                 function=function)
         self.net = net = build(run_data.input_shape, self.train_split.classes)

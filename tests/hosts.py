@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minibp import checkpoint
+from minibp.run import checkpoint
 from runs import ROOT
 
 # One thread a rank, as 2 ranks on 2 cores should run; the one-process runs they are compared with too.

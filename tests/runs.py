@@ -10,7 +10,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from minibp import data
+from minibp.io import data
 
 ROOT = Path(__file__).resolve().parent.parent
 COLORS = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200], [200, 200, 40]])  # a colour a class (make_tree)

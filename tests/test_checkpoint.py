@@ -7,7 +7,8 @@ import h5py
 import numpy as np
 import pytest
 
-from minibp import checkpoint, evaluate, integrity, train
+from minibp import evaluate, integrity, train
+from minibp.run import checkpoint
 from nets import tiny_net, tiny_resnet, train_steps
 from runs import base_args, one_line_error
 

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from minibp import data
+from minibp.io import data
 
 
 def make_file(path, *, n_train=6, n_test=4, classes=5):
@@ -125,7 +125,7 @@ def test_a_file_of_your_own_is_to_be_written_again(tmp_path):
     with h5py.File(path, "r+") as f:
         flip_pixel(f)
     with pytest.raises(ValueError, match=r"mine.h5 \(mine\): test images fail their SHA-256 check \(the file is "
-                                         r"damaged\): write it again \(minibp.data.write\)$"):
+                                         r"damaged\): write it again \(minibp.io.data.write\)$"):
         data.load_dataset(path)
 
 

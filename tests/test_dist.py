@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("mpi4py", reason="the tests of several ranks need mpi4py and mpich: pip install -e '.[dist]'")
 
 from hosts import ENV, errors, mpirun, rank_pid, same_state, train, without_timing  # noqa: E402
-from minibp import checkpoint, integrity  # noqa: E402
+from minibp import integrity  # noqa: E402
+from minibp.run import checkpoint
 from runs import ROOT, base_args, make_dataset, read_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test starts trainers, most under mpirun

@@ -1,6 +1,6 @@
 """python3 -m minibp.evaluate on a run: its batch no larger than the split, and data of other channels or classes
 than the run's named as such. (What it says of a run, and how it names a damaged checkpoint or data:
-tests/test_console.py, test_checkpoint.py, test_runconfig.py, test_imagenet.py.)"""
+tests/test_console.py, test_checkpoint.py, test_config.py, test_imagenet.py.)"""
 import json
 
 import pytest

@@ -18,7 +18,8 @@ pytest.importorskip("mpi4py", reason="the tests of several ranks need mpi4py and
 
 import hosts  # noqa: E402
 from hosts import ENV, Hosts, errors, rank_pid, same_state, train, without_timing  # noqa: E402
-from minibp import build, checkpoint, dist, integrity  # noqa: E402
+from minibp import build, dist, integrity  # noqa: E402
+from minibp.run import checkpoint
 from runs import base_args, make_dataset, read_metrics, wait_for_lines  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test starts trainers under mpiexec

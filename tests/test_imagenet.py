@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from minibp import checkpoint, evaluate, imagenet, models, train
+from minibp import evaluate, models, train
+from minibp.run import checkpoint
+from minibp.io import imagenet
 from conftest import host
 from nets import tiny_resnet
 from runs import COLORS, ROOT, read_metrics, wait_gone

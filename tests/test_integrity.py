@@ -1,5 +1,5 @@
 """Files published whole (integrity.py): a rewritten file keeps its mode, a new one gets the umask's. (A write
-cut short by a full disk, and the temporary files of killed writes: tests/test_rundir.py.)"""
+cut short by a full disk, and the temporary files of killed writes: tests/test_folder.py.)"""
 import os
 
 from minibp import train

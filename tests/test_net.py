@@ -357,16 +357,16 @@ def test_an_adamw_step_with_clipping_allocates_nothing_large(rng):
 
 
 def test_the_memory_checks_plan_the_optimizers_buffers(monkeypatch):
-    """memory.py's largest_batch and compile_within_memory size the plan the compile will allocate."""
-    from minibp import memory
+    """run/sizing.py's largest_batch and compile_within_memory size the plan the compile will allocate."""
+    from minibp.run.sizing import compile_within_memory, largest_batch
     net, store = small_net(), quant.Store("4")
     sgd = net.plan(batch=64, store=store).allocation_bytes
     adamw = net.plan(batch=64, store=store, optimizer="adamw", grad_norm=True).allocation_bytes
     budget = (sgd + adamw) // 2
-    assert memory.largest_batch(net, store=store, budget=budget) >= 64
-    assert memory.largest_batch(net, store=store, budget=budget, optimizer="adamw", grad_norm=True) < 64
+    assert largest_batch(net, store=store, budget=budget) >= 64
+    assert largest_batch(net, store=store, budget=budget, optimizer="adamw", grad_norm=True) < 64
     monkeypatch.setattr(backend, "available_memory", lambda: budget)
     with pytest.raises(ValueError, match="a batch of 64 needs"):
-        memory.compile_within_memory(net, batch=64, store=store, optimizer="adamw", grad_norm=True)
-    memory.compile_within_memory(net, batch=64, store=store)
+        compile_within_memory(net, batch=64, store=store, optimizer="adamw", grad_norm=True)
+    compile_within_memory(net, batch=64, store=store)
     assert "second_moment" not in net.arena

@@ -1,6 +1,6 @@
 """Your own work end to end, as a new user does it: a data file of your own under its own name, the
 augmentation you choose, a validation split that is not the test split, a best checkpoint beside the last,
-and a run loaded in a new process to predict raw images (trained.py, predict.py, rundata.py)."""
+and a run loaded in a new process to predict raw images (run/trained.py, predict.py, run/splits.py)."""
 import json
 import subprocess
 import sys
@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 import minibp
-from minibp import checkpoint, data, evaluate, predict, train
+from minibp import evaluate, predict, train
+from minibp.run import checkpoint
+from minibp.io import data
 from runs import ROOT, one_line_error, read_metrics
 
 NET = '''

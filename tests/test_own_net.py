@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import minibp
-from minibp import checkpoint, evaluate, models, train
+from minibp import evaluate, train
+from minibp.run import checkpoint, modelspec
 from runs import ROOT, base_args, one_line_error, read_metrics
 
 VGG = str(ROOT / "docs" / "vgg_example.py")
@@ -135,7 +136,7 @@ def test_fit_runs_the_command_lines_loop(tmp_path, data_dir, capsys):
     and its run resumes from the command line."""
     options = dict(data_dir=str(data_dir), batch=16, lr_schedule="0:0.05", log_every=2, val_every=3,
                    checkpoint_every=3)
-    function = models.load_function(f"{VGG}:build")
+    function = modelspec.load_function(f"{VGG}:build")
     net = minibp.fit(function, data="cifar10", out=tmp_path / "fit", model_args=dict(width=8), iters=3, **options)
     assert net.classes == 4 and net.predict(np.zeros((2, 8, 8, 3), np.float32)).shape == (2, 4)
     assert checkpoint.load(tmp_path / "fit" / "checkpoint.h5").config["model"] == f"{VGG}:build"

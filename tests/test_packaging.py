@@ -57,7 +57,7 @@ def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = [p.name for p in (REPO / "kernels").iterdir() if p.suffix in (".cu", ".cuh", ".h")]
     assert sources and {f"minibp/kernels_src/{name}" for name in sources} <= shipped, sorted(shipped)
-    assert "minibp/prepare.py" in shipped
+    assert {"minibp/prepare.py", "minibp/io/data.py", "minibp/run/checkpoint.py"} <= shipped  # the subpackages too
     [licence] = [name for name in shipped if ".dist-info/" in name and name.endswith("LICENSE")]
     assert zipfile.ZipFile(wheel).read(licence) == (REPO / "LICENSE").read_bytes()
 

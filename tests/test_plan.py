@@ -1,6 +1,6 @@
 """The planner, python3 -m minibp.plan: stores sized from the unit shapes; the categories, units and largest batch
 under a budget it prints, quickly for any budget, for the CIFAR and the ImageNet ResNets; its errors. (The
-largest-batch search itself: tests/test_memory.py.)"""
+largest-batch search itself: tests/test_sizing.py.)"""
 import json
 import math
 import signal
@@ -88,7 +88,7 @@ def test_the_plan_command_gives_the_imagenet_resnets(capsys):
 
 
 def test_the_planner_takes_the_trainers_model_specs_and_a_data_file(tmp_path, capsys):
-    from minibp import data
+    from minibp.io import data
     rng = np.random.default_rng(0)
     pair = (rng.integers(0, 256, (4, 12, 12, 1), dtype=np.uint8), np.array([0, 1, 2, 0]))
     path = data.write(tmp_path / "mine.h5", train=pair, test=pair, classes=3, name="mine")

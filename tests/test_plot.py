@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from minibp import checkpoint, plot
+from minibp import plot
+from minibp.run import checkpoint
 
 pytest.importorskip("matplotlib", reason="the plot extra is not installed")
 

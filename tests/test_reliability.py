@@ -1,6 +1,6 @@
 """Nothing lost, nothing silent: the trainer under divergence, kills, SIGTERM and a failing validation, and the
 cheap checks that refuse a run before anything is allocated. (Damaged checkpoints: tests/test_checkpoint.py; two
-trainers at once and damaged metrics: test_rundir.py; options that do not fit a resumed run: test_runconfig.py.)"""
+trainers at once and damaged metrics: test_folder.py; options that do not fit a resumed run: test_config.py.)"""
 import signal
 import time
 
@@ -8,7 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from minibp import checkpoint, integrity, train
+from minibp import integrity, train
+from minibp.run import checkpoint
 from runs import base_args, make_dataset, one_line_error, read_metrics, start_trainer, wait_for_lines
 
 

@@ -4,7 +4,8 @@ run's iteration (AdamW's bias correction), and AdamW runs eagerly only."""
 import numpy as np
 import pytest
 
-from minibp import backend, checkpoint, train
+from minibp import backend, train
+from minibp.run import checkpoint
 from minibp.optim import SGD, AdamW
 from minibp.step import TrainStep
 from conftest import device, host

@@ -9,7 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from minibp import checkpoint, evaluate, train
+from minibp import evaluate, train
+from minibp.run import checkpoint
 from runs import ROOT, base_args, read_metrics, untimed
 
 

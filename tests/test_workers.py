@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from minibp import imagenet
+from minibp.io import imagenet
 from runs import ROOT, running, wait_gone
 
 READER_SCRIPT = """
@@ -18,7 +18,7 @@ import signal, sys, time
 # background job of a shell without job control inherits it ignored, and Python keeps it so)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {root!r})
-from minibp import imagenet
+from minibp.io import imagenet
 train_split, _ = imagenet.load_folders(sys.argv[1])
 batches = imagenet.Batches(train_split, batch=4, size=32, workers=2)
 batches.next()

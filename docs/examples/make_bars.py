@@ -1,5 +1,5 @@
 import numpy as np
-from minibp import data
+from minibp.io import data
 
 rng = np.random.default_rng(0)
 

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from .integrity import stale_temporaries, write_atomic
+from ..integrity import stale_temporaries, write_atomic
 
 LOCK, CHECKPOINT, BEST, METRICS = "lock", "checkpoint.h5", "best.h5", "metrics.jsonl"
 

@@ -39,13 +39,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .integrity import sha256_bytes
+from ..integrity import sha256_bytes
 from .workers import Pool, default_count
 
 MEAN = (0.485, 0.456, 0.406)   # per-channel mean and std of ImageNet's training images, in [0, 1] units
 STD = (0.229, 0.224, 0.225)
 EXTENSIONS = (".jpeg", ".jpg", ".png")
-READER = "minibp.imagenet"     # marks this reader's data state in a checkpoint
+READER = "minibp.imagenet"     # marks this reader's data state in a checkpoint: a name, kept when the module
+                               # moved to minibp.io.imagenet, so checkpoints read and write as before
 LAYOUT = "it must hold train/<class>/*.JPEG and val/<class>/*.JPEG"
 
 
@@ -184,12 +185,12 @@ def start_workers(count=None):
     count = default_count() if count is None else count
     if count < 1:
         raise ValueError(f"the reader needs at least 1 worker process, got {count}")
-    return Pool(count, "minibp.imagenet:decode_chunk", what="an image-decoding worker")
+    return Pool(count, "minibp.io.imagenet:decode_chunk", what="an image-decoding worker")
 
 
 def _normalised(images):
     """uint8 (N, H, W, 3) host -> float32 (x/255 - mean) / std on the device."""
-    from . import backend  # here, not at the top: the workers import this module and need no device
+    from .. import backend  # here, not at the top: the workers import this module and need no device
     xp = backend.xp
     out = xp.asarray(images).astype(np.float32)
     out *= xp.asarray(1 / (255 * np.array(STD)), np.float32)

@@ -3,9 +3,11 @@ for any budget), and the trainer's refusal of a plan larger than the memory avai
 import h5py
 import pytest
 
-from minibp import backend, data, evaluate, memory, models, train
+from minibp import backend, evaluate, models, train
+from minibp.io import data
 from minibp.net import Net
 from minibp.quant import Store
+from minibp.run.sizing import MAX_BATCH, MAX_BUDGET, largest_batch, parse_bytes
 from nets import tiny_resnet
 from runs import base_args, one_line_error
 
@@ -19,10 +21,10 @@ def assert_largest(net, mode, budget, batch):
 @pytest.mark.parametrize("budget", [300 * 2**20, 11 * 2**30 + 12345])
 def test_largest_batch_fits_and_one_more_does_not(mode, budget):
     net = models.by_name("resnet20")
-    batch = memory.largest_batch(net, store=Store(mode), budget=budget)
+    batch = largest_batch(net, store=Store(mode), budget=budget)
     assert batch > 1
     assert_largest(net, mode, budget, batch)
-    assert memory.largest_batch(net, store=Store(mode), budget=1000) == 0
+    assert largest_batch(net, store=Store(mode), budget=1000) == 0
 
 
 @pytest.mark.parametrize("budget", ["1000TiB", "1PiB", "12345678901234"])
@@ -30,9 +32,9 @@ def test_huge_budgets_take_a_few_plans(plan_calls, budget):
     net = models.by_name("resnet20")
     for mode in ("exact", "2"):
         plan_calls.clear()
-        batch = memory.largest_batch(net, store=Store(mode), budget=memory.parse_bytes(budget))
+        batch = largest_batch(net, store=Store(mode), budget=parse_bytes(budget))
         assert len(plan_calls) <= 40
-        assert_largest(net, mode, memory.parse_bytes(budget), batch)
+        assert_largest(net, mode, parse_bytes(budget), batch)
 
 
 def test_the_batch_is_capped(plan_calls, monkeypatch):
@@ -40,26 +42,26 @@ def test_the_batch_is_capped(plan_calls, monkeypatch):
     net = models.by_name("resnet20")
     real = Net.plan
     monkeypatch.setattr(Net, "plan", lambda self, **o: real(self, **dict(o, batch=min(o["batch"], 5))))
-    assert memory.largest_batch(net, store=Store("4"), budget=2**40) == memory.MAX_BATCH
+    assert largest_batch(net, store=Store("4"), budget=2**40) == MAX_BATCH
 
 
 def test_four_bits_fit_more_than_exact():
     net = models.by_name("resnet56")
-    batches = {m: memory.largest_batch(net, store=Store(m), budget=2**30) for m in ("exact", "8", "4")}
+    batches = {m: largest_batch(net, store=Store(m), budget=2**30) for m in ("exact", "8", "4")}
     assert batches["4"] > batches["8"] > batches["exact"]
 
 
 @pytest.mark.parametrize("budget", [0, -5, float("nan"), 2**50 + 1])
 def test_bad_budgets_are_refused(budget):
     with pytest.raises(ValueError, match="budget"):
-        memory.largest_batch(models.by_name("resnet20"), store=Store("4"), budget=budget)
+        largest_batch(models.by_name("resnet20"), store=Store("4"), budget=budget)
 
 
 def test_parse_bytes():
-    assert memory.parse_bytes("11GiB") == 11 * 2**30
-    assert memory.parse_bytes("1.5 GB") == 1_500_000_000
-    assert memory.parse_bytes("512") == 512
-    assert memory.parse_bytes("1PiB") == memory.MAX_BUDGET
+    assert parse_bytes("11GiB") == 11 * 2**30
+    assert parse_bytes("1.5 GB") == 1_500_000_000
+    assert parse_bytes("512") == 512
+    assert parse_bytes("1PiB") == MAX_BUDGET
 
 
 def test_a_plan_larger_than_the_memory_is_refused_with_the_batch_that_fits(tmp_path, data_dir, monkeypatch, capsys):

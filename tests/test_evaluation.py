@@ -1,4 +1,4 @@
-"""scoring.evaluate against its definition: the mean of -log softmax at the true label, and the share of
+"""run/evaluation.py's evaluate against its definition: the mean of -log softmax at the true label, and the share of
 argmax hits, over a whole split with a ragged last batch; the ranks of a group together give one process's
 figures bit for bit; a loss that is not finite is an error that names the split. (The trainer's validations
 and python3 -m minibp.evaluate call it: tests/test_train.py, test_evaluate.py.)"""
@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from minibp import backend, scoring
+from minibp import backend
+from minibp.run import evaluation
 from nets import small_net
 
 
@@ -26,7 +27,7 @@ def net():
 
 def test_evaluate_is_the_mean_log_likelihood_and_accuracy_of_the_split(net):
     split, mean = make_split(), np.float32(0.5)
-    loss, accuracy = scoring.evaluate(net, split, mean)
+    loss, accuracy = evaluation.evaluate(net, split, mean)
     images = split.images.astype(np.float32) * np.float32(1 / 255) - mean
     logits = net.predict(backend.xp.asarray(images)).astype(np.float64)  # (11, 5)
     p = np.exp(logits - logits.max(axis=1, keepdims=True))
@@ -51,15 +52,15 @@ class RecordingGroup:
 
 def test_the_ranks_of_a_group_give_one_process_figures_bit_for_bit(net):
     split, mean = make_split(n=11), np.float32(0.5)
-    alone = scoring.evaluate(net, split, mean)
+    alone = evaluation.evaluate(net, split, mean)
     records = []
     for rank in range(3):  # 3 batches over 3 ranks, then over 2 (one rank takes two)
-        scoring.evaluate(net, split, mean, group=RecordingGroup(rank, 3, records))
-    assert scoring.evaluate(net, split, mean, group=RecordingGroup(0, 3, records)) == alone
+        evaluation.evaluate(net, split, mean, group=RecordingGroup(rank, 3, records))
+    assert evaluation.evaluate(net, split, mean, group=RecordingGroup(0, 3, records)) == alone
     records = []
     for rank in range(2):
-        scoring.evaluate(net, split, mean, group=RecordingGroup(rank, 2, records))
-    assert scoring.evaluate(net, split, mean, group=RecordingGroup(1, 2, records)) == alone
+        evaluation.evaluate(net, split, mean, group=RecordingGroup(rank, 2, records))
+    assert evaluation.evaluate(net, split, mean, group=RecordingGroup(1, 2, records)) == alone
 
 
 def test_a_loss_that_is_not_finite_names_the_split():
@@ -67,4 +68,4 @@ def test_a_loss_that_is_not_finite_names_the_split():
     infinite = SimpleNamespace(batch=4, predict=lambda images: np.array([[0.0, -np.inf]] * len(images)))
     split.labels[:] = 1
     with pytest.raises(FloatingPointError, match="the loss over the test split is"):
-        scoring.evaluate(infinite, split, np.float32(0))
+        evaluation.evaluate(infinite, split, np.float32(0))

@@ -6,7 +6,7 @@ resume gives to the saved one.
 
     --lr-schedule 0:0.01,400:0.1,32000:0.01       StepSchedule: the rate from each iteration on
     --lr-schedule cosine:0.1:warmup=200           CosineSchedule: linear warm-up, then a half cosine to 0
-    --model FILE.py:FUNCTION --model-arg width=32 your own net (models.build), its arguments Python literals
+    --model FILE.py:FUNCTION --model-arg width=32 your own net (modelspec.build), its arguments Python literals
 
 A schedule is recorded as its text (lr_schedule, which a resume may change) and parsed for the run's
 iterations (parse_schedule); your own net's arguments as JSON (model_args, which a resume must keep).
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, models
-from .optim import OPTIMIZERS
-from .quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
+from ..io import data
+from ..optim import OPTIMIZERS
+from ..quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
+from . import modelspec
 
 REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
 # ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate
@@ -181,7 +182,7 @@ def build_parser(*, description=None, exit_on_error=True):
                    help="the folder of the prepared <data>.h5 (default data); for imagenet the folder holding "
                         "train/<class>/ and val/<class>/ (default data/imagenet)")
     g.add_argument("--data-file", metavar="PATH",
-                   help="train on this file that minibp.data.write made, under the file's own name (instead of "
+                   help="train on this file that minibp.io.data.write made, under the file's own name (instead of "
                         "--data; default none)")
     g.add_argument("--augment", metavar="LIST",
                    help=f"the training images' transforms: none, or a comma-separated list of "
@@ -279,7 +280,7 @@ def check_config(config, *, ranks=1):
     for key in ("log_every", "val_every", "checkpoint_every"):
         if config[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be positive")
-    models.check_spec(config["model"], config["model_args"], imagenet=config["data"] == "imagenet")
+    modelspec.check_spec(config["model"], config["model_args"], imagenet=config["data"] == "imagenet")
     parse_schedule(config["lr_schedule"], iters=config["iters"])
     if config.get("image_size") is not None and config["data"] != "imagenet":
         raise ValueError("--image-size applies to --data imagenet only")
@@ -316,7 +317,7 @@ def new_config(args, *, ranks=1):
         config["augment"] = "none" if args.data_file is not None else BUILT_IN_AUGMENT
     else:
         config["augment"] = data.augment_text(data.parse_augment(args.augment))
-    config["model"], config["model_args"] = models.canonical(args.model), model_args(args.model_args)
+    config["model"], config["model_args"] = modelspec.canonical(args.model), model_args(args.model_args)
     # the sub-batches of a step over all ranks: ranks x split defines the run, so that 2 ranks x --split 1
     # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
     config["split"] = args.split * ranks
@@ -401,7 +402,7 @@ def resumed_config(saved, given, ckpt_path, *, ranks=1):
     if "split" in given:
         given = dict(given, split=given["split"] * ranks)
     if "model" in given:  # as new_config records them
-        given = dict(given, model=models.canonical(given["model"]))
+        given = dict(given, model=modelspec.canonical(given["model"]))
     if "model_args" in given:
         given = dict(given, model_args=model_args(given["model_args"]))
     differ = [f"{option(k)} {given[k]} (the run has {config.get(k)})" if k != "split" or ranks == 1 else

@@ -1,4 +1,4 @@
-"""The run folder (rundir.py) under hostile conditions: one trainer at a time, even with its lock or the whole
+"""The run folder (minibp/run/folder.py) under hostile conditions: one trainer at a time, even with its lock or the whole
 folder deleted while it runs; a metrics log that holds each iteration once and names damage by file and line; a
 full disk; stale temporary files; and refused starts that must leave the disk as they found it."""
 import json
@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from minibp import backend, checkpoint, integrity, train
-from minibp.rundir import MAX_LINE, MetricsLog
-from minibp.rundir import read_metrics as read_metrics_file
+from minibp import backend, integrity, train
+from minibp.run import checkpoint
+from minibp.run.folder import MAX_LINE, MetricsLog
+from minibp.run.folder import read_metrics as read_metrics_file
 from runs import ROOT, base_args, one_line_error, read_metrics, start_trainer, wait_for_lines
 
 

@@ -12,7 +12,7 @@
     optional attrs: data (JSON: the data's name, file checksum, image shape and classes), validation (JSON:
            the split, loss and accuracy of the validation this state scored: best.h5's)
 
-The config says how the net was built (its model spec and model_args, models.build), so it is under the
+The config says how the net was built (its model spec and model_args, modelspec.build), so it is under the
 checksum too; a net built again from it must have the parameter table (names and shapes) that
 /state/params holds (Checkpoint.check_parameters), or a resume and an evaluation refuse it.
 
@@ -33,8 +33,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from .imagenet import READER
-from .integrity import HDF5_ERRORS, sha256_array as sha256, sha256_bytes, write_atomic
+from ..io.imagenet import READER
+from ..integrity import HDF5_ERRORS, sha256_array as sha256, sha256_bytes, write_atomic
 
 FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, checkpoint, models
-from .memory import compile_within_memory
-from .runconfig import saved_config, store_of
+from .. import backend
+from . import checkpoint, modelspec
+from .config import saved_config, store_of
+from .sizing import compile_within_memory
 
 
 @dataclass
@@ -27,7 +28,7 @@ class Trained:
     net: object            # minibp.net.Net, compiled for evaluation (training=False)
     mean: np.ndarray       # (H, W, C) float32: the training images' mean, in [0, 1] units
     class_names: tuple     # the data's class names, or None
-    config: dict           # the run's configuration (runconfig)
+    config: dict           # the run's configuration (config.py)
     path: Path             # the checkpoint loaded
     iteration: int         # the iteration it was saved at
     validation: dict       # {split, iteration, loss, accuracy} of best.h5's validation, or None (a last checkpoint)
@@ -88,8 +89,8 @@ def load(run, *, which=None, batch=256):
         raise ValueError(f"{path} was written before checkpoints held their preprocessing (the training images' "
                          "mean): resume the run for one more checkpoint, or score it with python3 -m minibp.evaluate")
     shape, classes = tuple(saved.data["shape"]), int(saved.data["classes"])
-    net = models.build(config["model"], model_args=config["model_args"], input_shape=shape, classes=classes)
-    saved.check_parameters(net, models.describe(config["model"], config["model_args"]))
+    net = modelspec.build(config["model"], model_args=config["model_args"], input_shape=shape, classes=classes)
+    saved.check_parameters(net, modelspec.describe(config["model"], config["model_args"]))
     compile_within_memory(net, batch=batch, store=store_of(config), training=False, hint="lower batch=")
     checkpoint.restore(net, saved)
     return Trained(net=net, mean=saved.mean, class_names=saved.class_names, config=config, path=path,

@@ -35,8 +35,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from . import backend
-from .integrity import atomic_file, sha256_array
+from .. import backend
+from ..integrity import atomic_file, sha256_array
 
 PREPARE = "python3 -m minibp.prepare"
 DATASETS = ("cifar10", "cifar100", "fashion-mnist")
@@ -96,7 +96,7 @@ def describe(path):
         with h5py.File(path, "r") as f:
             images, classes = f.get("train/images"), f.attrs.get("classes")
             if not isinstance(images, h5py.Dataset) or len(images.shape) != 4 or classes is None:
-                raise ValueError(f"{path} is not a data file minibp.data.write made (no train/images or classes)")
+                raise ValueError(f"{path} is not a data file minibp.io.data.write made (no train/images or classes)")
             return dict(name=_text(f.attrs.get("name", path.stem)) or path.stem, shape=tuple(images.shape[1:]),
                         classes=int(classes))
     except OSError as e:
@@ -314,7 +314,7 @@ def _load(path, splits):
         raise FileNotFoundError(missing_dataset_message(name, path) if name in DATASETS else f"no data file {path}")
     # a file of minibp.prepare's can be prepared again; one of your own is written again
     again = (f"prepare it again with {prepare_command(path.stem, path)}" if path.stem in DATASETS
-             else "write it again (minibp.data.write)")
+             else "write it again (minibp.io.data.write)")
     try:
         with h5py.File(path, "r") as f:
             name = _text(f.attrs.get("name", path.stem))
@@ -329,7 +329,7 @@ def _load(path, splits):
                 raise bad(problem)
             if "val" in splits and "val" not in present:
                 raise ValueError(f"{where} has no val split (it holds {', '.join(present)}): write one with "
-                                 "minibp.data.write(..., val=...), or hold one out with --val-split")
+                                 "minibp.io.data.write(..., val=...), or hold one out with --val-split")
             result, unverified = [], []
             root = {k: f.attrs[k] for k in f.attrs}
             if "sha256" not in root:

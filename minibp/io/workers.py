@@ -1,6 +1,6 @@
 """A pool of worker processes that run one function over lists in chunks: the ImageNet reader's decoders.
 
-    pool = Pool(4, "minibp.imagenet:decode_chunk", what="an image-decoding worker")
+    pool = Pool(4, "minibp.io.imagenet:decode_chunk", what="an image-decoding worker")
     ticket = pool.submit(items, root, size)   # the workers run decode_chunk(root, size, chunk) on chunks of items
     images = pool.collect(ticket)             # the chunks' arrays, concatenated in the order of items
     pool.discard(ticket)                      # or forget a submitted list (its results are read and dropped)
@@ -30,7 +30,7 @@ import numpy as np
 CHUNK = 64      # items a task at most: its pickle stays a few kB
 IN_FLIGHT = 2   # tasks written to a worker and not yet answered: with CHUNK, far below a pipe's 64 kB, so a
                 # write never blocks while the worker waits for its answer to be read (no deadlock)
-WORKER = "import sys; sys.path.insert(0, {!r}); from minibp.workers import serve; serve({!r})"
+WORKER = "import sys; sys.path.insert(0, {!r}); from minibp.io.workers import serve; serve({!r})"
 
 
 def default_count():
@@ -89,7 +89,7 @@ class Pool:
         if count < 1:
             raise ValueError(f"a pool needs at least 1 worker process, got {count}")
         self.what = what
-        command = [sys.executable, "-c", WORKER.format(str(Path(__file__).resolve().parent.parent), function)]
+        command = [sys.executable, "-c", WORKER.format(str(Path(__file__).resolve().parents[2]), function)]
         self.processes = []
         self._close = weakref.finalize(self, _stop, self.processes)
         for _ in range(count):

@@ -5,9 +5,9 @@ and the planner's --budget all ask these questions of Net.plan, the table the ar
 import math
 import re
 
-from . import backend
-from .arena import format_bytes
-from .params import key
+from .. import backend
+from ..arena import format_bytes
+from ..params import key
 
 UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40,

@@ -9,8 +9,10 @@ import h5py
 import numpy as np
 import pytest
 
-from minibp import checkpoint, evaluate, runconfig, train
-from minibp.runconfig import CosineSchedule, StepSchedule, model_args, parse_model_arg, parse_schedule
+from minibp import evaluate, train
+from minibp.run import checkpoint
+from minibp.run.config import (CosineSchedule, StepSchedule, apply_data_defaults, build_parser, given_options, model_args,
+                               parse_model_arg, parse_schedule)
 from runs import base_args, make_dataset, one_line_error, read_metrics, untimed
 from test_checkpoint import _set_attrs
 
@@ -88,10 +90,10 @@ def test_model_arguments_are_recorded_as_json_would_give_them_back():
 
 def test_imagenet_defaults_are_the_papers_setting():
     argv = ["--data", "imagenet", "--batch", "32"]
-    args = runconfig.apply_data_defaults(runconfig.build_parser().parse_args(argv), runconfig.given_options(argv))
+    args = apply_data_defaults(build_parser().parse_args(argv), given_options(argv))
     assert (args.model, args.batch, args.iters, args.lr_schedule, args.weight_decay, args.image_size, args.data_dir) \
         == ("resnet152", 32, 640000, "0:0.1,160000:0.01,320000:0.001,480000:0.0001", 1e-4, 224, "data/imagenet")
-    cifar = runconfig.apply_data_defaults(runconfig.build_parser().parse_args([]), {})
+    cifar = apply_data_defaults(build_parser().parse_args([]), {})
     assert (cifar.model, cifar.batch, cifar.iters, cifar.image_size) == ("resnet164", 128, 64000, None)
 
 

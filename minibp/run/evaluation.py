@@ -1,7 +1,7 @@
 """A net's loss and accuracy over a whole split: the trainer's validations and python3 -m minibp.evaluate."""
 import numpy as np
 
-from . import data, imagenet
+from ..io import data, imagenet
 
 
 def evaluate(net, split, mean, *, group=None, workers=None):

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import data, imagenet
-from .runconfig import data_path
+from ..io import data, imagenet
+from .config import data_path
 
 
 @dataclass

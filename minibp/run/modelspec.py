@@ -1,0 +1,158 @@
+"""A model spec: the name of one of the paper's ResNets (minibp/models.py's by_name), or your own net.
+
+Your own net: a model spec "FILE.py:FUNCTION" or "package.module:FUNCTION" names a function that build()
+calls as FUNCTION(input_shape=..., classes=..., **model_args) (the shape and classes of the data) and that
+returns an uncompiled Net (docs/vgg_example.py is one). A run records the spec, its file made absolute
+(canonical), and the arguments, and builds the net again from them to resume or evaluate:
+
+    net = build("docs/vgg_example.py:build", model_args={"width": 16}, input_shape=(28, 28, 1), classes=10)
+    net = build("resnet20", input_shape=(28, 28, 1), classes=10)   # a name: by_name
+"""
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+from .. import models
+from ..net import Net
+
+
+def is_own(spec):
+    """Whether a model spec names your own function ("FILE.py:FUNCTION", "package.module:FUNCTION")."""
+    return ":" in str(spec)
+
+
+def _where(spec):
+    """(file or module, function name, whether it is a file) of your own model spec; a ValueError otherwise."""
+    where, _, name = str(spec).rpartition(":")
+    is_file = where.endswith(".py")
+    if not name.isidentifier() or not (is_file or all(part.isidentifier() for part in where.split("."))):
+        raise ValueError(f"model {spec!r}: give FILE.py:FUNCTION or package.module:FUNCTION")
+    return where, name, is_file
+
+
+def canonical(spec):
+    """The spec a run records: a file's path made absolute, so that the run resumes and evaluates from any
+    folder; names and modules as they are."""
+    if not is_own(spec):
+        return spec
+    where, name, is_file = _where(spec)
+    return f"{Path(where).resolve()}:{name}" if is_file else spec
+
+
+def describe(spec, model_args=None):
+    """A model spec as messages show it: resnet20, vgg_example.py:build(width=8)."""
+    if not is_own(spec):
+        return spec
+    where, name, is_file = _where(spec)
+    arguments = ", ".join(f"{k}={v!r}" for k, v in (model_args or {}).items())
+    return f"{Path(where).name if is_file else where}:{name}({arguments})"
+
+
+def short_name(spec):
+    """A model spec in a folder name: resnet20, vgg_example.build."""
+    if not is_own(spec):
+        return spec
+    where, name, is_file = _where(spec)
+    return f"{Path(where).stem if is_file else where}.{name}"
+
+
+def check_spec(spec, model_args, *, imagenet=False):
+    """The checks of a model spec that need neither the data nor running your code: a ResNet's name (which
+    takes no arguments), or a file that exists, or a module that can be found."""
+    if not is_own(spec):
+        models.depth_of(spec, imagenet=imagenet)
+        if model_args:
+            raise ValueError(f"--model-arg is for your own net (--model FILE.py:FUNCTION); {spec} takes none")
+        return
+    where, _, is_file = _where(spec)
+    if is_file and not Path(where).is_file():
+        raise ValueError(f"model {spec}: no file {where}")
+    if not is_file:
+        try:
+            found = importlib.util.find_spec(where)
+        except (ImportError, ValueError):  # a parent package that does not import
+            found = None
+        if found is None:
+            raise ValueError(f"model {spec}: no module {where} on the Python path")
+
+
+def load_function(spec):
+    """The function your own model spec names, its file or module imported afresh (an edited file is read
+    again); a ValueError naming the spec and what failed."""
+    where, name, is_file = _where(spec)
+    global _importing
+    _importing = where
+    try:
+        if is_file:
+            module_name = f"minibp_model_{Path(where).stem}"  # in sys.modules, as an import puts it (dataclasses)
+            found = importlib.util.spec_from_file_location(module_name, where)
+            module = importlib.util.module_from_spec(found)
+            sys.modules[module_name] = module
+            found.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (Exception, SystemExit) as e:  # whatever your code raises as it imports: one line, not a traceback
+        raise ValueError(f"model {spec}: cannot import {where} ({_one_line(e)})") from None
+    finally:
+        _importing = None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"model {spec}: {where} has no function {name}")
+    return function
+
+
+_importing = None  # the file or module load_function is importing now, else None
+
+
+def importing():
+    """The file or module minibp is importing to rebuild your net (a resume, evaluate, load), else None: a
+    script's training code that runs then (fit, outside `if __name__ == "__main__":`) would train again."""
+    return _importing
+
+
+def spec_of(function):
+    """The spec of a module-level function (train.fit's model), by which a resume or python3 -m minibp.evaluate
+    imports it again: package.module:FUNCTION for a module in a package, else the file that defines it."""
+    name = getattr(function, "__qualname__", "")
+    if not name.isidentifier():  # a lambda, a nested function, a method, a partial
+        raise ValueError(f"the model must be a module-level function, which a resume and python3 -m minibp.evaluate "
+                         f"can import again, not {function!r}")
+    module = sys.modules.get(function.__module__)
+    if module is not None and module.__name__ != "__main__" and getattr(module, "__package__", None):
+        return f"{module.__name__}:{name}"
+    file = function.__code__.co_filename
+    if not file.endswith(".py") or not Path(file).is_file():
+        raise ValueError(f"{name} is not defined in a .py file ({file}): define the model's function in one, so "
+                         "that a resume and python3 -m minibp.evaluate can import it again")
+    return f"{Path(file).resolve()}:{name}"
+
+
+def build(spec, *, model_args=None, imagenet=False, input_shape, classes, function=None):
+    """The uncompiled net a model spec gives for data of input_shape and classes: by_name's ResNet, or your
+    own function's net (`function`, or the one the spec names: load_function), checked: a Net, uncompiled,
+    ending in a classifier that fits the data. A ValueError naming the spec and the fault otherwise."""
+    if not is_own(spec):
+        return models.by_name(spec, imagenet=imagenet, input_shape=input_shape, classes=classes)
+    function = function or load_function(spec)
+    called = describe(spec, model_args)
+    try:
+        net = function(input_shape=tuple(input_shape), classes=int(classes), **(model_args or {}))
+    except (Exception, SystemExit) as e:  # your code's failure (even sys.exit), named in one line
+        raise ValueError(f"model {called} raised {_one_line(e)}") from None
+    fault = (f"returned {type(net).__name__}, not a minibp.net.Net" if not isinstance(net, Net) else
+             "returned a compiled net: return it uncompiled (the trainer compiles it for the run's batch and store)"
+             if net.arena is not None else
+             "returned a net without a classifier: end it with net.classifier(classes)" if net.classes is None else
+             f"returned a net for {net.classes} classes; the data has {classes}" if net.classes != classes else
+             f"returned a net for input {net.input_shape}; the data's images are {tuple(input_shape)}"
+             if net.input_shape != tuple(input_shape) else None)
+    if fault:
+        raise ValueError(f"model {called} {fault}")
+    return net
+
+
+def _one_line(error):
+    if isinstance(error, SystemExit):
+        return f"it called sys.exit({error.code!r})"
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
