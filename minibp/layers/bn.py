@@ -215,8 +215,9 @@ def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
 @dataclass(frozen=True)
 class StoreView:
     """A unit's store at a batch of n, as the kernels take it: the second link of the chain quant.Store (the
-    policy) -> StoreView (this unit's buffers at n) -> StoreIn / StoreOut (kernels/bn_walk.cuh, one launch)
-    -> a row's Unit. Built once per batch size (BatchNormReLU.view); every pass of the unit reads this one.
+    policy) -> StoreView (this unit's buffers at n) -> Unit and StoreIn / StoreOut (kernels/bn_walk.cuh, one
+    launch's) -> the row a thread is dealt (LaneRow or WideRow). Built once per batch size
+    (BatchNormReLU.view); every pass of the unit reads this one.
 
         bits        0 (exact: x_copy) or k (codes)
         x_copy      (n, H, W, C) float      exact mode's copy of x
