@@ -77,7 +77,8 @@ class Net(Chain):
         optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
         global gradient norm (optim.py: clipping, last_grad_norm). Both matter only to a training plan."""
         store = _store(store, bits=bits, window=window)
-        N, dtype, units = self._check_request(batch=batch, store=store, optimizer=optimizer, grad_norm=grad_norm), self.dtype, self.units
+        N = self._check_request(batch=batch, store=store, optimizer=optimizer, grad_norm=grad_norm)
+        dtype, units = self.dtype, self.units
         plan = Plan()
         plan.add("input", (N,) + self.input_shape, dtype, "input batch")
         plan.add("labels", (N,), np.int64, "input batch")
@@ -139,7 +140,7 @@ class Net(Chain):
         im2col + GEMM), "gemm", "direct" (CPU, float32) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every
         conv but the classifier). optimizer ("sgd" or "adamw") and grad_norm plan the optimizer's buffers (plan()):
         optim.AdamW needs optimizer="adamw", clipping grad_norm=True. check_plan: called with the plan before
-        anything is allocated, to refuse it by raising (memory.compile_within_memory: does it fit?)."""
+        anything is allocated, to refuse it by raising (run/sizing.compile_within_memory: does it fit?)."""
         store = _store(store, bits=bits, window=window, rounding=rounding)
         batch = self._check_request(batch=batch, store=store, optimizer=optimizer, grad_norm=grad_norm)
         conv_path = ConvPath(conv, self.units, batch=batch, dtype=self.dtype)
@@ -154,6 +155,7 @@ class Net(Chain):
         self.arena = Arena(plan)
         self.conv_path.attach(self.arena)
         self.param_views, self.grad_views = table.bind(self.units, self.arena)
+        self._running_layout = table.running_layout(self.units)  # {unit index: its channels}, for defer_running
         if kept is None:
             self.initialize(seed=seed)
         else:  # the net's own state, as it is (a diverged one says so at its next forward)
@@ -283,11 +285,12 @@ class Net(Chain):
         increment, (1 - bn_momentum) * (batch mean, unbiased variance), into its channels of increments and
         leaves `running` as it is; add_running applies it later. Ranks training together (step.py, dist.py)
         gather every rank's increments and apply them in rank order, as one process applies its sub-batches'."""
+        self._check_compiled()
         if increments is None:
             self.deferred_running = {}
             return
-        self.deferred_running = {index: increments[:, where]
-                                 for index, where in table.running_layout(self.units).items() if where.stop > where.start}
+        self.deferred_running = {index: increments[:, where] for index, where in self._running_layout.items()
+                                 if where.stop > where.start}
 
     def add_running(self, increments):
         """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), with the

@@ -325,5 +325,5 @@ class BatchNormReLU:
 
     def backward(self, da, dx, *, store, beta, dgamma, dbeta, partial, sums, residual_grad=None):
         """dx = dL/dx [+ residual_grad] from da = dL/da and the store; dgamma, dbeta accumulate (+=)."""
-        batchnorm_relu_backward(da, self.own["stats"], beta, dx, **self.view(da.shape[0], store).kernel_args(), dgamma=dgamma,
-                                dbeta=dbeta, partial=partial, sums=sums, residual_grad=residual_grad)
+        batchnorm_relu_backward(da, self.own["stats"], beta, dx, **self.view(da.shape[0], store).kernel_args(),
+                                dgamma=dgamma, dbeta=dbeta, partial=partial, sums=sums, residual_grad=residual_grad)
