@@ -33,7 +33,7 @@ from minibp import quant
 from minibp.io import data
 from minibp.plot import legend_below, save
 from minibp.optim import SGD
-from minibp.run.config import parse_schedule
+from minibp.run.schedule import parse_schedule
 
 MODES = "8:fixed,8:range,8:block,4:fixed,4:range,4:block,2:fixed,2:range,2:block"
 

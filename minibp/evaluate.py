@@ -13,11 +13,12 @@ classes are not the run's are named as such.
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from .kernels import KernelError
 from .run import checkpoint, modelspec, splits
-from .run.config import saved_config, store_of
+from .run.config import RunConfig
 from .run.evaluation import evaluate
 from .run.sizing import compile_within_memory
 
@@ -43,26 +44,26 @@ def main(argv=None):
         if args.batch is not None and args.batch < 1:
             raise ValueError(f"--batch must be positive, got {args.batch}")
         saved = checkpoint.load(path)
-        config = saved_config(saved)
+        config = RunConfig.from_checkpoint(saved)
         if args.workers is not None and args.workers < 1:
             raise ValueError(f"--workers must be positive, got {args.workers}")
-        config = dict(config, **{k: v for k, v in (("data_dir", args.data_dir), ("data_file", args.data_file)) if v})
+        config = replace(config, **{k: v for k, v in (("data_dir", args.data_dir), ("data_file", args.data_file)) if v})
         run_data = splits.load(config, batches=False)
-        if config["data"] == "imagenet":  # "test" is its val/ folder; the reader normalises
+        if config.imagenet:  # "test" is its val/ folder; the reader normalises
             saved.check_classes(run_data.train.class_names, run_data.train.root)
         split, input_shape, mean, where = run_data.split(args.split), run_data.input_shape, run_data.mean, run_data.path
-        built = modelspec.describe(config["model"], config["model_args"])
+        built = modelspec.describe(config.model, config.model_args)
 
         def build(input_shape, classes):
-            return modelspec.build(config["model"], model_args=config["model_args"],
-                                imagenet=config["data"] == "imagenet", input_shape=input_shape, classes=classes)
+            return modelspec.build(config.model, model_args=config.model_args, imagenet=config.imagenet,
+                                   input_shape=input_shape, classes=classes)
         net = build(input_shape, split.classes)
         saved.check_data(net, build, where)  # before check_parameters, which would blame the net
         saved.check_parameters(net, built)
-        if config["data"] != "imagenet":
+        if not config.imagenet:
             saved.check_data_checksum(run_data.train.sha256, where)
-        batch = min(args.batch or config["batch"] // config["split"], len(split.labels))  # no bigger than the split
-        compile_within_memory(net, batch=batch, store=store_of(config), training=False, hint="lower --batch")
+        batch = min(args.batch or config.sub_batch, len(split.labels))  # no bigger than the split
+        compile_within_memory(net, batch=batch, store=config.store, training=False, hint="lower --batch")
         checkpoint.restore(net, saved)
         loss, accuracy = evaluate(net, split, mean, workers=args.workers)
     except FloatingPointError as e:
@@ -75,14 +76,14 @@ def main(argv=None):
         print(f"error: {e}", file=sys.stderr)
         return 1
     result = dict(checkpoint=str(path), iteration=saved.iteration, split=args.split, images=len(split.labels),
-                  loss=loss, accuracy=accuracy, model=config["model"], model_args=config["model_args"],
-                  bits=config["bits"], window=config["window"], data=config["data"])
+                  loss=loss, accuracy=accuracy, model=config.model, model_args=config.model_args,
+                  bits=config.bits, window=config.window, data=config.data)
     if args.json:
         print(json.dumps(result))
     else:
         of = f" ({run_data.validates_on})" if args.split == "val" else ""
-        print(f"{built}, {store_of(config)}, at iteration {saved.iteration}: {args.split} accuracy "
-              f"{accuracy:.4f} (loss {loss:.4f}) on {len(split.labels):,} {config['data']} images{of}")
+        print(f"{built}, {config.store}, at iteration {saved.iteration}: {args.split} accuracy "
+              f"{accuracy:.4f} (loss {loss:.4f}) on {len(split.labels):,} {config.data} images{of}")
     return 0
 
 

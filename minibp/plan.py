@@ -24,7 +24,7 @@ from .arena import format_bytes
 from .io import data
 from .quant import BITS, Store
 from .run import config, modelspec
-from .run.config import IMAGENET_DEFAULTS, SHARED_OPTIONS, add_option, parse_model_arg
+from .run.config import IMAGENET_DEFAULTS, add_option, default_of, parse_model_arg
 from .run.sizing import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
 
 
@@ -83,7 +83,7 @@ def main(argv=None):
             facts = data.describe(args.data_file)
             args.data, input_shape, classes = facts["name"], facts["shape"], facts["classes"]
         if not args.model:  # the trainer's default for the data
-            args.model = IMAGENET_DEFAULTS["model"] if args.data == "imagenet" else SHARED_OPTIONS["model"]["default"]
+            args.model = IMAGENET_DEFAULTS["model"] if args.data == "imagenet" else default_of("model")
         model_args = config.model_args(args.model_args)
         modelspec.check_spec(args.model, model_args, imagenet=args.data == "imagenet")
         net = modelspec.build(args.model, model_args=model_args, imagenet=args.data == "imagenet",

@@ -29,7 +29,6 @@ began training and the ETA at this session's pace (validations included).
 Exit status: 0 done, 1 the run failed (diverged, a write failed), 2 a bad option or input file,
 130 interrupted (a checkpoint was saved).
 """
-import argparse
 import contextlib
 import functools
 import os
@@ -42,13 +41,11 @@ from pathlib import Path
 import numpy as np
 
 from . import backend, dist
-from .io import data, imagenet
+from .io import imagenet
 from .kernels import KernelError
 from .optim import SGD, AdamW
-from .quant import DEFAULT_WINDOW, Store
 from .run import checkpoint, modelspec, splits
-from .run.config import (apply_data_defaults, build_parser, check_config, given_options, new_config, store_of,
-                        parse_schedule, resumed_config)
+from .run.config import OPTIONS, Invocation, RunConfig, read_command_line
 from .run.evaluation import evaluate
 from .run.folder import FolderLost, MetricsLog, RunDir, read_metrics
 from .run.sizing import compile_within_memory
@@ -66,11 +63,11 @@ class WriteFailed(Exception):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser(description=__doc__).parse_args(argv)
     group = None  # the ranks under mpirun (dist.py); None: one process
     try:
-        group = dist.start(timeout=args.rank_timeout)
-        return _session(args, given_options(argv), group)[0]
+        invocation, given = read_command_line(argv, description=__doc__)
+        group = dist.start(timeout=invocation.rank_timeout)
+        return _session(invocation, given, group)[0]
     except (Diverged, FolderLost, WriteFailed) as e:
         return _failed(group, e, str(e), 1)
     except (ValueError, FileNotFoundError, KernelError) as e:
@@ -103,9 +100,10 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     prepared ("fashion-mnist", "cifar10", ...) or "imagenet". out: the run folder. resume / overwrite: as
     --resume / --overwrite. model_args: the function's keyword arguments (numbers, strings, booleans, None, and
     lists and dicts of them: the checkpoint records them). options: any other option of the command line under
-    its name, with the same default (python3 -m minibp.train --help): iters, lr_schedule, batch, bits, window,
-    split, seed, momentum, weight_decay, no_augment, log_every, val_every, checkpoint_every, data_dir, graph,
-    image_size, workers, rank_timeout.
+    its field's name (run/config.py RunConfig; python3 -m minibp.train --help), with the same default: iters,
+    lr_schedule, batch, split, bits, window, rounding, seed, augment, val_split, optimizer, momentum,
+    weight_decay, clip_norm, log_every, val_every, checkpoint_every, data_dir, graph, image_size, workers,
+    rank_timeout. A value is read as the command line reads its text (bits=4 is "4"); None leaves the default.
 
     A bad option or input is a ValueError (or FileNotFoundError) with the command line's message, raised
     before anything is written; a diverged run raises Diverged, a failed write WriteFailed. Ctrl-C or SIGTERM
@@ -113,9 +111,7 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     if modelspec.importing():  # this file is being imported by minibp to rebuild its net: never train it again
         raise ValueError(f"fit() was called while minibp imported {modelspec.importing()} to rebuild the net (a "
                          "resume, evaluate or load): put the script's training under `if __name__ == \"__main__\":`")
-    parser = build_parser(exit_on_error=False)
-    names = {a.dest for a in parser._actions} - {"help", "data", "data_file", "out", "resume", "overwrite", "model",
-                                                 "model_args"}
+    names = set(OPTIONS) - {"data", "data_file", "out", "resume", "overwrite", "model", "model_args"}
     unknown = sorted(set(options) - names)
     if unknown:
         raise TypeError(f"fit() got unknown options {', '.join(unknown)}; it takes {', '.join(sorted(names))}")
@@ -129,47 +125,35 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     for name, value in dict(resume=resume, overwrite=overwrite).items():
         if not isinstance(value, bool):
             raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
-    function = None if isinstance(model, str) else model
-    # data: a data set's name, or the path of a file that minibp.io.data.write made (--data-file)
-    own_file = str(data).endswith(".h5") or Path(data).is_file()
-    argv = ["--model", modelspec.spec_of(function) if function else model, "--data-file" if own_file else "--data",
-            str(data), "--out", str(out)]
-    argv += ["--resume"] * bool(resume) + ["--overwrite"] * bool(overwrite)
     if not isinstance(model_args or {}, dict):
         raise TypeError(f"model_args must be a dict of keyword arguments, got {type(model_args).__name__}")
-    for name, value in (model_args or {}).items():  # repr: a literal that --model-arg reads back
-        argv += ["--model-arg", f"{name}={value!r}"]
-    for name, value in options.items():  # as the command line gives them, so that they are checked alike
-        flag = f"--{name.replace('_', '-')}"
-        if parser._option_string_actions[flag].nargs == 0:  # a switch: present or not
-            if not isinstance(value, bool):  # bool("False") is True: a switch takes True or False alone
-                raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
-            argv += [flag] * value
-        elif isinstance(value, bool):  # str(True) would pass as a word, e.g. a schedule's text
-            raise TypeError(f"fit()'s {name} takes {flag}'s value, not {value!r}")
-        elif value is not None:
-            argv += [flag, str(value)]
-    try:
-        args = parser.parse_args(argv)
-    except argparse.ArgumentError as e:
-        raise ValueError(str(e)) from None
-    status, net = _session(args, given_options(argv), dist.start(timeout=args.rank_timeout), function=function,
+    function = None if isinstance(model, str) else model
+    # each value as the command line would read its text, so that it is checked alike; None: the default
+    given = {name: OPTIONS[name].from_python(name, value) for name, value in options.items() if value is not None}
+    invocation = Invocation(out=str(out), resume=resume, overwrite=overwrite,
+                            **{k: given.pop(k) for k in ("rank_timeout",) if k in given})
+    # data: a data set's name, or the path of a file that minibp.io.data.write made (--data-file)
+    own_file = str(data).endswith(".h5") or Path(data).is_file()
+    given.update({"data_file" if own_file else "data": str(data)},
+                 model=modelspec.spec_of(function) if function else model, model_args=model_args or {})
+    status, net = _session(invocation, given, dist.start(timeout=invocation.rank_timeout), function=function,
                            python=True)
     if status == 130:
         raise KeyboardInterrupt(f"stopped: a checkpoint is saved in {out}; continue with fit(..., resume=True)")
     return net
 
 
-def _session(args, given, group, *, function=None, python=False):
+def _session(invocation, given, group, *, function=None, python=False):
     """(exit status, net) of a run (_run), on one process or on every rank of a group, whose ranks must
     agree on the options; rank 0 alone prints. function: the model's function (fit), else the spec's."""
     if group is not None:
-        group.agree(dict(vars(args), data_dir=str(Path(args.data_dir).resolve())))
+        where = {k: str(Path(given[k]).resolve()) for k in ("data_dir", "data_file") if given.get(k) is not None}
+        group.agree(dict(given, **where, **invocation.__dict__))
     with contextlib.ExitStack() as stack:
         if group is not None and group.rank:
             stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
         stack.enter_context(np.errstate(all="ignore"))  # a diverging step is found by finiteness checks, not warnings
-        return _run(args, given, group, function=function, python=python)
+        return _run(invocation, given, group, function=function, python=python)
 
 
 def _failed(group, error, message, code):
@@ -181,30 +165,26 @@ def _failed(group, error, message, code):
     return group.report(message, error, code)
 
 
-def _run(args, given, group=None, *, function=None, python=False):
+def _run(invocation, given, group=None, *, function=None, python=False):
     """(exit status, net) of the run the options name: its folder claimed (rank 0's), a Session trained in it."""
-    apply_data_defaults(args, given)
-    if args.resume and args.overwrite:
+    if invocation.resume and invocation.overwrite:
         raise ValueError("--resume continues a run and --overwrite starts it again: give one")
-    # the store's window and rounding in the folder's name, where they are not the defaults
-    store = Store(args.bits, args.window)  # (the rounding is checked with the rest, by check_config)
-    store = f"-{store.window}" if store.has_window and store.window != DEFAULT_WINDOW else ""
-    store += "-stochastic" if args.rounding == "stochastic" else ""
-    name = args.data if args.data_file is None else data.file_name(args.data_file)  # a file's own name
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)  # one folder, whatever the name holds
-    out = Path(args.out or f"runs/{name}-{modelspec.short_name(args.model)}-{args.bits}{store}-seed{args.seed}")
     ranks = group.size if group else 1
 
+    def fresh():  # a new run's configuration, checked whole before anything touches the disk (rank 0's)
+        return RunConfig.new(given, ranks=ranks)
+    config = None if invocation.resume else fresh() if group is None else group.on_rank_0(fresh)
+    out = Path(invocation.out) if invocation.out else (config or (fresh() if group is None else
+                                                                  group.on_rank_0(fresh))).folder()
+
     def claim():
-        if not args.resume:  # the cheap checks before anything touches the disk
-            check_config(new_config(args, ranks=ranks), ranks=ranks)
-        return RunDir.claim(out, fresh=not args.resume, overwrite=args.overwrite)
+        return RunDir.claim(out, fresh=not invocation.resume, overwrite=invocation.overwrite)
 
     # several ranks: the run folder is rank 0's; the others know its paths and never touch it
     run = claim() if group is None else group.on_rank_0(claim, share_result=False) or RunDir(out, None)
     try:
         session = Session(run, out, group, python=python)
-        session.start(args, given, function=function)
+        session.start(config, given, function=function)
         return session.train()
     finally:
         if group is None or group.rank == 0:
@@ -225,24 +205,25 @@ class Session:
         self.rank_0 = group is None or group.rank == 0  # the one that writes metrics and checkpoints
         self.command = ("python3 -m minibp.train" if self.ranks == 1 else
                         f"mpirun -n {self.ranks} python3 -m minibp.train")
-        self.saved = None       # the checkpoint resumed from
+        self.saved = None       # the checkpoint resumed from ...
+        self.saved_config = None  # ... and its configuration as saved (RunConfig), before the resume's changes
         self.iteration = 0      # iterations done
         self.last_saved = None  # the iteration of the last checkpoint written (or resumed from); None: none yet
         self.signals = []       # SIGINT or SIGTERM received: the loop stops after its iteration
         self.best = None        # (accuracy, -loss) of the best validation so far (best.h5's) ...
         self.best_iteration = None  # ... and its iteration
 
-    def start(self, args, given, *, function=None):
-        """The run's configuration (a resumed run's from its checkpoint), data, net, step and metrics log; the
-        plan printed. function: the model's (fit), else the one the spec names."""
+    def start(self, config, given, *, function=None):
+        """The run's data, net, step and metrics log, and the plan printed. config: a new run's (RunConfig);
+        None: resume the run's from its checkpoint with the options `given`. function: the model's (fit), else
+        the one the spec names."""
         changed = {}
-        if args.resume:  # several ranks: rank 0 reads the checkpoint and sends it to the others
+        if config is None:  # several ranks: rank 0 reads the checkpoint and sends it to the others
             resume = functools.partial(self.resume, given)
-            self.saved, self.config, changed = resume() if self.group is None else self.group.on_rank_0(resume)
-        else:
-            self.config = new_config(args, ranks=self.ranks)
-        config, saved = self.config, self.saved
-        self.schedule = parse_schedule(config["lr_schedule"], iters=config["iters"])
+            self.saved, self.saved_config, config, changed = (resume() if self.group is None else
+                                                              self.group.on_rank_0(resume))
+        self.config = config
+        saved = self.saved
 
         self.data = run_data = splits.load(config)
         self.train_split, self.batches = run_data.train, run_data.batches
@@ -252,26 +233,23 @@ class Session:
             if isinstance(self.train_split, imagenet.Folder):  # the sorted folder names are the labels
                 saved.check_classes(self.train_split.class_names, self.train_split.root)
             self.batches.restore(saved.data_state)
-        built = modelspec.describe(config["model"], config["model_args"])
+        built = modelspec.describe(config.model, config.model_args)
 
         def build(input_shape, classes):
-            return modelspec.build(config["model"], model_args=config["model_args"],
-                                imagenet=config["data"] == "imagenet", input_shape=input_shape, classes=classes,
-                                function=function)
+            return modelspec.build(config.model, model_args=config.model_args, imagenet=config.imagenet,
+                                   input_shape=input_shape, classes=classes, function=function)
         self.net = net = build(run_data.input_shape, self.train_split.classes)
         if saved is not None:
             saved.check_data(net, build, run_data.path)  # before check_parameters, which would blame the net
             saved.check_parameters(net, built)
             if not isinstance(self.train_split, imagenet.Folder):  # the same shapes, but the same data?
                 saved.check_data_checksum(self.train_split.sha256, run_data.path)
-        sub_batch = config["batch"] // config["split"]
-        clip = config.get("clip_norm")
-        compile_within_memory(net, batch=sub_batch, store=store_of(config), seed=config["seed"],
-                              optimizer=config.get("optimizer", "sgd"), grad_norm=clip is not None)
-        opt = (AdamW(net, weight_decay=config["weight_decay"], clip_norm=clip) if config.get("optimizer") == "adamw"
-               else SGD(net, momentum=config["momentum"], weight_decay=config["weight_decay"], clip_norm=clip))
-        self.step = TrainStep(net, opt, split=config["split"] // self.ranks, graph=config.get("graph", False),
-                              group=self.group)
+        sub_batch, clip = config.sub_batch, config.clip_norm
+        compile_within_memory(net, batch=sub_batch, store=config.store, seed=config.seed, optimizer=config.optimizer,
+                              grad_norm=clip is not None)
+        opt = (AdamW(net, weight_decay=config.weight_decay, clip_norm=clip) if config.optimizer == "adamw"
+               else SGD(net, momentum=config.momentum, weight_decay=config.weight_decay, clip_norm=clip))
+        self.step = TrainStep(net, opt, split=config.split // self.ranks, graph=config.graph, group=self.group)
         if saved is not None:
             checkpoint.restore(net, saved)
             self.iteration = self.last_saved = saved.iteration
@@ -286,14 +264,14 @@ class Session:
         if changed:
             self.log(kind="resume", iter=self.iteration, changed=changed)
 
-        in_sub_batches = f" ({config['split']} x {sub_batch})" if config["split"] > 1 else ""
+        in_sub_batches = f" ({config.split} x {sub_batch})" if config.split > 1 else ""
         if self.ranks > 1:
-            in_sub_batches = f" ({self.ranks} ranks x {config['split'] // self.ranks} x {sub_batch})"
-        print(f"{built} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config['data']} "
-              f"({len(self.train_split.labels):,} training images), {store_of(config)}, batch "
-              f"{config['batch']}{in_sub_batches}, device {backend.device}"
+            in_sub_batches = f" ({self.ranks} ranks x {config.split // self.ranks} x {sub_batch})"
+        print(f"{built} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config.data} "
+              f"({len(self.train_split.labels):,} training images), {config.store}, batch "
+              f"{config.batch}{in_sub_batches}, device {backend.device}"
               f"{', one CUDA graph a step' if self.step.graph else ''}")
-        print(f"augment {config['augment']}; validates on {run_data.validates_on}")
+        print(f"augment {config.augment}; validates on {run_data.validates_on}")
         print(f"plan of a step, allocated once:\n{net.arena.plan.summary()}")
         if saved:
             print(f"resumed from {self.run.checkpoint_path} at iteration {self.iteration}"
@@ -303,12 +281,12 @@ class Session:
         """(exit status, net): the run's iterations from where start() left it, then 0 (done) or 130 (stopped
         by a signal, a checkpoint saved)."""
         config, batches, step, group = self.config, self.batches, self.step, self.group
-        self.clock = Clock(first=self.iteration, last=config["iters"])
+        self.clock = Clock(first=self.iteration, last=config.iters)
         # A checkpoint is saved before its validation, so a kill between the two leaves the validation undone:
         # the resumed run does it first. (A validation point of the run as saved or as resumed: --iters may have
         # moved the last one.)
         if self.saved is not None and self.iteration > 0 and any(self.due("val_every", c)
-                                                                 for c in (config, self.saved.config)):
+                                                                 for c in (config, self.saved_config)):
             if self.unvalidated() if group is None else group.on_rank_0(self.unvalidated):
                 self.validate()
 
@@ -316,18 +294,18 @@ class Session:
         try:
             # the interval a log line averages over: its start, its images (img/s), (loss, accuracy) a step
             interval_start, interval_images, sums = time.perf_counter(), 0, []
-            while self.iteration < config["iters"] and not self.stopping():
-                lr = self.schedule.rate(self.iteration)
+            while self.iteration < config.iters and not self.stopping():
+                lr = config.schedule.rate(self.iteration)
                 images, labels = batches.next()
                 if group is not None:  # every rank draws the whole batch, as one process would, and keeps its rows
-                    rows = group.share_of(config["batch"])
+                    rows = group.share_of(config.batch)
                     images, labels = images[rows], labels[rows]
                 try:
                     step.run(images, labels, lr=lr, iteration=self.iteration)
                 except FloatingPointError as e:
                     raise self.diverged(f"at iteration {self.iteration + 1} ({e})") from None
                 self.iteration += 1
-                interval_images += config["batch"]
+                interval_images += config.batch
                 sums.append(step.result())  # eager: host floats already; a graph's step: a host read a step
                 if not np.isfinite(sums[-1][0]):
                     raise self.diverged(f"at iteration {self.iteration} (the loss is {sums[-1][0]})")
@@ -362,26 +340,28 @@ class Session:
         return 0, self.net
 
     def resume(self, given):
-        """(checkpoint, configuration, changed options) of the run resumed with the options `given`."""
+        """(checkpoint, its configuration, the configuration resumed, changed options) of the run resumed with
+        the options `given`."""
         path = self.run.checkpoint_path
         if not path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint at {path} (a run stopped before its first checkpoint "
                                     "starts again with --overwrite)")
         saved = checkpoint.load(path)
-        config, changed = resumed_config(saved, given, path, ranks=self.ranks)
-        check_config(config, ranks=self.ranks)
-        return saved, config, changed
+        before = RunConfig.from_checkpoint(saved)
+        config, changed = before.resumed(given, ranks=self.ranks, iteration=saved.iteration, path=path)
+        config.check_ranks(self.ranks)
+        return saved, before, config, changed
 
     def due(self, every, config=None):
         """Whether this iteration is a log, checkpoint or validation point (every="log_every", ...) of
         config (default the run's): every `every` iterations, and the last."""
         config = config or self.config
-        return self.iteration % config[every] == 0 or self.iteration == config["iters"]
+        return self.iteration % getattr(config, every) == 0 or self.iteration == config.iters
 
     def say(self, what):
         """A console line: the iteration, what happened, the time."""
-        width = len(str(self.config["iters"]))
-        print(f"iter {self.iteration:{width}d}/{self.config['iters']}  {what}  {self.clock.now(self.iteration)}",
+        width = len(str(self.config.iters))
+        print(f"iter {self.iteration:{width}d}/{self.config.iters}  {what}  {self.clock.now(self.iteration)}",
               flush=True)
 
     def log(self, **record):
@@ -407,7 +387,7 @@ class Session:
         logged as such (loss and accuracy null), and training goes on: its steps' own checks stop a divergence."""
         try:
             val_loss, val_accuracy = evaluate(self.net, self.data.val, self.data.mean, group=self.group,
-                                              workers=self.config.get("workers"))
+                                              workers=self.config.workers)
         except FloatingPointError as e:
             self.say(f"validation failed: {e}, from the running statistics; training goes on")
             self.log(kind="val", iter=self.iteration, loss=None, accuracy=None, error=str(e))
@@ -452,7 +432,7 @@ class Session:
         try:
             if self.rank_0:
                 self.run.check()
-                checkpoint.save(path, self.net, iteration=self.iteration, config=self.config,
+                checkpoint.save(path, self.net, iteration=self.iteration, config=self.config.as_dict(),
                                 data_state=self.batches.state(), class_names=getattr(split, "class_names", None),
                                 data=facts, mean=self.data.mean, validation=validation)
             else:  # the same state as rank 0's: stop with it
@@ -473,7 +453,7 @@ class Session:
 
     def diverged(self, what):
         """Diverged, saying what and how to go on: from the last good checkpoint with a lower rate."""
-        lower = self.schedule.divided(10)
+        lower = self.config.schedule.divided(10)
         if self.last_saved is None:
             again = (f"fit(..., overwrite=True, lr_schedule={lower!r})" if self.python else
                      f"{self.command} ... --overwrite --lr-schedule {lower}")

@@ -2,8 +2,11 @@
 keyword arguments, ImageNet's defaults, and on --resume the options a run keeps, those it may change and the
 fields of a configuration read back from a checkpoint."""
 import argparse
+import dataclasses
 import json
 import math
+import types
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -11,8 +14,8 @@ import pytest
 
 from minibp import evaluate, train
 from minibp.run import checkpoint
-from minibp.run.config import (CosineSchedule, StepSchedule, apply_data_defaults, build_parser, given_options, model_args,
-                               parse_model_arg, parse_schedule)
+from minibp.run.config import OPTIONS, RunConfig, build_parser, model_args, parse_model_arg, read_command_line
+from minibp.run.schedule import CosineSchedule, StepSchedule, parse_schedule
 from runs import base_args, make_dataset, one_line_error, read_metrics, untimed
 from test_checkpoint import _set_attrs
 
@@ -89,11 +92,11 @@ def test_model_arguments_are_recorded_as_json_would_give_them_back():
 
 
 def test_imagenet_defaults_are_the_papers_setting():
-    argv = ["--data", "imagenet", "--batch", "32"]
-    args = apply_data_defaults(build_parser().parse_args(argv), given_options(argv))
+    args = RunConfig.new(read_command_line(["--data", "imagenet", "--batch", "32"])[1])
     assert (args.model, args.batch, args.iters, args.lr_schedule, args.weight_decay, args.image_size, args.data_dir) \
-        == ("resnet152", 32, 640000, "0:0.1,160000:0.01,320000:0.001,480000:0.0001", 1e-4, 224, "data/imagenet")
-    cifar = apply_data_defaults(build_parser().parse_args([]), {})
+        == ("resnet152", 32, 640000, "0:0.1,160000:0.01,320000:0.001,480000:0.0001", 1e-4, 224,
+            str(Path("data/imagenet").resolve()))
+    cifar = RunConfig.new(read_command_line([])[1])
     assert (cifar.model, cifar.batch, cifar.iters, cifar.image_size) == ("resnet164", 128, 64000, None)
 
 
@@ -161,3 +164,57 @@ def test_a_hand_made_config_is_checked_field_by_field(tmp_path, data_dir, capsys
     assert str(path) in line and match in line
     assert evaluate.main([str(tmp_path / "run")]) == 2
     assert match in one_line_error(capsys.readouterr().err)
+
+
+def test_the_command_line_and_python_build_the_same_typed_configuration():
+    """RunConfig is one value: the parser generated from its fields and fit's Python values (Option.from_python,
+    as the command line reads their text) give equal configurations, holding the store and schedule made once."""
+    argv = ["--data", "fashion-mnist", "--model", "resnet20", "--bits", "2", "--rounding", "stochastic",
+            "--iters", "300", "--lr-schedule", "cosine:0.1:warmup=20", "--momentum", "0.8", "--split", "2",
+            "--augment", "flip,crop", "--out", "runs/x", "--overwrite"]
+    invocation, given = read_command_line(argv)
+    assert (invocation.out, invocation.overwrite, invocation.resume) == ("runs/x", True, False)
+    assert "out" not in given and "momentum" in given and "batch" not in given  # what was given, no defaults
+    python = dict(data="fashion-mnist", model="resnet20", bits=2, rounding="stochastic", iters="300",
+                  lr_schedule="cosine:0.1:warmup=20", momentum=0.8, split=2, augment="flip,crop")
+    from_python = {k: OPTIONS[k].from_python(k, v) for k, v in python.items()}
+    config = RunConfig.new(given, ranks=2)
+    assert config == RunConfig.new(from_python, ranks=2)
+    assert (config.split, config.sub_batch, config.augment) == (4, 32, "crop,flip")  # counted over 2 ranks
+    assert str(config.store) == "bits 2 (block window, stochastic rounding)"
+    assert config.schedule == CosineSchedule(peak=0.1, warmup=20, iters=300)
+    assert config.folder() == Path("runs/fashion-mnist-resnet20-2-stochastic-seed0")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.bits = "4"
+
+
+def test_every_option_is_declared_once_with_a_kind_a_check_and_its_help():
+    parser_flags = {a.dest: a.option_strings for a in build_parser()._actions if a.dest != "help"}
+    assert set(parser_flags) == set(OPTIONS)
+    for name, opt in OPTIONS.items():
+        assert opt.help and opt.kind in ("defining", "changeable", "invocation"), name
+        assert opt.check is not None or opt.type is bool, name  # a saved or Python value is checked
+    saved = [f.name for f in dataclasses.fields(RunConfig) if "option" in f.metadata]
+    assert list(RunConfig().as_dict()) == saved  # what a checkpoint holds: the run's options and no others
+
+
+def test_a_saved_configuration_loads_back_through_the_type_and_an_unknown_field_is_refused(tmp_path):
+    config = RunConfig.new(dict(data="fashion-mnist", model="resnet20", bits="8", window="range", iters=50,
+                                lr_schedule="cosine:0.05:warmup=5", clip_norm=1.0))
+    saved = types.SimpleNamespace(config=json.loads(json.dumps(config.as_dict())), path=tmp_path / "c.h5")
+    assert RunConfig.from_checkpoint(saved) == config
+    saved.config["dropout"] = 0.5  # a later minibp's option: refused, not dropped from the resumed run
+    with pytest.raises(ValueError, match="of a later minibp: its configuration has dropout"):
+        RunConfig.from_checkpoint(saved)
+
+
+@pytest.mark.parametrize("name,value,error,match", [
+    ("graph", 1, TypeError, "graph is True or False, got 1"),
+    ("iters", True, TypeError, "iters takes --iters's value, not True"),
+    ("iters", "ten", ValueError, "--iters: invalid int value: 'ten'"),
+    ("window", "wide", ValueError, "invalid choice: 'wide'"),
+])
+def test_a_python_value_is_read_as_the_command_line_reads_its_text(name, value, error, match):
+    with pytest.raises(error, match=match):
+        OPTIONS[name].from_python(name, value)
+    assert OPTIONS["momentum"].from_python("momentum", 1) == 1.0 and OPTIONS["bits"].from_python("bits", 4) == "4"

@@ -250,7 +250,7 @@ def test_a_tree_whose_classes_were_renamed_is_refused_by_resume_and_evaluate(tre
     (dict(data="cifar10", model="resnet50"), "needs ImageNet data, --data imagenet"),
     (dict(image_size=40), "multiple of 32"),
     (dict(data="cifar10", model="resnet11"), "--image-size applies to --data imagenet only"),
-    (dict(workers=0), "--workers must be positive"),
+    (dict(workers=0), "--workers must be a positive integer, got 0"),
     (dict(batch=64), "batch 64 must be between 1 and the 48 images"),
 ])
 def test_bad_imagenet_options_are_clear_errors(tree, tmp_path, capsys, overrides, match):

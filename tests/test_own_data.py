@@ -107,7 +107,7 @@ def test_a_held_out_validation_split_is_recorded_and_kept_on_resume(tmp_path, ow
     assert evaluate.main([str(tmp_path / "run"), "--split", "val", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["images"] == 50
     assert train.main(args(tmp_path, (plain, own[1]), "--val-split", "1.5", out="bad")) == 2
-    assert "--val-split is a fraction in (0, 1), got 1.5" in one_line_error(capsys.readouterr().err)
+    assert "--val-split must be a fraction in (0, 1), got 1.5" in one_line_error(capsys.readouterr().err)
 
 
 def test_the_best_checkpoint_is_the_best_validation_and_a_resume_continues_the_last(tmp_path, own):

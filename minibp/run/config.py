@@ -1,21 +1,27 @@
-"""A training run's configuration: the options of python3 -m minibp.train, the paper's settings as their
-defaults (ImageNet's when --data imagenet), the checks a configuration passes before anything runs, and
-what a resumed run keeps (DEFINING) or may change (CHANGEABLE). A run's configuration is the dict that
-new_config makes from the command line and its checkpoint saves; resumed_config applies the changes a
-resume gives to the saved one.
+"""A training run's configuration as one typed value: RunConfig, a frozen dataclass each of whose fields is
+an option of python3 -m minibp.train, declared once with its default, its help, its kind and its check (an
+Option in the field's metadata). Everything else is made from the fields:
 
-    --lr-schedule 0:0.01,400:0.1,32000:0.01       StepSchedule: the rate from each iteration on
-    --lr-schedule cosine:0.1:warmup=200           CosineSchedule: linear warm-up, then a half cosine to 0
-    --model FILE.py:FUNCTION --model-arg width=32 your own net (modelspec.build), its arguments Python literals
+    build_parser()                          the command line (argparse), generated from the fields
+    RunConfig.new(given)                    a fresh run: the options given, the rest at their defaults
+    config.store, config.schedule           the quant.Store and the parsed --lr-schedule, made once
+    config.folder()                         the run folder where --out is not given
+    config.as_dict()                        what a checkpoint saves; RunConfig.from_checkpoint loads it back
+    config.resumed(given, ...)              a resume: the options it may change applied, the others refused
 
-A schedule is recorded as its text (lr_schedule, which a resume may change) and parsed for the run's
-iterations (parse_schedule); your own net's arguments as JSON (model_args, which a resume must keep).
+`given` is {field: value} for the options given and no others, from the command line (read_command_line) or
+from Python (fit, through Option.from_python). Kinds: a DEFINING option defines the run, and a resume must
+keep it; a CHANGEABLE one may change when the run resumes (and the metrics record the change). The options of
+one command (Invocation: --out, --resume, --overwrite, --rank-timeout) are not the run's, and are never saved.
+
+The defaults are the paper's, ImageNet's setting where data="imagenet" (IMAGENET_DEFAULTS); AdamW's weight
+decay with optimizer="adamw"; no augmentation for a data file of your own. Your own net's arguments are
+recorded as JSON (model_args): --model FILE.py:FUNCTION --model-arg width=32, each VALUE a Python literal.
 """
 import argparse
 import ast
 import json
-import math
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,88 +30,408 @@ from ..io import data
 from ..optim import OPTIMIZERS
 from ..quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
 from . import modelspec
+from .schedule import COSINE_SYNTAX, REFERENCE_SCHEDULE, STEPS_SYNTAX, parse_schedule
 
-REFERENCE_SCHEDULE = "0:0.01,400:0.1,32000:0.01,48000:0.001"  # the paper's recipe, for 64k iterations
 # ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate
 # divided by 10 every 160k iterations); validation about once an epoch (5,004 iterations).
 IMAGENET_SCHEDULE = "0:0.1,160000:0.01,320000:0.001,480000:0.0001"
 IMAGENET_DEFAULTS = dict(model="resnet152", data_dir="data/imagenet", batch=256, iters=640000, image_size=224,
                          lr_schedule=IMAGENET_SCHEDULE, weight_decay=1e-4, val_every=5000, checkpoint_every=1000)
-# Options that define a run: a resumed run must keep them. The others may change on resume.
-DEFINING = ("data", "model", "model_args", "bits", "window", "rounding", "batch", "split", "seed", "optimizer",
-            "momentum", "weight_decay", "clip_norm", "augment", "val_split", "image_size")
-CHANGEABLE = ("data_dir", "data_file", "iters", "lr_schedule", "log_every", "val_every", "checkpoint_every", "graph",
-              "workers")
 SGD_DECAY, ADAMW_DECAY = 2e-4, 0.05  # --weight-decay's defaults (the paper's for SGD; AdamW's usual)
 BUILT_IN_AUGMENT = "crop,flip"  # the paper's, for the data sets minibp.prepare writes (and ImageNet's reader)
 
+DEFINING, CHANGEABLE, INVOCATION = "defining", "changeable", "invocation"  # an Option's kinds
+GROUPS = ("model and data", "activation store and step", "schedule", "run folder", "several processes (mpirun)",
+          "ImageNet (--data imagenet)")  # --help's headings, in order
 
-STEPS_SYNTAX = f"ITER:LR[,ITER:LR...], e.g. {REFERENCE_SCHEDULE}"
-COSINE_SYNTAX = "cosine:PEAK[:warmup=ITERS], e.g. cosine:0.1:warmup=200"
 
-
-@dataclass(frozen=True)
-class StepSchedule:
-    """'0:0.01,400:0.1,...': the rate from each iteration on (the paper's)."""
-    steps: tuple  # ((iteration, rate), ...) from iteration 0, sorted
-
-    def rate(self, iteration):
-        return [lr for start, lr in self.steps if start <= iteration][-1]
-
-    def divided(self, by):
-        """The schedule's text with every rate divided by `by` (a diverged run's advice)."""
-        return ",".join(f"{it}:{lr / by:g}" for it, lr in self.steps)
+EVERY_RUN = object()  # Option.before for the options every checkpoint holds
 
 
 @dataclass(frozen=True)
-class CosineSchedule:
-    """'cosine:PEAK[:warmup=W]': a linear warm-up to PEAK over the first W iterations, PEAK * (t + 1) / W at
-    iteration t (the first step already moves), then a half cosine from PEAK down towards 0 at the run's
-    end, PEAK * (1 + cos(pi * (t - W) / (iters - W))) / 2. It stretches with --iters when a resume changes it."""
-    peak: float
-    warmup: int
-    iters: int
+class Option:
+    """One option of the trainer: how the command line reads it and what a value of it must be."""
+    kind: str                 # DEFINING, CHANGEABLE or INVOCATION
+    group: str                # its heading in --help (GROUPS)
+    help: str
+    check: object = None      # value -> whether it may be the option's value (its type included) ...
+    must_be: str = ""         # ... and that rule in words: "--batch must be <must_be>, got 0"
+    type: type = str          # what the command line's text becomes; bool: a switch, present or not
+    choices: tuple = None
+    metavar: str = None
+    flag: str = None          # the command line's name, where it is not --<name with dashes>
+    before: object = EVERY_RUN  # the value of a run saved before the option existed (absent from its checkpoint);
+    #                           EVERY_RUN: the option is as old as the checkpoints, and one without it is damaged
 
-    def rate(self, iteration):
-        if iteration < self.warmup:
-            return self.peak * (iteration + 1) / self.warmup
-        return self.peak * (1 + math.cos(math.pi * (iteration - self.warmup) / (self.iters - self.warmup))) / 2
+    def argparse(self, **changes):
+        """argparse's keywords for the option (`changes`: another command's reading of it)."""
+        if self.type is bool:
+            return dict(action="store_true", help=self.help, **changes)
+        keywords = dict(type=self.type, choices=self.choices, metavar=self.metavar, help=self.help)
+        return {k: v for k, v in dict(keywords, **changes).items() if v is not None or k in changes}
 
-    def divided(self, by):
-        return f"cosine:{self.peak / by:g}" + (f":warmup={self.warmup}" if self.warmup else "")
+    def from_python(self, name, value):
+        """A value given from Python (fit's keyword `name`) as the command line would read its text: a TypeError
+        for a value of another kind, a ValueError for one the choices lack."""
+        flag = option(name)
+        if self.type is bool:  # bool("False") is True: a switch takes True or False alone
+            if not isinstance(value, bool):
+                raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
+            return value
+        if isinstance(value, bool):  # str(True) would pass as a word, e.g. a schedule's text
+            raise TypeError(f"fit()'s {name} takes {flag}'s value, not {value!r}")
+        if self.type is not str and isinstance(value, str):
+            try:
+                value = self.type(value)
+            except ValueError:
+                raise ValueError(f"{flag}: invalid {self.type.__name__} value: {value!r}") from None
+        elif self.type is str and isinstance(value, (int, float)):  # bits=4 names the store "4"
+            value = str(value)
+        elif self.type is float and isinstance(value, int):
+            value = float(value)
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"argument {flag}: invalid choice: {value!r} (choose from "
+                             f"{', '.join(map(repr, self.choices))})")
+        return value
 
 
-def parse_schedule(text, *, iters):
-    """A schedule's text (--lr-schedule) -> StepSchedule or CosineSchedule (for a run of `iters` iterations,
-    which a cosine needs), or a ValueError that gives the syntax."""
-    if text.startswith("cosine:"):
-        return _cosine(text, iters)
+def _option(default, **option):
+    """A dataclass field whose metadata is its Option."""
+    if isinstance(default, dict):
+        return field(default_factory=lambda: dict(default), metadata=dict(option=Option(**option)))
+    return field(default=default, metadata=dict(option=Option(**option)))
+
+
+def _whole(low):
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _real(low):
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v)) and v >= low
+
+
+def _optional(check):
+    return lambda v: v is None or check(v)
+
+
+def _text(v):
+    return isinstance(v, str) and v != ""
+
+
+def _augment(v):
     try:
-        steps = sorted((int(it), float(lr)) for it, lr in (part.split(":") for part in text.split(",")))
+        return isinstance(v, str) and data.augment_text(data.parse_augment(v)) == v
     except ValueError:
-        raise ValueError(f"a learning-rate schedule is {STEPS_SYNTAX}, or {COSINE_SYNTAX}; got {text!r}") from None
-    if not steps or steps[0][0] != 0 or any(lr < 0 or not np.isfinite(lr) for _, lr in steps):
-        raise ValueError(f"the schedule must start at iteration 0 with finite non-negative rates, got {text!r}")
-    repeated = sorted({it for (it, _), (nxt, _) in zip(steps, steps[1:]) if it == nxt})
-    if repeated:
-        raise ValueError(f"the schedule gives iteration {repeated[0]} more than one rate: {text!r}")
-    return StepSchedule(tuple(steps))
+        return False
 
 
-def _cosine(text, iters):
-    parts = text.split(":")
-    try:
-        peak = float(parts[1])
-        options = dict(part.split("=") for part in parts[2:])
-        warmup = int(options.pop("warmup", 0))
-    except ValueError:
-        raise ValueError(f"a cosine schedule is {COSINE_SYNTAX}; got {text!r}") from None
-    if len(parts) > 3 or options or not np.isfinite(peak) or peak < 0 or warmup < 0:
-        raise ValueError(f"a cosine schedule is {COSINE_SYNTAX}, a finite non-negative PEAK; got {text!r}")
-    if warmup >= iters:
-        raise ValueError(f"the schedule's warm-up ({warmup} iterations) must end before the run does "
-                         f"(--iters {iters}): {text!r}")
-    return CosineSchedule(peak, warmup, iters)
+POSITIVE, NON_NEGATIVE = "a positive integer", "a non-negative integer"
+# (named here: inside RunConfig's body its field `data` hides the module)
+DATA_SETS, TRANSFORMS = data.DATASETS + ("imagenet",), ", ".join(data.AUGMENTS)
+FINITE = "a finite non-negative number"
+MODEL, STORE, SCHEDULE, FOLDER, PROCESSES, IMAGENET = GROUPS
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """The options of one python3 -m minibp.train command that are not the run's: never saved."""
+    out: str = _option(None, kind=INVOCATION, group=FOLDER, metavar="DIR", check=_optional(_text), must_be="a path",
+                       help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>, "
+                            "<data> a --data-file's own name, the window named when it is not the default)")
+    resume: bool = _option(False, kind=INVOCATION, group=FOLDER, type=bool,
+                           help="continue the run in --out from its checkpoint (default off)")
+    overwrite: bool = _option(False, kind=INVOCATION, group=FOLDER, type=bool,
+                              help="start a new run in an --out that holds one (default off: refused)")
+    rank_timeout: float = _option(60.0, kind=INVOCATION, group=PROCESSES, type=float, metavar="SECONDS",
+                                  check=lambda v: _real(0)(v) and v > 0, must_be="a finite positive number",
+                                  help="seconds a rank waits for the others before it stops the job (default 60)")
+
+    def __post_init__(self):
+        _check_fields(self)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A run's configuration, checked whole when it is made (a ValueError in the command line's words)."""
+    # model and data
+    data: str = _option("cifar10", kind=DEFINING, group=MODEL, choices=DATA_SETS, check=_text,
+                        must_be="a non-empty string",
+                        help="the data set (default cifar10); imagenet: its folder of JPEGs, with the paper's "
+                             "ImageNet setting as the defaults")
+    data_dir: str = _option("data", kind=CHANGEABLE, group=MODEL, metavar="DIR", check=_text,
+                            must_be="a non-empty string",
+                            help="the folder of the prepared <data>.h5 (default data); for imagenet the folder "
+                                 "holding train/<class>/ and val/<class>/ (default data/imagenet)")
+    data_file: str = _option(None, kind=CHANGEABLE, group=MODEL, metavar="PATH", check=_optional(_text),
+                             must_be="a path", before=None,  # runs from before your own data files
+                             help="train on this file that minibp.io.data.write made, under the file's own name "
+                                  "(instead of --data; default none)")
+    augment: str = _option(BUILT_IN_AUGMENT, kind=DEFINING, group=MODEL, metavar="LIST", check=_augment,
+                           must_be=f"none or a list of {TRANSFORMS} in that order",
+                           help=f"the training images' transforms: none, or a comma-separated list of "
+                                f"{TRANSFORMS} (crop: zero-pad 4 pixels, a random window; flip: "
+                                f"horizontal, half the time); default {BUILT_IN_AUGMENT} for --data (the paper's), "
+                                f"none for --data-file")
+    val_split: float = _option(None, kind=DEFINING, group=MODEL, type=float, metavar="FRACTION", before=None,
+                               check=_optional(lambda v: _real(0)(v) and 0 < v < 1), must_be="a fraction in (0, 1)",
+                               help="validate on this fraction of the training split, held out from training (the "
+                                    "same images every time); default: the data file's val split where it has "
+                                    "one, else the test split")
+    model: str = _option("resnet164", kind=DEFINING, group=MODEL, metavar="SPEC", check=_text,
+                         must_be="a non-empty string",
+                         help="resnet<9n+2> (resnet20, resnet164, resnet1001; default resnet164), on imagenet "
+                              "resnet50, resnet101 or resnet152 (default); or your own net: FILE.py:FUNCTION or "
+                              "package.module:FUNCTION, called with input_shape=, classes= and the --model-arg "
+                              "values, returning an uncompiled minibp.net.Net")
+    model_args: dict = _option({}, kind=DEFINING, group=MODEL, flag="--model-arg", metavar="NAME=VALUE",
+                               check=lambda v: isinstance(v, dict), must_be="a JSON object",
+                               before={},  # runs from before your own nets: ResNets, which take none
+                               help="a keyword argument for your own net's function, VALUE a Python literal "
+                                    "(--model-arg width=32 --model-arg pool=\"'max'\"); repeat it (default none)")
+    seed: int = _option(0, kind=DEFINING, group=MODEL, type=int, metavar="N", check=_whole(0), must_be=NON_NEGATIVE,
+                        help="seeds the weights and the data order (default 0)")
+    # activation store and step
+    bits: str = _option("4", kind=DEFINING, group=STORE, choices=tuple(BITS), check=lambda v: v in BITS,
+                        must_be=f"one of {', '.join(BITS)}",
+                        help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the "
+                             "ablation)")
+    window: str = _option(DEFAULT_WINDOW, kind=DEFINING, group=STORE, choices=WINDOWS, check=lambda v: v in WINDOWS,
+                          must_be=f"one of {', '.join(WINDOWS)}",
+                          before="fixed",  # runs from before the option coded through the paper's window
+                          help=f"the k-bit codes' window per channel: range (the batch's range of values), block "
+                               f"(each 256 pixels' range) or fixed (the paper's, +-3 sigma); default {DEFAULT_WINDOW}")
+    rounding: str = _option(DEFAULT_ROUNDING, kind=DEFINING, group=STORE, choices=ROUNDINGS,
+                            check=lambda v: v in ROUNDINGS, must_be=f"one of {', '.join(ROUNDINGS)}",
+                            before="nearest",  # runs from before stochastic rounding
+                            help="how a k-bit code rounds a value: nearest (its bin's midpoint; default) or "
+                                 "stochastic (to one of the two levels around it, the levels being the bins' edges, "
+                                 "at random: unbiased inside the window)")
+    batch: int = _option(128, kind=DEFINING, group=STORE, type=int, metavar="N", check=_whole(1), must_be=POSITIVE,
+                         help="images a step (default 128; 256 on imagenet)")
+    # the sub-batches of a step over all ranks: ranks x --split defines the run, so that 2 ranks x --split 1
+    # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
+    split: int = _option(1, kind=DEFINING, group=STORE, type=int, metavar="K", check=_whole(1), must_be=POSITIVE,
+                         help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
+    graph: bool = _option(False, kind=CHANGEABLE, group=STORE, type=bool, check=lambda v: isinstance(v, bool),
+                          must_be="true or false", before=False,
+                          help="replay each training step as one CUDA graph (GPU; default off; on the CPU steps "
+                               "run eagerly)")
+    # schedule
+    iters: int = _option(64000, kind=CHANGEABLE, group=SCHEDULE, type=int, metavar="N", check=_whole(1),
+                         must_be=POSITIVE, help="iterations in all (default 64000; 640000 on imagenet)")
+    lr_schedule: str = _option(REFERENCE_SCHEDULE, kind=CHANGEABLE, group=SCHEDULE, metavar="SCHEDULE", check=_text,
+                               must_be="a non-empty string",
+                               help=f"{STEPS_SYNTAX.split(', e.g.')[0]} (the rate from each ITER on), or "
+                                    f"{COSINE_SYNTAX} (a linear warm-up, then a half cosine to 0 at --iters); "
+                                    f"default {REFERENCE_SCHEDULE} (on imagenet {IMAGENET_SCHEDULE})")
+    optimizer: str = _option("sgd", kind=DEFINING, group=SCHEDULE, choices=OPTIMIZERS, check=lambda v: v in OPTIMIZERS,
+                             must_be=f"one of {', '.join(OPTIMIZERS)}", before="sgd",  # runs from before AdamW
+                             help="sgd (with momentum; default) or adamw (betas 0.9, 0.999, eps 1e-8; decoupled "
+                                  "weight decay; its rates are about 1e-3, not SGD's 0.1)")
+    momentum: float = _option(0.9, kind=DEFINING, group=SCHEDULE, type=float, metavar="M", check=_real(0),
+                              must_be=FINITE, help="SGD momentum (default 0.9)")
+    weight_decay: float = _option(SGD_DECAY, kind=DEFINING, group=SCHEDULE, type=float, metavar="WD", check=_real(0),
+                                  must_be=FINITE, help=f"on the conv and FC weights (default {SGD_DECAY:g}, 1e-4 on "
+                                                       f"imagenet; adamw {ADAMW_DECAY:g})")
+    clip_norm: float = _option(None, kind=DEFINING, group=SCHEDULE, type=float, metavar="NORM", before=None,
+                               check=_optional(lambda v: _real(0)(v) and v > 0), must_be="a finite positive number",
+                               help="scale each step's gradient down to this global L2 norm where it is larger "
+                                    "(default off)")
+    # run folder
+    log_every: int = _option(20, kind=CHANGEABLE, group=FOLDER, type=int, metavar="N", check=_whole(1),
+                             must_be=POSITIVE, help="iterations a console line and a metrics record, loss and "
+                                                    "accuracy averaged over them (default 20)")
+    val_every: int = _option(400, kind=CHANGEABLE, group=FOLDER, type=int, metavar="N", check=_whole(1),
+                             must_be=POSITIVE, help="iterations between validations (default 400; 5000 on imagenet); "
+                                                    "each writes OUT/best.h5 when its accuracy is the run's best")
+    checkpoint_every: int = _option(400, kind=CHANGEABLE, group=FOLDER, type=int, metavar="N", check=_whole(1),
+                                    must_be=POSITIVE, help="iterations between checkpoints, also written at the end "
+                                                           "and on Ctrl-C (default 400; 1000 on imagenet)")
+    # ImageNet
+    image_size: int = _option(None, kind=DEFINING, group=IMAGENET, type=int, metavar="PIXELS", before=None,
+                              check=_optional(_whole(1)), must_be=POSITIVE,
+                              help="the side of the training and validation crops (default 224)")
+    workers: int = _option(None, kind=CHANGEABLE, group=IMAGENET, type=int, metavar="N", before=None,
+                           check=_optional(_whole(1)), must_be=POSITIVE,
+                           help="JPEG-decoding processes (default: the cores less one)")
+    # made from the fields once, when the configuration is
+    store: Store = field(init=False, repr=False, compare=False)  # bits, window, rounding
+    schedule: object = field(init=False, repr=False, compare=False)  # lr_schedule for iters: Step/CosineSchedule
+
+    def __post_init__(self):
+        _check_fields(self)
+        _check_batch(self.batch, self.split, ranks=1)
+        if self.data_file is None and self.data not in DATA_SETS:
+            raise ValueError(f"--data must be one of {', '.join(DATA_SETS)}, got {self.data!r}")
+        if self.optimizer == "sgd" and self.momentum >= 1:
+            raise ValueError(f"--momentum must be below 1, got {self.momentum}")
+        object.__setattr__(self, "store", Store(self.bits, self.window, self.rounding))  # its own rules
+        modelspec.check_spec(self.model, self.model_args, imagenet=self.imagenet)
+        object.__setattr__(self, "schedule", parse_schedule(self.lr_schedule, iters=self.iters))
+        if self.image_size is not None and not self.imagenet:
+            raise ValueError("--image-size applies to --data imagenet only")
+        if self.imagenet and (self.image_size is None or self.image_size < 32 or self.image_size % 32):
+            raise ValueError(f"--image-size must be a multiple of 32 (the net halves it five times), got "
+                             f"{self.image_size}")
+        transforms = data.parse_augment(self.augment)
+        if self.imagenet and transforms not in ((), data.AUGMENTS):  # its reader's are one piece
+            raise ValueError(f"--augment on imagenet is {BUILT_IN_AUGMENT} (its random crops and flips) or none")
+        if self.val_split is not None and self.imagenet:
+            raise ValueError("--val-split holds out part of an HDF5 data file; imagenet validates on its val/ folder")
+
+    imagenet = property(lambda self: self.data == "imagenet")
+    sub_batch = property(lambda self: self.batch // self.split)  # the images of one forward and backward pass
+
+    @classmethod
+    def new(cls, given, *, ranks=1):
+        """A fresh run's configuration: the options `given` ({field: value}; --split per rank), every other
+        at its default (the module docstring). ranks: the processes under mpirun."""
+        if "data" in given and "data_file" in given:
+            raise ValueError("--data names a prepared data set and --data-file a file of your own: give one")
+        values = dict(given)
+        if values.get("data") == "imagenet":
+            for key, value in IMAGENET_DEFAULTS.items():
+                if key != "weight_decay" or values.get("optimizer") != "adamw":  # the paper's 1e-4 is SGD's
+                    values.setdefault(key, value)
+        if values.get("optimizer") == "adamw":
+            values.setdefault("weight_decay", ADAMW_DECAY)
+        if values.get("data_file") is not None:  # the file's own name is the data's, in every message and folder
+            values.setdefault("augment", "none")
+            values["data"] = data.file_name(values["data_file"])
+        values.setdefault("split", default_of("split"))  # per rank, as given: _recorded counts it over all ranks
+        values.setdefault("data_dir", default_of("data_dir"))  # made absolute: the run resumes from any folder
+        values = _recorded(values, ranks=ranks)
+        _check_batch(values.get("batch", default_of("batch")), values.get("split", default_of("split")), ranks=ranks)
+        return cls(**values)
+
+    @classmethod
+    def from_checkpoint(cls, saved):
+        """The configuration a checkpoint (checkpoint.Checkpoint) saved, each field checked (kind and range)
+        and then the whole: a ValueError naming the checkpoint and the field otherwise."""
+        values = dict(saved.config)
+        if "augment" not in values and isinstance(values.get("no_augment"), bool):  # runs from before --augment
+            values["augment"] = "none" if values["no_augment"] else BUILT_IN_AUGMENT
+        values.pop("no_augment", None)
+        if values.get("data_file") is None and values.get("data") not in DATA_SETS:
+            raise ValueError(f"{saved.path} is damaged: its configuration's data is {values.get('data')!r}, not a "
+                             "data set's name, and it has no data_file")
+        unknown = sorted(set(values) - set(OPTIONS))
+        if unknown:
+            raise ValueError(f"{saved.path} is damaged, or of a later minibp: its configuration has "
+                             f"{', '.join(unknown)}, which this one does not know")
+        for name, opt in _options(cls):
+            if name not in values:
+                if opt.before is EVERY_RUN:
+                    raise ValueError(f"{saved.path} is damaged: its configuration lacks {name}")
+                values[name] = opt.before
+            elif not opt.check(values[name]):
+                what = opt.must_be + (" or null" if default_of(name) is None else "")
+                raise ValueError(f"{saved.path} is damaged: its configuration's {name} is {values[name]!r}, not "
+                                 f"{what}")
+        try:
+            return cls(**values)
+        except ValueError as e:
+            raise ValueError(f"{saved.path} holds a configuration that cannot run: {e}") from None
+
+    def resumed(self, given, *, ranks=1, iteration, path):
+        """(configuration, changed) of this saved run resumed at `iteration` with the options `given` (as new
+        takes them): the changeable ones applied, changed = {field: [saved, new]}; a ValueError listing every
+        defining option given another value than the run's. path: the checkpoint, as the messages name it."""
+        given = _recorded(given, ranks=ranks)
+        differ = [f"{option(k)} {given[k]} (the run has {getattr(self, k)})" if k != "split" or ranks == 1 else
+                  f"{ranks} ranks x --split {given[k] // ranks} (the run has {self.split} sub-batches a step)"
+                  for k, opt in _options(type(self)) if opt.kind == DEFINING and k in given
+                  and given[k] != getattr(self, k)]
+        if differ:
+            raise ValueError(f"{path} was trained with other options; a resumed run keeps them: " + "; ".join(differ))
+        if "data_file" in given and self.data_file is None:
+            raise ValueError(f"{path} trained on --data {self.data}: a resume may move its file with --data-dir, "
+                             "not change it to a --data-file")
+        changed = {k: [getattr(self, k), given[k]] for k, opt in _options(type(self))
+                   if opt.kind == CHANGEABLE and k in given and given[k] != getattr(self, k)}
+        if "iters" in changed and "lr_schedule" not in given and self.lr_schedule.startswith("cosine:"):
+            old, new = changed["iters"]
+            curve = parse_schedule(self.lr_schedule, iters=new)
+            raise ValueError(f"--iters {new} would stretch this run's cosine, a curve fixed by its --iters {old}: its "
+                             f"rate at iteration {iteration} would jump from {self.schedule.rate(iteration):.3g} to "
+                             f"{curve.rate(iteration):.3g}. Keep --iters, or give the rest of the run a "
+                             "--lr-schedule of its own")
+        return replace(self, **{k: new for k, (_, new) in changed.items()}), changed
+
+    def check_ranks(self, ranks):
+        """That `ranks` processes can share this run's sub-batches (config.split counts them over all ranks)."""
+        if self.split % ranks:
+            raise ValueError(f"the run computes a batch in {self.split} sub-batches, which {ranks} ranks cannot "
+                             "share evenly: run it on a number of ranks that divides them")
+
+    def as_dict(self):
+        """{field: value}: what a checkpoint saves (as JSON)."""
+        return {name: getattr(self, name) for name, _ in _options(type(self))}
+
+    def folder(self):
+        """The run folder where --out is not given: runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>,
+        the window and the rounding named where they are not the defaults."""
+        store = f"-{self.store.window}" if self.store.has_window and self.store.window != DEFAULT_WINDOW else ""
+        store += "-stochastic" if self.store.stochastic else ""
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.data)  # one folder, whatever it holds
+        return Path(f"runs/{name}-{modelspec.short_name(self.model)}-{self.bits}{store}-seed{self.seed}")
+
+    def data_path(self):
+        """The HDF5 data file the run trains on: its --data-file, or <data-dir>/<data>.h5."""
+        return Path(self.data_file) if self.data_file else data.dataset_path(self.data_dir, self.data)
+
+
+def _options(cls):
+    """(name, Option) of a dataclass's option fields, in their order."""
+    return [(f.name, f.metadata["option"]) for f in fields(cls) if "option" in f.metadata]
+
+
+OPTIONS = dict(_options(Invocation) + _options(RunConfig))  # every option of the trainer, by field name
+
+
+def default_of(name):
+    """An option field's default (not ImageNet's): what a command takes where the option is not given."""
+    f = {f.name: f for f in fields(RunConfig) + fields(Invocation)}[name]
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+def _check_fields(value):
+    """Each option field's own check, in the command line's words."""
+    for name, opt in _options(type(value)):
+        if opt.check is not None and not opt.check(getattr(value, name)):
+            raise ValueError(f"{option(name)} must be {opt.must_be}, got {getattr(value, name)!r}")
+
+
+def _check_batch(batch, split, *, ranks):
+    """split: the sub-batches of a step over all ranks."""
+    if _whole(1)(batch) and _whole(1)(split) and batch % split:
+        named = f"{ranks} ranks x --split {split // ranks}" if ranks > 1 else "--split"
+        raise ValueError(f"--batch ({batch}) must be a positive multiple of {named} ({split})")
+
+
+def _recorded(given, *, ranks):
+    """The options given, in the form a run records them: paths absolute (a run resumes from any folder), the
+    model's spec as modelspec.canonical makes it, its arguments as JSON gives them back, the augmentation in
+    AUGMENTS' order, and the sub-batches counted over all ranks."""
+    recorded = dict(given)
+    for key in ("data_dir", "data_file"):
+        if recorded.get(key) is not None:
+            recorded[key] = str(Path(recorded[key]).resolve())
+    if "model" in recorded:
+        recorded["model"] = modelspec.canonical(recorded["model"])
+    if "model_args" in recorded:
+        recorded["model_args"] = model_args(recorded["model_args"])
+    if isinstance(recorded.get("augment"), str):
+        recorded["augment"] = data.augment_text(data.parse_augment(recorded["augment"]))
+    if _whole(1)(recorded.get("split")):
+        recorded["split"] = recorded["split"] * ranks
+    return recorded
+
+
+def option(key):
+    """A field's command-line option: "lr_schedule" -> "--lr-schedule", "model_args" -> "--model-arg"."""
+    flag = OPTIONS[key].flag if key in OPTIONS else None
+    return flag or f"--{key.replace('_', '-')}"
 
 
 def parse_model_arg(text):
@@ -139,307 +465,32 @@ def model_args(pairs):
     return recorded
 
 
-def store_of(config):
-    """The activation store (quant.Store) a checked configuration names; str() of it is the store in the words
-    of every message: "bits 4 (block window)", "bits exact"."""
-    return Store(config["bits"], config["window"], config.get("rounding", DEFAULT_ROUNDING))
-
-
-# The options another command shares with the trainer (python3 -m minibp.plan), declared once: argparse's
-# keywords for each. build_parser adds them as they are, another command through add_option, with its changes.
-SHARED_OPTIONS = dict(
-    data=dict(choices=data.DATASETS + ("imagenet",), default="cifar10",
-              help="the data set (default cifar10); imagenet: its folder of JPEGs, with the paper's ImageNet "
-                   "setting as the defaults"),
-    model=dict(metavar="SPEC", default="resnet164",
-               help="resnet<9n+2> (resnet20, resnet164, resnet1001; default resnet164), on imagenet resnet50, "
-                    "resnet101 or resnet152 (default); or your own net: FILE.py:FUNCTION or package.module:FUNCTION, "
-                    "called with input_shape=, classes= and the --model-arg values, returning an uncompiled "
-                    "minibp.net.Net"),
-    batch=dict(metavar="N", type=int, default=128, help="images a step (default 128; 256 on imagenet)"),
-    bits=dict(choices=list(BITS), default="4",
-              help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the ablation)"),
-    window=dict(choices=list(WINDOWS), default=DEFAULT_WINDOW,
-                help=f"the k-bit codes' window per channel: range (the batch's range of values), block (each 256 "
-                     f"pixels' range) or fixed (the paper's, +-3 sigma); default {DEFAULT_WINDOW}"),
-)
-
-
-def add_option(parser, name, **changes):
-    """Add the trainer's option `name` (a key of SHARED_OPTIONS) to a parser or argument group, its declaration
-    with `changes` (another help, default, metavar or choices: a command's own reading of the option)."""
-    return parser.add_argument(option(name), **dict(SHARED_OPTIONS[name], **changes))
-
-
-def build_parser(*, description=None, exit_on_error=True):
-    """The command line of python3 -m minibp.train (its module docstring, the description of --help).
-    exit_on_error=False: a bad value is an argparse.ArgumentError (train.fit), not an exit."""
-    p = argparse.ArgumentParser(prog="python3 -m minibp.train", description=description, exit_on_error=exit_on_error,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    g = p.add_argument_group("model and data")
-    add_option(g, "data")
-    g.add_argument("--data-dir", metavar="DIR", default="data",
-                   help="the folder of the prepared <data>.h5 (default data); for imagenet the folder holding "
-                        "train/<class>/ and val/<class>/ (default data/imagenet)")
-    g.add_argument("--data-file", metavar="PATH",
-                   help="train on this file that minibp.io.data.write made, under the file's own name (instead of "
-                        "--data; default none)")
-    g.add_argument("--augment", metavar="LIST",
-                   help=f"the training images' transforms: none, or a comma-separated list of "
-                        f"{', '.join(data.AUGMENTS)} (crop: zero-pad 4 pixels, a random window; flip: horizontal, "
-                        f"half the time); default {BUILT_IN_AUGMENT} for --data (the paper's), none for --data-file")
-    g.add_argument("--val-split", metavar="FRACTION", type=float,
-                   help="validate on this fraction of the training split, held out from training (the same images "
-                        "every time); default: the data file's val split where it has one, else the test split")
-    add_option(g, "model")
-    g.add_argument("--model-arg", dest="model_args", metavar="NAME=VALUE", type=parse_model_arg, action="append",
-                   default=[], help="a keyword argument for your own net's function, VALUE a Python literal "
-                                    "(--model-arg width=32 --model-arg pool=\"'max'\"); repeat it (default none)")
-    g.add_argument("--seed", metavar="N", type=int, default=0, help="seeds the weights and the data order (default 0)")
-    g = p.add_argument_group("activation store and step")
-    add_option(g, "bits")
-    add_option(g, "window")
-    g.add_argument("--rounding", choices=list(ROUNDINGS), default=DEFAULT_ROUNDING,
-                   help="how a k-bit code rounds a value: nearest (its bin's midpoint; default) or stochastic (to "
-                        "one of the two levels around it, the levels being the bins' edges, at random: unbiased "
-                        "inside the window)")
-    add_option(g, "batch")
-    g.add_argument("--split", metavar="K", type=int, default=1,
-                   help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
-    g.add_argument("--graph", action="store_true",
-                   help="replay each training step as one CUDA graph (GPU; default off; on the CPU steps run eagerly)")
-    g = p.add_argument_group("schedule")
-    g.add_argument("--iters", metavar="N", type=int, default=64000,
-                   help="iterations in all (default 64000; 640000 on imagenet)")
-    g.add_argument("--lr-schedule", metavar="SCHEDULE", default=REFERENCE_SCHEDULE,
-                   help=f"{STEPS_SYNTAX.split(', e.g.')[0]} (the rate from each ITER on), or {COSINE_SYNTAX} "
-                        f"(a linear warm-up, then a half cosine to 0 at --iters); default {REFERENCE_SCHEDULE} "
-                        f"(on imagenet {IMAGENET_SCHEDULE})")
-    g.add_argument("--optimizer", choices=list(OPTIMIZERS), default="sgd",
-                   help="sgd (with momentum; default) or adamw (betas 0.9, 0.999, eps 1e-8; decoupled weight "
-                        "decay; its rates are about 1e-3, not SGD's 0.1)")
-    g.add_argument("--momentum", metavar="M", type=float, default=0.9, help="SGD momentum (default 0.9)")
-    g.add_argument("--weight-decay", metavar="WD", type=float,
-                   help=f"on the conv and FC weights (default {SGD_DECAY:g}, 1e-4 on imagenet; adamw {ADAMW_DECAY:g})")
-    g.add_argument("--clip-norm", metavar="NORM", type=float,
-                   help="scale each step's gradient down to this global L2 norm where it is larger (default off)")
-    g = p.add_argument_group("run folder")
-    g.add_argument("--out", metavar="DIR",
-                   help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>, <data> "
-                        "a --data-file's own name, the window named when it is not the default)")
-    g.add_argument("--resume", action="store_true", help="continue the run in --out from its checkpoint (default off)")
-    g.add_argument("--overwrite", action="store_true",
-                   help="start a new run in an --out that holds one (default off: refused)")
-    g.add_argument("--log-every", metavar="N", type=int, default=20,
-                   help="iterations a console line and a metrics record, loss and accuracy averaged over them "
-                        "(default 20)")
-    g.add_argument("--val-every", metavar="N", type=int, default=400,
-                   help="iterations between validations (default 400; 5000 on imagenet); each writes OUT/best.h5 "
-                        "when its accuracy is the run's best")
-    g.add_argument("--checkpoint-every", metavar="N", type=int, default=400,
-                   help="iterations between checkpoints, also written at the end and on Ctrl-C (default 400; "
-                        "1000 on imagenet)")
-    g = p.add_argument_group("several processes (mpirun)")
-    g.add_argument("--rank-timeout", metavar="SECONDS", type=float, default=60.0,
-                   help="seconds a rank waits for the others before it stops the job (default 60)")
-    g = p.add_argument_group("ImageNet (--data imagenet)")
-    g.add_argument("--image-size", metavar="PIXELS", type=int,
-                   help="the side of the training and validation crops (default 224)")
-    g.add_argument("--workers", metavar="N", type=int, help="JPEG-decoding processes (default: the cores less one)")
+def build_parser(*, description=None):
+    """The command line of python3 -m minibp.train (its module docstring, the description of --help),
+    generated from the option fields. No option has a default here: what parse_args returns is what was
+    given (read_command_line), and RunConfig.new and Invocation give the rest theirs."""
+    p = argparse.ArgumentParser(prog="python3 -m minibp.train", description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                argument_default=argparse.SUPPRESS)
+    groups = {title: p.add_argument_group(title) for title in GROUPS}
+    for name, opt in OPTIONS.items():
+        if name == "model_args":  # repeated, NAME=VALUE each
+            keywords = dict(type=parse_model_arg, action="append", metavar=opt.metavar, help=opt.help)
+        else:
+            keywords = opt.argparse()
+        groups[opt.group].add_argument(option(name), dest=name, **keywords)
     return p
 
 
-def given_options(argv):
-    """The options present on the command line, {dest: value}, told apart from defaults."""
-    parser = build_parser()
-    for action in parser._actions:
-        action.default = argparse.SUPPRESS
-    return vars(parser.parse_args(argv))
+def read_command_line(argv, *, description=None):
+    """(Invocation, given) of a trainer's command line: given = {field: value} of the run's options on it."""
+    given = vars(build_parser(description=description).parse_args(argv))
+    invocation = {name: given.pop(name) for name, _ in _options(Invocation) if name in given}
+    return Invocation(**invocation), given
 
 
-def check_config(config, *, ranks=1):
-    """ranks: the processes under mpirun; config["split"] counts the sub-batches of a step over all of them."""
-    if config["batch"] < 1 or config["split"] < 1 or config["batch"] % config["split"]:
-        split = f"{ranks} ranks x --split {config['split'] // ranks}" if ranks > 1 else "--split"
-        raise ValueError(f"--batch ({config['batch']}) must be a positive multiple of {split} ({config['split']})")
-    if config["split"] % ranks:
-        raise ValueError(f"the run computes a batch in {config['split']} sub-batches, which {ranks} ranks cannot "
-                         "share evenly: run it on a number of ranks that divides them")
-    if config["iters"] < 1:
-        raise ValueError("--iters must be positive")
-    if config["seed"] < 0:  # (numpy's own words would not name the option)
-        raise ValueError(f"--seed must be a non-negative integer, got {config['seed']}")
-    for key in ("momentum", "weight_decay"):
-        if not (np.isfinite(config[key]) and config[key] >= 0):
-            raise ValueError(f"{option(key)} must be a finite non-negative number, got {config[key]}")
-    if config.get("optimizer", "sgd") == "sgd" and config["momentum"] >= 1:
-        raise ValueError(f"--momentum must be below 1, got {config['momentum']}")
-    if config.get("clip_norm") is not None and not (np.isfinite(config["clip_norm"]) and config["clip_norm"] > 0):
-        raise ValueError(f"--clip-norm must be a finite positive number, got {config['clip_norm']}")
-    store_of(config)  # the store's own rules (quant.Store): stochastic rounding needs a k-bit store
-    for key in ("log_every", "val_every", "checkpoint_every"):
-        if config[key] < 1:
-            raise ValueError(f"--{key.replace('_', '-')} must be positive")
-    modelspec.check_spec(config["model"], config["model_args"], imagenet=config["data"] == "imagenet")
-    parse_schedule(config["lr_schedule"], iters=config["iters"])
-    if config.get("image_size") is not None and config["data"] != "imagenet":
-        raise ValueError("--image-size applies to --data imagenet only")
-    if config["data"] == "imagenet" and (config["image_size"] < 32 or config["image_size"] % 32):
-        raise ValueError(f"--image-size must be a multiple of 32 (the net halves it five times), got "
-                         f"{config['image_size']}")
-    if config.get("workers") is not None and config["workers"] < 1:
-        raise ValueError("--workers must be positive")
-    transforms = data.parse_augment(config["augment"])
-    if config["data"] == "imagenet" and transforms not in ((), data.AUGMENTS):  # its reader's are one piece
-        raise ValueError(f"--augment on imagenet is {BUILT_IN_AUGMENT} (its random crops and flips) or none")
-    if config.get("val_split") is not None:
-        if config["data"] == "imagenet":
-            raise ValueError("--val-split holds out part of an HDF5 data file; imagenet validates on its val/ folder")
-        if not (np.isfinite(config["val_split"]) and 0 < config["val_split"] < 1):
-            raise ValueError(f"--val-split is a fraction in (0, 1), got {config['val_split']}")
-
-
-def data_path(config):
-    """The HDF5 data file a configuration trains on: its --data-file, or <data-dir>/<data>.h5."""
-    return Path(config["data_file"]) if config.get("data_file") else data.dataset_path(config["data_dir"],
-                                                                                        config["data"])
-
-
-def new_config(args, *, ranks=1):
-    config = {k: v for k, v in vars(args).items() if k not in ("resume", "overwrite", "out", "rank_timeout")}
-    config["data_dir"] = str(Path(args.data_dir).resolve())  # a run resumes from any folder
-    if args.data_file is not None:  # the file's own name is the data's, in every message and folder name
-        config["data_file"] = str(Path(args.data_file).resolve())
-        config["data"] = data.file_name(config["data_file"])
-    if args.weight_decay is None:  # (imagenet's default is set by apply_data_defaults)
-        config["weight_decay"] = ADAMW_DECAY if args.optimizer == "adamw" else SGD_DECAY
-    if args.augment is None:
-        config["augment"] = "none" if args.data_file is not None else BUILT_IN_AUGMENT
-    else:
-        config["augment"] = data.augment_text(data.parse_augment(args.augment))
-    config["model"], config["model_args"] = modelspec.canonical(args.model), model_args(args.model_args)
-    # the sub-batches of a step over all ranks: ranks x split defines the run, so that 2 ranks x --split 1
-    # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
-    config["split"] = args.split * ranks
-    return config
-
-
-def option(key):
-    """A configuration key's command-line option: "lr_schedule" -> "--lr-schedule"."""
-    return "--model-arg" if key == "model_args" else f"--{key.replace('_', '-')}"
-
-
-def _whole(low):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
-def _real(low):
-    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v >= low
-
-
-def _augment(v):
-    try:
-        return isinstance(v, str) and data.augment_text(data.parse_augment(v)) == v
-    except ValueError:
-        return False
-
-
-_FLAG = (lambda v: isinstance(v, bool), "true or false")
-_TEXT = (lambda v: isinstance(v, str) and v != "", "a non-empty string")
-# A saved configuration's fields: (check, what it must be); OPTIONAL ones, absent from older runs, take the
-# default given there.
-FIELDS = dict(data=_TEXT, data_dir=_TEXT, data_file=(lambda v: v is None or _TEXT[0](v), "a path or null"),
-              model=_TEXT, model_args=(lambda v: isinstance(v, dict), "a JSON object"),
-              bits=(lambda v: v in BITS, f"one of {', '.join(BITS)}"),
-              window=(lambda v: v in WINDOWS, f"one of {', '.join(WINDOWS)}"),
-              rounding=(lambda v: v in ROUNDINGS, f"one of {', '.join(ROUNDINGS)}"),
-              batch=(_whole(1), "a positive integer"), split=(_whole(1), "a positive integer"),
-              iters=(_whole(1), "a positive integer"), seed=(_whole(0), "a non-negative integer"),
-              lr_schedule=_TEXT, momentum=(_real(0), "a finite non-negative number"),
-              weight_decay=(_real(0), "a finite non-negative number"),
-              augment=(_augment, f"none or a list of {', '.join(data.AUGMENTS)} in that order"),
-              optimizer=(lambda v: v in OPTIMIZERS, f"one of {', '.join(OPTIMIZERS)}"),
-              clip_norm=(lambda v: v is None or _real(0)(v) and v > 0, "a positive number or null"),
-              val_split=(lambda v: v is None or _real(0)(v) and 0 < v < 1, "a fraction in (0, 1) or null"),
-              log_every=(_whole(1), "a positive integer"), val_every=(_whole(1), "a positive integer"),
-              checkpoint_every=(_whole(1), "a positive integer"), graph=_FLAG,
-              image_size=(lambda v: v is None or _whole(1)(v), "a positive integer or null"),
-              workers=(lambda v: v is None or _whole(1)(v), "a positive integer or null"))
-OPTIONAL = dict(window="fixed",  # runs from before the option coded through the paper's window
-                rounding="nearest",  # runs from before stochastic rounding
-                model_args={},  # runs from before your own nets: ResNets, which take none
-                graph=False, image_size=None, workers=None,
-                data_file=None, val_split=None,  # runs from before your own data files and held-out validation
-                optimizer="sgd", clip_norm=None)  # runs from before AdamW and clipping
-
-
-def saved_config(saved):
-    """A checkpoint's configuration, each field checked (type and range) and the whole by check_config,
-    before anything reads it: a ValueError naming the checkpoint and the field otherwise."""
-    config = dict(OPTIONAL, **saved.config)
-    if "augment" not in config and isinstance(config.get("no_augment"), bool):  # runs from before --augment
-        config["augment"] = "none" if config["no_augment"] else BUILT_IN_AUGMENT
-    config.pop("no_augment", None)
-    if config.get("data_file") is None and config.get("data") not in data.DATASETS + ("imagenet",):
-        raise ValueError(f"{saved.path} is damaged: its configuration's data is {config.get('data')!r}, not a "
-                         "data set's name, and it has no data_file")
-    for name, (check, what) in FIELDS.items():
-        if name not in config:
-            raise ValueError(f"{saved.path} is damaged: its configuration lacks {name}")
-        if not check(config[name]):
-            raise ValueError(f"{saved.path} is damaged: its configuration's {name} is {config[name]!r}, not {what}")
-    try:
-        check_config(config)
-    except ValueError as e:
-        raise ValueError(f"{saved.path} holds a configuration that cannot run: {e}") from None
-    return config
-
-
-def resumed_config(saved, given, ckpt_path, *, ranks=1):
-    """The saved configuration with the changeable options given now applied; a ValueError listing
-    any defining option given with another value than the run's. ranks: as new_config."""
-    config = saved_config(saved)
-    if "split" in given:
-        given = dict(given, split=given["split"] * ranks)
-    if "model" in given:  # as new_config records them
-        given = dict(given, model=modelspec.canonical(given["model"]))
-    if "model_args" in given:
-        given = dict(given, model_args=model_args(given["model_args"]))
-    differ = [f"{option(k)} {given[k]} (the run has {config.get(k)})" if k != "split" or ranks == 1 else
-              f"{ranks} ranks x --split {given[k] // ranks} (the run has {config.get(k)} sub-batches a step)"
-              for k in DEFINING if k in given and given[k] != config.get(k)]
-    if differ:
-        raise ValueError(f"{ckpt_path} was trained with other options; a resumed run keeps them: "
-                         + "; ".join(differ))
-    if "data_file" in given:
-        given = dict(given, data_file=str(Path(given["data_file"]).resolve()))
-        if config.get("data_file") is None:
-            raise ValueError(f"{ckpt_path} trained on --data {config['data']}: a resume may move its file with "
-                             "--data-dir, not change it to a --data-file")
-    changed = {k: [config.get(k), given[k]] for k in CHANGEABLE if k in given and given[k] != config.get(k)}
-    if "iters" in changed and "lr_schedule" not in given and config["lr_schedule"].startswith("cosine:"):
-        old, new = changed["iters"]
-        curve = parse_schedule(config["lr_schedule"], iters=old), parse_schedule(config["lr_schedule"], iters=new)
-        at = saved.iteration
-        raise ValueError(f"--iters {new} would stretch this run's cosine, a curve fixed by its --iters {old}: its rate "
-                         f"at iteration {at} would jump from {curve[0].rate(at):.3g} to {curve[1].rate(at):.3g}. "
-                         "Keep --iters, or give the rest of the run a --lr-schedule of its own")
-    for key, (_, new) in changed.items():
-        config[key] = new
-    if "data_dir" in changed:
-        config["data_dir"] = str(Path(config["data_dir"]).resolve())
-    return config, changed
-
-
-def apply_data_defaults(args, given):
-    """With --data imagenet, the paper's ImageNet setting (IMAGENET_DEFAULTS) for every option the command
-    line does not give. --data and --data-file name the data two ways: one of them."""
-    if "data" in given and "data_file" in given:
-        raise ValueError("--data names a prepared data set and --data-file a file of your own: give one")
-    if args.data == "imagenet":
-        for key, value in IMAGENET_DEFAULTS.items():
-            if key == "weight_decay" and args.optimizer == "adamw":
-                continue  # the paper's 1e-4 is SGD's; AdamW keeps its own (new_config)
-            if key not in given:
-                setattr(args, key, value)
-    return args
+def add_option(parser, name, **changes):
+    """Add the trainer's option `name` (a RunConfig field) to another command's parser or argument group, its
+    declaration with `changes` (another help, default, metavar or choices: that command's reading of it)."""
+    keywords = OPTIONS[name].argparse(**{"default": default_of(name), **changes})
+    return parser.add_argument(option(name), dest=name, **keywords)

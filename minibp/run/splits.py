@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 from ..io import data, imagenet
-from .config import data_path
 
 
 @dataclass
@@ -36,24 +35,23 @@ class RunData:
 
 def load(config, *, batches=True):
     """The RunData of a checked configuration; batches=False: no batch stream (evaluate, predict)."""
-    if config["data"] == "imagenet":
-        train, test = imagenet.load_folders(config["data_dir"])
-        stream = imagenet.Batches(train, batch=config["batch"], size=config["image_size"],
-                                  augment=config["augment"] != "none", seed=config["seed"],
-                                  workers=config.get("workers")) if batches else None
-        size = config["image_size"]
+    if config.imagenet:
+        train, test = imagenet.load_folders(config.data_dir)
+        stream = imagenet.Batches(train, batch=config.batch, size=config.image_size, augment=config.augment != "none",
+                                  seed=config.seed, workers=config.workers) if batches else None
+        size = config.image_size
         return RunData(train, test, test, None, stream, (size, size, 3), train.root, "the val/ folder")
-    path = data_path(config)
+    path = config.data_path()
     train, test = data.load_dataset(path)
-    if config.get("val_split") is not None:
-        train, val = data.hold_out(train, config["val_split"])
-        validates_on = f"{config['val_split']:g} of the training split ({len(val.labels):,} images), held out"
+    if config.val_split is not None:
+        train, val = data.hold_out(train, config.val_split)
+        validates_on = f"{config.val_split:g} of the training split ({len(val.labels):,} images), held out"
     elif data.has_split(path, "val"):
         val, validates_on = data.load_split(path, "val"), "the data file's val split"
     else:
         val, validates_on = test, ("the test split: the data has no val split (--val-split FRACTION holds one "
                                    "out of the training split)")
     mean = train.pixel_mean()
-    stream = data.Batches(train, batch=config["batch"], mean=mean, augment=data.parse_augment(config["augment"]),
-                          seed=config["seed"]) if batches else None
+    stream = data.Batches(train, batch=config.batch, mean=mean, augment=data.parse_augment(config.augment),
+                          seed=config.seed) if batches else None
     return RunData(train, val, test, mean, stream, train.images.shape[1:], path, validates_on)

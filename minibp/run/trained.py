@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import backend
 from . import checkpoint, modelspec
-from .config import saved_config, store_of
+from .config import RunConfig
 from .sizing import compile_within_memory
 
 
@@ -28,7 +28,7 @@ class Trained:
     net: object            # minibp.net.Net, compiled for evaluation (training=False)
     mean: np.ndarray       # (H, W, C) float32: the training images' mean, in [0, 1] units
     class_names: tuple     # the data's class names, or None
-    config: dict           # the run's configuration (config.py)
+    config: object         # the run's configuration (config.py RunConfig)
     path: Path             # the checkpoint loaded
     iteration: int         # the iteration it was saved at
     validation: dict       # {split, iteration, loss, accuracy} of best.h5's validation, or None (a last checkpoint)
@@ -81,17 +81,17 @@ def load(run, *, which=None, batch=256):
     pass (at most). A ValueError (FileNotFoundError) of one line for what cannot be loaded."""
     path = checkpoint_path(run, which)
     saved = checkpoint.load(path)
-    config = saved_config(saved)
-    if config["data"] == "imagenet":
+    config = RunConfig.from_checkpoint(saved)
+    if config.imagenet:
         raise ValueError(f"{path} is an ImageNet run, whose preprocessing is its JPEG reader's: score it with "
                          "python3 -m minibp.evaluate; minibp.load predicts for runs on HDF5 data files")
     if saved.mean is None or saved.data is None:
         raise ValueError(f"{path} was written before checkpoints held their preprocessing (the training images' "
                          "mean): resume the run for one more checkpoint, or score it with python3 -m minibp.evaluate")
     shape, classes = tuple(saved.data["shape"]), int(saved.data["classes"])
-    net = modelspec.build(config["model"], model_args=config["model_args"], input_shape=shape, classes=classes)
-    saved.check_parameters(net, modelspec.describe(config["model"], config["model_args"]))
-    compile_within_memory(net, batch=batch, store=store_of(config), training=False, hint="lower batch=")
+    net = modelspec.build(config.model, model_args=config.model_args, input_shape=shape, classes=classes)
+    saved.check_parameters(net, modelspec.describe(config.model, config.model_args))
+    compile_within_memory(net, batch=batch, store=config.store, training=False, hint="lower batch=")
     checkpoint.restore(net, saved)
     return Trained(net=net, mean=saved.mean, class_names=saved.class_names, config=config, path=path,
                    iteration=saved.iteration, validation=saved.validation)
