@@ -157,6 +157,7 @@ def main(argv=None):
                                  "--data", args.data, "--data-dir", args.data_dir, "--model", args.model,
                                  "--bits", store["bits"], "--window", store["window"], "--batch", str(args.batch),
                                  *(["--rounding", store["rounding"]] if store["rounding"] != "nearest" else []),
+                                 *(["--clip", str(store["clip"])] if "clip" in store else []),
                                  "--lr-schedule", args.lr_schedule, "--seed", str(seed),
                                  *(["--augment", args.augment] if args.augment else []),
                                  "--val-every", str(max(args.iters // 4, 1)),

@@ -2,7 +2,8 @@
 their parameter gradients on a batch.
 
 A mode names a store as the trainer's options do: "exact", "naive", or k bits and a window, "4:range",
-"4:fixed" ("4" alone: the default window)."""
+"4:fixed" ("4" alone: the default window), rounded at random ("2:block:stochastic"), through another clip
+than the default ("2:block:stochastic:clip=4", in standard deviations: the trainer's --clip)."""
 import tempfile
 from pathlib import Path
 
@@ -16,11 +17,18 @@ from minibp.quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, check_rounding, check
 
 def store_options(mode):
     """'4:range' -> dict(bits='4', window='range', rounding='nearest'); '2:block:stochastic' rounds at random;
-    exact and naive have no window of their choosing."""
-    bits, window, rounding = (str(mode).split(":") + ["", ""])[:3]
+    '2:block:stochastic:clip=4' adds clip=4.0 (quant.Store's); exact and naive have no window of their choosing."""
+    parts = str(mode).split(":")
+    clip = None
+    if len(parts) == 4 and parts[3].startswith("clip="):
+        clip = float(parts.pop()[len("clip="):])
+    bits, window, rounding = (parts + ["", ""])[:3]
+    if len(parts) > 3:
+        raise ValueError(f"a mode is BITS[:WINDOW[:ROUNDING[:clip=SIGMA]]], got {mode!r}")
     parse_bits(bits)
-    return dict(bits=bits, window=check_window(window or DEFAULT_WINDOW),
-                rounding=check_rounding(rounding or DEFAULT_ROUNDING))
+    options = dict(bits=bits, window=check_window(window or DEFAULT_WINDOW),
+                   rounding=check_rounding(rounding or DEFAULT_ROUNDING))
+    return options if clip is None else dict(options, clip=clip)
 
 
 def label(mode):
@@ -28,7 +36,8 @@ def label(mode):
     options = store_options(mode)
     if options["bits"] in ("exact", "naive"):
         return options["bits"]
-    return f"{options['bits']} {options['window']}" + (" sr" if options["rounding"] == "stochastic" else "")
+    return (f"{options['bits']} {options['window']}" + (" sr" if options["rounding"] == "stochastic" else "")
+            + (f" clip {options['clip']:g}" if "clip" in options else ""))
 
 
 def line_style(mode):

@@ -129,19 +129,20 @@ class Net(Chain):
 
     # ------------------------------------------------------------------ allocation and state
 
-    def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, store=None, seed=0,
-                training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False, check_plan=None):
+    def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, clip=None, store=None,
+                seed=0, training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False, check_plan=None):
         """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, or
-        by its three words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
-        "block" or "fixed"; the naive ablation's is fixed), and `rounding`, how a value becomes a code
-        ("nearest" or "stochastic"; stochastic draws from seed and forward()'s draw). The first compile
+        by its words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
+        "block" or "fixed"; the naive ablation's is fixed), `rounding`, how a value becomes a code
+        ("nearest" or "stochastic"; stochastic draws from seed and forward()'s draw), and `clip`, the range or
+        block window's in standard deviations (None: quant.Store's default for the window and bits). The first compile
         initialises the parameters (initialize(seed=...)); a later one keeps the trained state. conv, the path
         each conv computes through (layers.ConvPath): "auto" (the direct kernels on the CPU in float32, else
         im2col + GEMM), "gemm", "direct" (CPU, float32) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every
         conv but the classifier). optimizer ("sgd" or "adamw") and grad_norm plan the optimizer's buffers (plan()):
         optim.AdamW needs optimizer="adamw", clipping grad_norm=True. check_plan: called with the plan before
         anything is allocated, to refuse it by raising (run/sizing.compile_within_memory: does it fit?)."""
-        store = _store(store, bits=bits, window=window, rounding=rounding)
+        store = _store(store, bits=bits, window=window, rounding=rounding, clip=clip)
         batch = self._check_request(batch=batch, store=store, optimizer=optimizer, grad_norm=grad_norm)
         conv_path = ConvPath(conv, self.units, batch=batch, dtype=self.dtype)
         plan = self.plan(batch=batch, store=store, training=training, input_grad=input_grad, optimizer=optimizer,

@@ -102,18 +102,21 @@ def check_window(window):
 
 @dataclass(frozen=True)
 class Store:
-    """What each batch-norm unit keeps for its backward pass, decided once from the three words the API, the
-    CLI and checkpoints use, Store(bits, window, rounding), and read by everything after:
+    """What each batch-norm unit keeps for its backward pass, decided once from the words the API, the CLI
+    and checkpoints use, Store(bits, window, rounding, clip), and read by everything after:
 
         bits      "exact" (x itself), "8", "4", "2" (k-bit codes), "naive" (4-bit codes fed forward too)
         window    the window the codes go through; exact codes nothing and naive is the paper's, so
                   both are "fixed" whatever was asked
         rounding  "nearest" or "stochastic" (k-bit stores only: exact has nothing to round, naive feeds
                   its codes forward)
+        clip      the range or block window's clip in standard deviations (inf: none); None, the default,
+                  is the one chosen for its window and bits (RANGE_CLIP, BLOCK_CLIP): an experiment's knob
     """
     bits: str = "4"
     window: str = DEFAULT_WINDOW
     rounding: str = DEFAULT_ROUNDING
+    clip: float = None
 
     def __post_init__(self):
         name, k, naive = parse_bits(self.bits)
@@ -123,6 +126,15 @@ class Store:
                              "feeds its codes forward (naive)")
         object.__setattr__(self, "bits", name)  # 4 and "4" are one store
         object.__setattr__(self, "window", self.window if self.has_window else "fixed")
+        if self.clip is not None:
+            if isinstance(self.clip, bool) or not isinstance(self.clip, (int, float)) or not self.clip > 0:
+                raise ValueError(f"clip is a positive number of standard deviations (inf: none), got {self.clip!r}")
+            if not self.has_window:
+                raise ValueError(f"a clip is a k-bit window's: bits {name} codes through none of its choosing")
+            if self.window == "fixed":
+                raise ValueError(f"a clip is the range and block windows': bits {name} through the fixed window "
+                                 "has the paper's +-3 sigma")
+            object.__setattr__(self, "clip", float(self.clip))
 
     k = property(lambda self: BITS[self.bits])                         # bits a value: 0 for exact
     naive = property(lambda self: self.bits == "naive")
@@ -134,7 +146,8 @@ class Store:
         """The store in the words of every message: "bits 4 (block window)", "bits exact"."""
         if not self.has_window:
             return f"bits {self.bits}"
-        return f"bits {self.bits} ({self.window} window{', stochastic rounding' if self.stochastic else ''})"
+        clip = "" if self.clip is None else f", clip {self.clip:g} sigma"
+        return f"bits {self.bits} ({self.window} window{', stochastic rounding' if self.stochastic else ''}{clip})"
 
 
 def clip_of(window, bits):

@@ -54,6 +54,20 @@ def test_accuracy_bench_quick(tmp_path):
     assert [row.split()[:-1] for row in again] == [row.split()[:-1] for row in table]
 
 
+def test_a_mode_may_name_its_clip_and_the_run_trains_through_it(tmp_path):
+    from gradients import label, store_options
+    assert store_options("2:block:stochastic:clip=4") == dict(bits="2", window="block", rounding="stochastic", clip=4.0)
+    assert label("2:block:stochastic:clip=inf") == "2 block sr clip inf" and "clip" not in store_options("2:range")
+    with pytest.raises(ValueError, match="BITS\\[:WINDOW"):
+        store_options("2:block:stochastic:4")
+    make_dataset(tmp_path / "data", "fashion-mnist", shape=(8, 8, 1))
+    run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
+        "--modes", "2:block:stochastic:clip=4", "--seeds", "0")
+    from minibp.run import checkpoint
+    [saved] = [checkpoint.load(path) for path in (tmp_path / "runs").glob("*/checkpoint.h5")]
+    assert (saved.config["bits"], saved.config["rounding"], saved.config["clip"]) == ("2", "stochastic", 4.0)
+
+
 @pytest.mark.slow
 def test_accuracy_bench_ledger(tmp_path):
     """A ledger holds each finished run once; a run it holds is read, not trained, even where its folder is

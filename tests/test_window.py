@@ -93,3 +93,57 @@ def test_the_planner_names_the_window_and_its_unit_rows_add_up(capsys):
         result = json.loads(capsys.readouterr().out)
         assert result["window"] == window
         assert sum(u["bytes"] for u in result["unit_stores"]) == result["categories"]["activation stores"]
+
+
+@pytest.mark.parametrize("window,rounding", [("block", "nearest"), ("range", "stochastic")])
+def test_a_clip_of_its_own_is_the_default_clips_when_equal_and_is_coded_through(window, rounding):
+    """quant.Store(clip=...): the clip the default names gives the same gradients bit for bit; another clip
+    reaches the windows the kernels take, as quant.window_ref computes them for that clip."""
+    rng = np.random.default_rng(2)
+    images = rng.standard_normal((16, 8, 8, 1)).astype(np.float32)
+    images.reshape(-1)[rng.choice(images.size, 20, replace=False)] *= 12  # tails for the clip to cut
+    labels = rng.integers(0, 10, 16)
+
+    def gradients(clip):
+        net = models.preact_resnet(11, input_shape=(8, 8, 1), classes=10)
+        net.compile(batch=16, bits=2, window=window, rounding=rounding, clip=clip, seed=3)
+        net.zero_grad()
+        net.forward(images, labels)
+        net.backward()
+        return backend.to_host(net.grads).copy()
+
+    default = gradients(None)
+    assert np.array_equal(gradients(quant.clip_of(window, 2)), default)
+    assert not np.array_equal(gradients(np.inf), default)
+
+    rows, C, bits = 2 * quant.BLOCK_ROWS, 4, 2
+    x = rng.standard_normal((rows, C)).astype(np.float32)
+    x[rng.choice(rows, 6, replace=False)] *= 15
+    stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
+    windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32))
+    extremes = layers.batchnorm_statistics(device(x), stats, partial=device(np.zeros(4 * rows * C, np.float32)),
+                                           window=window)
+    blocks = x.reshape(quant.blocks(rows) if window == "block" else 1, -1, C)  # the rows each window spans
+    layers.batchnorm_coefficients(device(np.ones(C, np.float32)), device(np.zeros(C, np.float32)), stats, eps=1e-5,
+                                  bits=bits, window=window, extremes=extremes, windows=windows,
+                                  stochastic=rounding == "stochastic", clip=1.5)
+    s = host(stats)
+    v = lambda t: ((t - s[0]) / s[1] + s[3]).astype(np.float32)  # noqa: E731 (xhat + b: mean, sigma, gamma, b)
+    table = quant.window_ref(s[3], bits=bits, kind="block", lo=v(blocks.min(axis=1)), hi=v(blocks.max(axis=1)),
+                             clip=1.5, stochastic=rounding == "stochastic")  # (3, blocks, C); a range is one block
+    assert np.allclose(host(windows), table.transpose(1, 0, 2), rtol=1e-6, atol=1e-6)
+    assert not np.allclose(host(windows), quant.window_ref(s[3], bits=bits, kind="block", lo=v(blocks.min(axis=1)),
+                                                           hi=v(blocks.max(axis=1)), stochastic=rounding == "stochastic")
+                           .transpose(1, 0, 2), rtol=1e-6, atol=1e-6)  # the default clip's are others
+
+
+def test_a_clip_is_a_k_bit_range_or_block_windows_and_the_trainer_records_it():
+    from minibp.run.config import RunConfig
+    for store, match in [(dict(bits="2", window="fixed", clip=4), "fixed window has the paper's"),
+                         (dict(bits="exact", clip=4), "codes through none of its choosing"),
+                         (dict(bits="2", clip=0), "positive number of standard deviations")]:
+        with pytest.raises(ValueError, match=match):
+            quant.Store(**store)
+    config = RunConfig.new(dict(data="fashion-mnist", model="resnet20", bits="2", clip=4.0))
+    assert str(config.store) == "bits 2 (block window, clip 4 sigma)" and config.as_dict()["clip"] == 4.0
+    assert config.folder().name == "fashion-mnist-resnet20-2-clip4-seed0"

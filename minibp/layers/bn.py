@@ -84,13 +84,13 @@ def batchnorm_statistics(x, stats, *, partial, window="fixed"):
 
 
 def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None,
-                           stochastic=False):
+                           stochastic=False, clip=None):
     """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:4], gamma clamped
     to >= 1e-8 and b = beta / gamma, and at k bits the code's windows (blocks, 3, C), fixed or from the
     extremes that batchnorm_statistics returned: the range window's one block spans all their chunks, the
     block window's each quant.BLOCK_ROWS rows of them (stochastic: windows for levels on the bins' edges,
-    quant.window_ref). A kernel for the coefficients, and at k bits one for the windows, a thread per block
-    and channel."""
+    quant.window_ref). clip: the range or block window's, in standard deviations (None: quant.clip_of's). A
+    kernel for the coefficients, and at k bits one for the windows, a thread per block and channel."""
     C = gamma.shape[0]
     _check_stats(stats, C)
     module = kernels.load("bn.cu", gamma.dtype)
@@ -106,7 +106,7 @@ def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", ext
     module.batchnorm_coefficients(C=C, eps=eps, gamma=gamma, beta=beta, stats=stats, threads=C)
     if bits:
         module.code_windows(C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits,
-                            range=window != "fixed", clip=quant.clip_of(window, bits),
+                            range=window != "fixed", clip=quant.clip_of(window, bits) if clip is None else clip,
                             below_weight=quant.BELOW_WEIGHT, stochastic=stochastic, stats=stats, extremes=extremes,
                             windows=windows, threads=blocks * C)
 
@@ -304,7 +304,7 @@ class BatchNormReLU:
         coded = train or store.naive  # (uncoded: no codes, so no window to take)
         view = self.view(n, store) if coded else UNCODED
         batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=view.bits, window=store.window if coded else "fixed",
-                               extremes=extremes, windows=view.windows, stochastic=view.stochastic)
+                               extremes=extremes, windows=view.windows, stochastic=view.stochastic, clip=store.clip)
         batchnorm_relu_forward(x, stats, beta, a, naive=store.naive, rounding_key=rounding_key, **view.kernel_args())
 
     def _update_running(self, stats, n, *, momentum, deferred=None):

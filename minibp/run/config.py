@@ -136,8 +136,8 @@ MODEL, STORE, SCHEDULE, FOLDER, PROCESSES, IMAGENET = GROUPS
 class Invocation:
     """The options of one python3 -m minibp.train command that are not the run's: never saved."""
     out: str = _option(None, kind=INVOCATION, group=FOLDER, metavar="DIR", check=_optional(_text), must_be="a path",
-                       help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>, "
-                            "<data> a --data-file's own name, the window named when it is not the default)")
+                       help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic][-clip<S>]-"
+                            "seed<seed>, <data> a --data-file's own name, the window named when it is not the default)")
     resume: bool = _option(False, kind=INVOCATION, group=FOLDER, type=bool,
                            help="continue the run in --out from its checkpoint (default off)")
     overwrite: bool = _option(False, kind=INVOCATION, group=FOLDER, type=bool,
@@ -206,6 +206,12 @@ class RunConfig:
                             help="how a k-bit code rounds a value: nearest (its bin's midpoint; default) or "
                                  "stochastic (to one of the two levels around it, the levels being the bins' edges, "
                                  "at random: unbiased inside the window)")
+    clip: float = _option(None, kind=DEFINING, group=STORE, type=float, metavar="SIGMA", before=None,
+                          check=_optional(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
+                          must_be="a positive number of standard deviations",
+                          help="the range or block window's clip, in standard deviations, inf for none (default: "
+                               "the one chosen for the window and bits, quant.py's RANGE_CLIP and BLOCK_CLIP; an "
+                               "experiment's option)")
     batch: int = _option(128, kind=DEFINING, group=STORE, type=int, metavar="N", check=_whole(1), must_be=POSITIVE,
                          help="images a step (default 128; 256 on imagenet)")
     # the sub-batches of a step over all ranks: ranks x --split defines the run, so that 2 ranks x --split 1
@@ -265,7 +271,7 @@ class RunConfig:
             raise ValueError(f"--data must be one of {', '.join(DATA_SETS)}, got {self.data!r}")
         if self.optimizer == "sgd" and self.momentum >= 1:
             raise ValueError(f"--momentum must be below 1, got {self.momentum}")
-        object.__setattr__(self, "store", Store(self.bits, self.window, self.rounding))  # its own rules
+        object.__setattr__(self, "store", Store(self.bits, self.window, self.rounding, self.clip))  # its own rules
         modelspec.check_spec(self.model, self.model_args, imagenet=self.imagenet)
         object.__setattr__(self, "schedule", parse_schedule(self.lr_schedule, iters=self.iters))
         if self.image_size is not None and not self.imagenet:
@@ -369,10 +375,11 @@ class RunConfig:
         return {name: getattr(self, name) for name, _ in _options(type(self))}
 
     def folder(self):
-        """The run folder where --out is not given: runs/<data>-<model>-<bits>[-<window>][-stochastic]-seed<seed>,
-        the window and the rounding named where they are not the defaults."""
+        """The run folder where --out is not given: runs/<data>-<model>-<bits>[-<window>][-stochastic][-clip<S>]-
+        seed<seed>, the window, the rounding and the clip named where they are not the defaults."""
         store = f"-{self.store.window}" if self.store.has_window and self.store.window != DEFAULT_WINDOW else ""
         store += "-stochastic" if self.store.stochastic else ""
+        store += "" if self.clip is None else f"-clip{self.clip:g}"
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.data)  # one folder, whatever it holds
         return Path(f"runs/{name}-{modelspec.short_name(self.model)}-{self.bits}{store}-seed{self.seed}")
 
