@@ -10,9 +10,9 @@ A mode is a store as gradients.py names it: exact, naive, or k bits through a wi
 "4:fixed"), rounded at random with a third part ("2:block:stochastic"). Each mode and seed trains with
 python3 -m minibp.train into OUT/<data>-<model>-<mode>-seed<s> (resumable: an interrupted bench continues
 the runs it finds); the table prints each mode's final test accuracy per seed, their mean, standard
-deviation and spread (largest minus smallest), and the mean's difference to exact's with a 95% interval
-(Student's t over the seeds' paired differences: a seed gives every mode the same initial weights and
-data order, so the pairs share most of a seed's luck).
+deviation and spread (largest minus smallest), and the mean's difference to exact's (or --baseline's) with
+a 95% interval (Student's t over the seeds' paired differences: a seed gives every mode the same initial
+weights and data order, so the pairs share most of a seed's luck).
 Data: python3 -m minibp.prepare fashion-mnist (or cifar10).
 
 --ledger FILE keeps finished runs across machines: a run whose settings (data, model, iterations, batch,
@@ -124,6 +124,8 @@ def main(argv=None):
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
     parser.add_argument("--augment", default=None, metavar="LIST",
                         help="the runs' --augment (default: the trainer's default for the data)")
+    parser.add_argument("--baseline", default="exact", metavar="MODE",
+                        help="the mode the paired differences are taken against, one of --modes (default exact)")
     parser.add_argument("--out", default="runs/accuracy")
     parser.add_argument("--ledger", type=Path, default=None, metavar="FILE",
                         help="read finished runs from FILE and add the runs that finish here (not with --quick)")
@@ -135,6 +137,8 @@ def main(argv=None):
             parser.error("--ledger keeps full runs; a --quick run writes none")
     ledger = read_ledger(args.ledger) if args.ledger is not None else {}
     modes, seeds = args.modes.split(","), [int(s) for s in args.seeds.split(",")]
+    if args.baseline not in modes and args.baseline != "exact":
+        parser.error(f"--baseline {args.baseline} is not one of --modes {args.modes}")
     accuracy, minutes = {}, {}  # (mode, seed) -> final test accuracy, minutes the run took (if it trained)
     for mode in modes:
         store = store_options(mode)
@@ -179,20 +183,23 @@ def main(argv=None):
                     cpu=cpu_model(), commit=commit(), date=datetime.date.today().isoformat(),
                     minutes_trained_here=round(minutes[mode, seed], 1) if (mode, seed) in minutes else None))
                 print(f"    added to {args.ledger}", flush=True)
-    exact = np.array([100 * accuracy["exact", s] for s in seeds]) if "exact" in modes else None
+    base = args.baseline
+    baseline = np.array([100 * accuracy[base, s] for s in seeds]) if base in modes else None
+    width = max(11, *(len(label(m)) for m in modes))
     print(f"\n{args.model} on {args.data}, {args.iters} iterations at batch {args.batch}, seeds "
-          f"{', '.join(map(str, seeds))}: test accuracy (%); vs exact: the mean paired difference and its 95% interval")
-    print(f"{'mode':>11}  " + "  ".join(f"{'seed ' + str(s):>7}" for s in seeds)
-          + f"  {'mean':>6}  {'std':>5}  {'spread':>6}  {'vs exact':>16}  {'minutes a run':>13}")
+          f"{', '.join(map(str, seeds))}: test accuracy (%); vs {label(base)}: the mean paired difference and its 95% "
+          "interval")
+    print(f"{'mode':>{width}}  " + "  ".join(f"{'seed ' + str(s):>7}" for s in seeds)
+          + f"  {'mean':>6}  {'std':>5}  {'spread':>6}  {'vs ' + label(base):>16}  {'minutes a run':>13}")
     for mode in modes:
         values = np.array([100 * accuracy[mode, s] for s in seeds])
-        if exact is not None and mode != "exact":
-            diff, half = interval(values - exact)
+        if baseline is not None and mode != base:
+            diff, half = interval(values - baseline)
             versus = f"{diff:+6.2f} +- {half:4.2f}" if half == half else f"{diff:+6.2f}"
         else:
             versus = "-"
         std = values.std(ddof=1) if len(values) > 1 else float("nan")
-        print(f"{label(mode):>11}  " + "  ".join(f"{v:7.2f}" for v in values)
+        print(f"{label(mode):>{width}}  " + "  ".join(f"{v:7.2f}" for v in values)
               + f"  {values.mean():6.2f}  {std:5.2f}  {np.ptp(values):6.2f}  {versus:>16}  "
               + f"{mean_minutes(minutes, mode, seeds):>13}")
     return 0

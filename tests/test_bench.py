@@ -61,10 +61,12 @@ def test_a_mode_may_name_its_clip_and_the_run_trains_through_it(tmp_path):
     with pytest.raises(ValueError, match="BITS\\[:WINDOW"):
         store_options("2:block:stochastic:4")
     make_dataset(tmp_path / "data", "fashion-mnist", shape=(8, 8, 1))
-    run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
-        "--modes", "2:block:stochastic:clip=4", "--seeds", "0")
+    out = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
+              "--modes", "2:block:stochastic,2:block:stochastic:clip=4", "--seeds", "0,1",
+              "--baseline", "2:block:stochastic")
+    assert "vs 2 block sr" in out and out.splitlines()[-1].split()[0:5] == ["2", "block", "sr", "clip", "4"]
     from minibp.run import checkpoint
-    [saved] = [checkpoint.load(path) for path in (tmp_path / "runs").glob("*/checkpoint.h5")]
+    saved = checkpoint.load(next((tmp_path / "runs").glob("*clip-4-seed0/checkpoint.h5")))
     assert (saved.config["bits"], saved.config["rounding"], saved.config["clip"]) == ("2", "stochastic", 4.0)
 
 
