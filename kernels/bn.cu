@@ -110,11 +110,10 @@ extern "C" __global__ void batchnorm_coefficients(int C, real_t eps, const real_
 // (2, chunks, C), the least and largest x of each chunk of rows, a block being chunks_per_block chunks, its
 // [lo, hi] narrowed to b +- clip, its bins split at zero by below_weight. One thread per block and channel.
 // [lo, hi] is v of those x computed as the forward pass computes v, so that every v of the block lies
-// within it. (extremes and windows may overlap, hence no __restrict__: the range window's are rows of
-// stats, and a thread reads its extremes before it writes its window.)
+// within it.
 extern "C" __global__ void code_windows(int C, int blocks, int chunks, int chunks_per_block, int bits, int range,
                                         float clip, float below_weight, int stochastic, const real_t* __restrict__ stats,
-                                        const real_t* extremes, real_t* windows) {
+                                        const real_t* __restrict__ extremes, real_t* __restrict__ windows) {
     LaneRow w;  // (the channel's statistics, as a row reads them)
     w.C = C, w.stats = stats;
     GRID_STRIDE_LOOP(i, (long long)blocks * C) {
@@ -255,10 +254,11 @@ extern "C" __global__ void batchnorm_relu_restore(long long rows, int C, int row
 }
 
 // One row's terms of dbeta_c = sum(dy) and dgamma_c = sum(dy * xhat~), dy = da * mask (the mask as a factor, as
-// the reference), added into dbeta, dgamma (laid out as the row).
+// the reference), added into the reduction's sums w.sum0, w.sum1 (laid out as the row).
 template <int BITS, class Row>
-__device__ __forceinline__ void backward_sums_row(const Row& w, const real_t* __restrict__ da, const StoreIn& s,
-                                                  real_t* __restrict__ dbeta, real_t* __restrict__ dgamma) {
+__device__ __forceinline__ void backward_sums_row(const Row& w, const real_t* __restrict__ da, const StoreIn& s) {
+    real_t* __restrict__ dbeta = w.sum0;
+    real_t* __restrict__ dgamma = w.sum1;
     da += w.e;
     if constexpr (BITS == 0) {  // (the two loops spelled out: a shared helper taking a lambda stopped g++ vectorising)
         const real_t* __restrict__ x = s.x_at(w.e);
@@ -282,9 +282,7 @@ template <int BITS, bool ONE_THREAD>
 __device__ void backward_sums_rows(const Unit& u, int rows_per_chunk, const StoreIn& s, const real_t* da,
                                    real_t* partial) {
     for_sum_rows<BITS, ONE_THREAD>(u, rows_per_chunk, BITS != 0, partial,
-                                   [&](const RowOf<ONE_THREAD>& w, real_t* dbeta, real_t* dgamma) {
-        backward_sums_row<BITS>(w, da, s, dbeta, dgamma);
-    });
+                                   [&](const RowOf<ONE_THREAD>& w) { backward_sums_row<BITS>(w, da, s); });
 }
 
 // Partial sums over each chunk of rows of dbeta = sum(dy) and dgamma = sum(dy * xhat~), dy = da * mask:

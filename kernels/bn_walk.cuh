@@ -2,7 +2,7 @@
 // rows. bn.cu states the method one row at a time; this header hands it the rows. The one contract: a walker
 // calls body(const Row& w) for each row it deals this thread, w describing one row's channels and the tables
 // laid out for them (LaneRow on the GPU, WideRow on the CPU, below), and a row function reads only w and the
-// arrays at w.e, the row's first element.
+// arrays at w.e, the row's first element (a reduction's row also carries the two sums its terms go to).
 //
 // Layout: blocks walk rows, the threads of a block walk a row's channels. Rows are dealt out in chunks of
 // rows_per_chunk consecutive rows: a block has blockDim.y row lanes (threadIdx.y), the grid gridDim.x *
@@ -89,12 +89,14 @@ struct Lanes {
 // The GPU's row: one row of the unit, its channels shared by a lane's blockDim.x threads. What the CPU's tables
 // hold per channel (WideRow) is computed per value, with the same float operations on the same operands.
 struct LaneRow : Lanes<false> {
-    long long r, e;        // the row, its first element r*C
+    long long e;           // the row's first element r*C
     int C;
     const real_t* stats;   // (4, C): StatsRow's
     const real_t* win;     // (3, C): the row's window
     const real_t* beta;    // (C,)
     const real_t* sums;    // (2, C): backward_dx's dbeta and dgamma, or null
+    real_t* sum0;          // a reduction's two sums (for_sum_rows), laid out as the row; else null
+    real_t* sum1;
     unsigned int row_hash; // stochastic rounding: the row's hash (quant_row_hash)
     __device__ __forceinline__ real_t stat(StatsRow i, int c) const { return stats[i * C + c]; }
     __device__ __forceinline__ real_t dx_scale(int c) const { return stat(GAMMA, c) / stat(SIGMA, c); }
@@ -121,6 +123,8 @@ struct WideRow : Lanes<true> {
     const real_t* win;
     const real_t* beta;
     const real_t* sums;
+    real_t* sum0;
+    real_t* sum1;
     const float* draws;
     __device__ __forceinline__ real_t stat(StatsRow i, int c) const { return stats[i * C + c]; }
     __device__ __forceinline__ real_t dx_scale(int c) const { return stats[STATS_ROWS * C + c]; }
@@ -242,6 +246,7 @@ __device__ void for_wide_rows(const Unit& u, long long first, long long end, lon
                 WideRow w;
                 w.r = r, w.e = r * C + c0, w.C = Cw, w.c0 = c0, w.n = n;
                 w.stats = t.stats, w.win = t.win, w.beta = t.beta, w.sums = t.sums, w.draws = t.draws;
+                w.sum0 = w.sum1 = nullptr;
                 body(w);
                 r += n;
             }
@@ -263,8 +268,9 @@ __device__ __forceinline__ void for_rows(const Unit& u, int rows_per_chunk, cons
     } else {
         ROW_LOOP(r, u.rows, rows_per_chunk) {
             LaneRow w;
-            w.r = r, w.e = r * u.C, w.C = u.C;
+            w.e = r * u.C, w.C = u.C;
             w.stats = u.stats, w.win = needs.windows ? u.window(r) : nullptr, w.beta = u.beta, w.sums = needs.sums;
+            w.sum0 = w.sum1 = nullptr;
             w.row_hash = needs.draws ? quant_row_hash(needs.rounding_key, r) : 0u;
             body(w);
         }
@@ -272,8 +278,8 @@ __device__ __forceinline__ void for_rows(const Unit& u, int rows_per_chunk, cons
 }
 
 // A reduction over rows: partial is (2, chunks, C), one row of each of two sums per chunk of rows_per_chunk
-// rows. body(w, sum0, sum1) adds row w's terms into sum0[c], sum1[c] for this thread's channels c of the row,
-// the sums laid out as the row. On the GPU those are the chunk's sums themselves; on the CPU a wide row's terms
+// rows. body(w) adds row w's terms into w.sum0[c], w.sum1[c] for this thread's channels c of the row, the sums
+// laid out as the row. On the GPU those are the chunk's sums themselves; on the CPU a wide row's terms
 // go to zeros first (which leaves each as it is but for the sign of a zero, which a sum that starts at +0 never
 // keeps), then to its chunk's sums a row at a time, in order: the same sums in the same order either way.
 template <int BITS, bool ONE_THREAD, class Body>
@@ -294,7 +300,9 @@ __device__ void for_sum_rows(const Unit& u, int rows_per_chunk, bool windows, re
             const int piece = w.C / w.n;
             real_t terms0[SCRATCH], terms1[SCRATCH];
             for (int c = 0; c < w.C; ++c) terms0[c] = terms1[c] = 0;
-            body(w, terms0, terms1);
+            WideRow summed = w;
+            summed.sum0 = terms0, summed.sum1 = terms1;
+            body(summed);
             for (int row = 0; row < w.n; ++row)
                 for (int c = 0; c < piece; ++c) {
                     sum0[c] += terms0[row * piece + c];
@@ -307,10 +315,11 @@ __device__ void for_sum_rows(const Unit& u, int rows_per_chunk, bool windows, re
             real_t* sum1 = partial + (chunks + chunk) * C;
             LaneRow w;
             w.C = C, w.stats = u.stats, w.beta = u.beta, w.sums = nullptr, w.row_hash = 0u;
+            w.sum0 = sum0, w.sum1 = sum1;
             FOR_CHANNELS(c, w, group_size<BITS>()) sum0[c] = sum1[c] = 0;  // this thread's channels, as below
             CHUNK_ROWS(r, chunk, u.rows, rows_per_chunk) {
-                w.r = r, w.e = r * C, w.win = windows ? u.window(r) : nullptr;
-                body(w, sum0, sum1);
+                w.e = r * C, w.win = windows ? u.window(r) : nullptr;
+                body(w);
             }
         }
     }
