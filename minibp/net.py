@@ -28,12 +28,12 @@ from .chain import Chain
 from .checks import positive_int
 from .optim import OPTIMIZERS, norm_chunks
 from .params import key
-from .layers import ConvPath
+from .layers import ConvPath, update_running
 from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store
 from .units import Step
 
 
-# The net's own buffers, beside the units' (each unit's store, block windows and statistics, units.py):
+# The net's own buffers, beside the units' (each unit's store, windows and statistics, layers/bn.py):
 #   input (N, H, W, C), labels (N,), logits / dlogits (N, classes)       the batch and the loss
 #   act0, act1 (max unit output or input)                                 unit outputs, then gradients, in turn
 #   residual (max saved input or projection output)                      the outstanding residual (and its grad)
@@ -294,11 +294,10 @@ class Net(Chain):
                                  if where.stop > where.start}
 
     def add_running(self, increments):
-        """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), with the
-        arithmetic of the update it defers (layers.BatchNormReLU)."""
+        """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), by the
+        rule of the update it defers (layers.update_running)."""
         running = self.arena["running"]
-        running *= self.bn_momentum
-        running += increments.astype(running.dtype, copy=False)
+        update_running(running, increments.astype(running.dtype, copy=False), momentum=self.bn_momentum)
 
     def zero_grad(self):
         self._check_compiled()

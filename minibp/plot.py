@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from .run.config import add_option
 from .run.folder import numbered_records
 
 BITS_COLORS = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}
@@ -166,8 +167,8 @@ def main(argv=None):
                                       "--plan; the last two in the current folder)")
     parser.add_argument("--labels", help="comma-separated legend names, one per run (default: the folders' names)")
     parser.add_argument("--plan", metavar="MODEL", help="plot the per-unit stores of this model's plan instead")
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--bits", default="4")
+    add_option(parser, "batch", help="--plan's batch (default 128)")
+    add_option(parser, "bits", help="--plan's store (default 4)")
     args = parser.parse_args(argv)
     try:
         if not args.plan and not args.runs:

@@ -142,6 +142,14 @@ class Store:
     block = property(lambda self: self.window == "block")              # keeps (blocks, 3, C) windows of its own
     stochastic = property(lambda self: self.rounding == "stochastic")
 
+    @property
+    def window_clip(self):
+        """The clip its range or block window codes with, in standard deviations: the one given, else the one
+        chosen for the window and bits (clip_of); None for a store without such a window."""
+        if not self.has_window or self.window == "fixed":
+            return None
+        return clip_of(self.window, self.k) if self.clip is None else self.clip
+
     def __str__(self):
         """The store in the words of every message: "bits 4 (block window)", "bits exact"."""
         if not self.has_window:

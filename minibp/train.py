@@ -101,7 +101,7 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     --resume / --overwrite. model_args: the function's keyword arguments (numbers, strings, booleans, None, and
     lists and dicts of them: the checkpoint records them). options: any other option of the command line under
     its field's name (run/config.py RunConfig; python3 -m minibp.train --help), with the same default: iters,
-    lr_schedule, batch, split, bits, window, rounding, seed, augment, val_split, optimizer, momentum,
+    lr_schedule, batch, split, bits, window, rounding, clip, seed, augment, val_split, optimizer, momentum,
     weight_decay, clip_norm, log_every, val_every, checkpoint_every, data_dir, graph, image_size, workers,
     rank_timeout. A value is read as the command line reads its text (bits=4 is "4"); None leaves the default.
 

@@ -238,7 +238,6 @@ class Batches:
             raise ValueError(f"the image size must be at least 8 pixels, got {size}")
         self.folder, self.batch, self.size, self.augment, self.seed = folder, int(batch), int(size), augment, seed
         self.prefetch, self.workers = prefetch, workers if workers is not None else default_count()
-        self.image_shape = (self.size, self.size, 3)
         self.epoch, self.position, self.order = 0, 0, epoch_order(seed, 0, len(folder))
         self._listing = folder.sha256()
         self._pool, self._stream = None, None

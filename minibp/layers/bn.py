@@ -134,12 +134,6 @@ def _window_args(stats, windows, rows):
     return dict(windows=windows, block_rows=quant.BLOCK_ROWS)
 
 
-def _store_args(bits, x_copy, codes):
-    if bits == 0:
-        return x_copy, None
-    return None, codes
-
-
 def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=None, codes=None, windows=None,
                            stochastic=False, rounding_key=None):
     """a = relu(gamma (x - mean) / sigma + beta) for x, a (..., C); writes the store when given
@@ -161,7 +155,6 @@ def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=Non
 def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None, windows=None, stochastic=False):
     """a (the exact activation at bits = 0, else a~) from the unit's store (stochastic: its levels are the
     bins' edges)."""
-    x_copy, codes = _store_args(bits, x_copy, codes)
     C = a.shape[-1]
     rows = a.size // C
     kernels.load("bn.cu", a.dtype).batchnorm_relu_restore(rows=rows, C=C, bits=bits, x_copy=x_copy, codes=codes, stats=stats,
@@ -177,7 +170,6 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
     partial is (>= 2 * reduction_chunks(rows) * C,) scratch and sums (2, C) receives this batch's dbeta, dgamma.
     residual_grad, when given, is added to dx (the residual gradient arriving at a block's input).
     """
-    x_copy, codes = _store_args(bits, x_copy, codes)
     C = da.shape[-1]
     rows = da.size // C
     module = kernels.load("bn.cu", da.dtype)
@@ -210,6 +202,13 @@ def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
     g = dy * np.maximum(gamma, GAMMA_MIN)
     dx = (g - g.mean(axis=axes) - xhat * (g * xhat).mean(axis=axes)) / sigma
     return dx, dgamma, dbeta
+
+
+def update_running(running, increment, *, momentum):
+    """running = momentum * running + increment, in place: the running statistics' one rule, for a unit's
+    (BatchNormReLU) and for a whole net's deferred increments (Net.add_running)."""
+    running *= momentum
+    running += increment
 
 
 @dataclass(frozen=True)
@@ -304,20 +303,20 @@ class BatchNormReLU:
         coded = train or store.naive  # (uncoded: no codes, so no window to take)
         view = self.view(n, store) if coded else UNCODED
         batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=view.bits, window=store.window if coded else "fixed",
-                               extremes=extremes, windows=view.windows, stochastic=view.stochastic, clip=store.clip)
+                               extremes=extremes, windows=view.windows, stochastic=view.stochastic,
+                               clip=store.window_clip)
         batchnorm_relu_forward(x, stats, beta, a, naive=store.naive, rounding_key=rounding_key, **view.kernel_args())
 
     def _update_running(self, stats, n, *, momentum, deferred=None):
-        """running = momentum * running + increment, the increment (1 - momentum) * (batch mean, unbiased
-        variance), read before batchnorm_coefficients turns stats[1] into sigma."""
+        """The running statistics' increment (1 - momentum) * (batch mean, unbiased variance), read before
+        batchnorm_coefficients turns stats[1] into sigma: applied (update_running), or written to deferred."""
         rows = elements(n, self.in_shape[:2])
         increment = ((1 - momentum) * stats[0], (1 - momentum) * rows / max(rows - 1, 1) * stats[1])
         for row in (0, 1):
             if deferred is not None:
                 deferred[row] = increment[row]
             else:
-                self.running[row] *= momentum
-                self.running[row] += increment[row]
+                update_running(self.running[row], increment[row], momentum=momentum)
 
     def restore(self, a, *, store, beta):
         """a (n, H, W, C) from the store: the exact activation (exact mode) or a~."""

@@ -261,7 +261,7 @@ class RunConfig:
                            check=_optional(_whole(1)), must_be=POSITIVE,
                            help="JPEG-decoding processes (default: the cores less one)")
     # made from the fields once, when the configuration is
-    store: Store = field(init=False, repr=False, compare=False)  # bits, window, rounding
+    store: Store = field(init=False, repr=False, compare=False)  # bits, window, rounding, clip
     schedule: object = field(init=False, repr=False, compare=False)  # lr_schedule for iters: Step/CosineSchedule
 
     def __post_init__(self):
