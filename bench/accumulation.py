@@ -17,18 +17,17 @@ import numpy as np
 from gradients import (compile_modes, label, line_style, out_path, pyplot_or_none, relative_error, sample_batch,
                        weight_gradients)
 from minibp.plot import legend_below, save
+from options import modes_option, net_options, seed_option
 
 MODES = "8:fixed,8:range,4:fixed,4:range,4:block,naive"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="fashion-mnist")
-    parser.add_argument("--data-dir", default="data")
-    parser.add_argument("--depths", default="11,20,56,110,164")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--modes", default=MODES)
+    net_options(parser, model=None, batch=64, data="fashion-mnist", data_dir=True)
+    parser.add_argument("--depths", default="11,20,56,110,164", help="the ResNets' depths (default 11,20,56,110,164)")
+    seed_option(parser)
+    modes_option(parser, MODES)
     parser.add_argument("--plot", help="default bench/results/accumulation.png (other settings: a temporary folder)")
     parser.add_argument("--quick", action="store_true", help="depths 11 and 20, batch 8, random 8x8 data")
     args = parser.parse_args(argv)

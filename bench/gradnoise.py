@@ -27,7 +27,7 @@ import sys
 import numpy as np
 
 from accuracy import DEFAULT_SCHEDULE
-from options import modes_option, net_options
+from options import modes_option, net_options, seed_option
 from gradients import compile_modes, copy_weights, label, line_style, out_path, pyplot_or_none, weight_gradients
 from minibp import quant
 from minibp.io import data
@@ -59,7 +59,7 @@ def main(argv=None):
     parser.add_argument("--points", default="0,100,400,800", help="iterations of training at which to measure")
     parser.add_argument("--batches", type=int, default=8, help="batches the SGD noise is measured over")
     parser.add_argument("--lr-schedule", default=DEFAULT_SCHEDULE)
-    parser.add_argument("--seed", type=int, default=0)
+    seed_option(parser)
     parser.add_argument("--clip", help="K:SIGMA,...: the range and block windows' clip at k bits for this run, in "
                         f"place of minibp's choices (quant.RANGE_CLIP: {quant.RANGE_CLIP}, "
                         f"quant.BLOCK_CLIP: {quant.BLOCK_CLIP})")

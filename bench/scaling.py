@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from options import net_options
+
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE, CLASSES = (32, 32, 3), 10
 BUFFERS = ("resnet164", "resnet1001")
@@ -89,8 +91,7 @@ def worker(args):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="resnet20")
-    p.add_argument("--batch", type=int, default=64, help="the global batch (even: 2 ranks take half each)")
+    net_options(p, model="resnet20", batch=64, batch_help="the global batch (even: 2 ranks take half each)")
     p.add_argument("--bits", default="4")
     p.add_argument("--steps", type=int, default=6, help="timed steps after one warm-up")
     p.add_argument("--repeats", type=int, default=5, help="gradient sums timed per buffer")

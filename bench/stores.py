@@ -28,7 +28,7 @@ import numpy as np
 from minibp import backend, layers, quant
 from minibp.io import data
 from minibp.optim import SGD
-from options import net_options
+from options import net_options, seed_option
 from gradients import compile_modes, out_path, relative_error
 
 T = np.float64(quant.MASK_THRESHOLD)  # the mask's threshold: codes count bins of v - T
@@ -163,7 +163,7 @@ def main(argv=None):
     net_options(parser, model="resnet20", batch=128, data="fashion-mnist", data_dir=True)
     parser.add_argument("--points", default="0,100,400", help="iterations of training at which to measure")
     parser.add_argument("--lr", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=0)
+    seed_option(parser)
     parser.add_argument("--out", default=None, help="the tables (default bench/results/stores.txt; other settings: a "
                                                     "temporary folder)")
     parser.add_argument("--quick", action="store_true", help="resnet11, batch 8, points 0 and 2, random 8x8 data")
