@@ -1,6 +1,6 @@
 """The benches' shared command-line options, declared once: the net and batch, the data, the stores a bench
-compares (--modes, in gradients.py's words), the seed, and the CPU a figure stands for (--cpu: a narrower instruction
-set imitated on a wider machine)."""
+compares (--modes, in gradients.py's words), the seed, and the CPU a figure stands for (--cpu: a narrower
+instruction set imitated on a wider machine)."""
 import os
 import platform
 import sys
@@ -41,7 +41,8 @@ def net_options(parser, *, model, batch, data=None, data_choices=None, data_dir=
     """--model (model None: the bench builds its own nets), --batch and (data given) --data, with this bench's
     defaults; data_dir: --data-dir too."""
     if model is not None:
-        parser.add_argument("--model", default=model, help=f"resnet<9n+2> or another models.py name (default {model})")
+        parser.add_argument("--model", default=model,
+                            help=f"resnet<9n+2> or another models.py name (default {model})")
     parser.add_argument("--batch", type=int, default=batch, help=f"{batch_help} (default {batch})")
     if data is not None:
         parser.add_argument("--data", default=data, choices=data_choices, help=f"the data set (default {data})")
@@ -58,7 +59,8 @@ def modes_option(parser, default):
 
 def seed_option(parser):
     """--seed: the nets' initial weights and the data's order."""
-    parser.add_argument("--seed", type=int, default=0, help="the nets' initial weights and the data's order (default 0)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the nets' initial weights and the data's order (default 0)")
 
 
 def cpu_option(parser):

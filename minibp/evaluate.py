@@ -5,10 +5,10 @@
     python3 -m minibp.evaluate runs/fm-4bit --split val     # on the split it validated on (run/splits.py)
     python3 -m minibp.evaluate runs/fm-4bit --split train   # or on the images it trained on
 
-The net, data and store (bits, window, rounding, clip) come from the checkpoint's saved configuration; BN uses its running
-statistics. A net of your own (--model FILE.py:FUNCTION) is built again as the run built it, and refused in
-one line if its parameter table is no longer the checkpoint's (an edited file); data whose image channels or
-classes are not the run's are named as such.
+The net, data and store (bits, window, rounding, clip) come from the checkpoint's saved configuration; BN
+uses its running statistics. A net of your own (--model FILE.py:FUNCTION) is built again as the run built
+it, and refused in one line if its parameter table is no longer the checkpoint's (an edited file); data
+whose image channels or classes are not the run's are named as such.
 """
 import argparse
 import json
