@@ -1,8 +1,8 @@
 """Train a net with approximate activations: the paper's ResNets by name, or your own net, under every
 guarantee of a run (README, Reliability).
 
-    python3 -m minibp.train --data fashion-mnist --model resnet20 --bits 4 --iters 2300 \\
-        --lr-schedule cosine:0.1:warmup=100 --augment none --val-every 575 --out runs/fm-4bit
+    python3 -m minibp.train --data fashion-mnist --model resnet20 --bits 4 --iters 2000 \\
+        --lr-schedule cosine:0.1:warmup=100 --augment none --val-every 500 --out runs/fm-4bit
     python3 -m minibp.train --out runs/fm-4bit --resume        # continue after Ctrl-C
     python3 -m minibp.evaluate runs/fm-4bit                    # test accuracy of its checkpoint
     python3 -m minibp.train --data cifar10                     # the paper's recipe: ResNet-164, 4 bits, 64k iterations
