@@ -178,7 +178,10 @@ def test_a_host_that_fails_mid_run_ends_the_job_and_keeps_the_checkpoint(cluster
     run = cluster[0].path("/tmp/runs/long")
     saved = checkpoint.load(run / "checkpoint.h5")  # whole (load checks every array)
     assert saved.iteration >= 4 and saved.iteration % 2 == 0
-    assert not integrity.stale_temporaries(run / "checkpoint.h5")
+    # Cut off, rank 0 ends by itself, so no write is left half done. Killed, mpiexec SIGKILLs rank 0 too, which may
+    # be in the middle of a checkpoint (one every 2 iterations): its temporary stays beside the whole checkpoint,
+    # and the next start removes it (tests/test_folder.py).
+    assert len(integrity.stale_temporaries(run / "checkpoint.h5")) <= (0 if how == "cut off" else 1)
 
 
 def test_a_host_whose_kernel_cache_is_on_a_full_disk_ends_the_job_in_one_line(work, cluster):
