@@ -19,7 +19,8 @@ pytest.importorskip("mpi4py", reason="the tests of several ranks need mpi4py and
 import hosts  # noqa: E402
 from hosts import ENV, Hosts, errors, rank_pid, same_state, train, without_timing  # noqa: E402
 from minibp import build, dist, integrity  # noqa: E402
-from minibp.run import checkpoint
+from minibp.run import checkpoint  # noqa: E402
+from minibp.run.folder import RunDir  # noqa: E402
 from runs import base_args, make_dataset, read_metrics, wait_for_lines  # noqa: E402
 
 pytestmark = pytest.mark.slow  # every test starts trainers under mpiexec
@@ -179,9 +180,11 @@ def test_a_host_that_fails_mid_run_ends_the_job_and_keeps_the_checkpoint(cluster
     saved = checkpoint.load(run / "checkpoint.h5")  # whole (load checks every array)
     assert saved.iteration >= 4 and saved.iteration % 2 == 0
     # Cut off, rank 0 ends by itself, so no write is left half done. Killed, mpiexec SIGKILLs rank 0 too, which may
-    # be in the middle of a checkpoint (one every 2 iterations): its temporary stays beside the whole checkpoint,
-    # and the next start removes it (tests/test_folder.py).
+    # be in the middle of a checkpoint (one every 2 iterations): its temporary stays beside the whole checkpoint
+    # until the next start claims the folder and removes it.
     assert len(integrity.stale_temporaries(run / "checkpoint.h5")) <= (0 if how == "cut off" else 1)
+    RunDir.claim(run, fresh=False).release()
+    assert not integrity.stale_temporaries(run / "checkpoint.h5")
 
 
 def test_a_host_whose_kernel_cache_is_on_a_full_disk_ends_the_job_in_one_line(work, cluster):
