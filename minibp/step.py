@@ -10,7 +10,8 @@ Eager: net.zero_grad(), then net.forward / net.backward for each sub-batch, then
 comes back to the host after every forward, so a loss that is not finite raises FloatingPointError
 at once (and leaves the running statistics as they were).
 
-Graph: on a GPU a step is thousands of kernel launches and array operations (bench/gpu.py counts
+Graph (not yet run on a GPU: CuPy 14 refuses cuBLAS calls during stream capture, so TrainStep refuses
+graph=True there with that reason until a capture works; graph_capture_refused asks): on a GPU a step is thousands of kernel launches and array operations (bench/gpu.py counts
 them), each costing the host microseconds while the device needs tens of
 milliseconds for the whole step's arithmetic. Every buffer of a step is already in the net's arena,
 at fixed addresses, so the step can be captured once as a CUDA graph and replayed:
@@ -36,9 +37,33 @@ differ from it by the order of the additions, and NCCL's sum keeps its own order
 anything is applied; a graph captures the NCCL calls with the rest (MPI cannot be captured: the CPU has
 no graphs anyway).
 """
+import functools
+
 import numpy as np
 
 from . import backend, checks
+
+
+@functools.lru_cache(maxsize=None)
+def graph_capture_refused():
+    """Why this CuPy cannot capture a step as a CUDA graph, or "" where it can. Every step multiplies matrices
+    through cuBLAS, and CuPy 14 refuses any cuBLAS call while a stream captures (NotImplementedError: seen on
+    an H200, docs/gpu.md), so a 2x2 product is captured once to ask."""
+    xp = backend.xp
+    stream, a = xp.cuda.Stream(non_blocking=True), xp.ones((2, 2), np.float32)
+    out, why = xp.empty_like(a), ""
+    with stream:
+        stream.begin_capture()
+        try:
+            xp.matmul(a, a, out=out)
+        except Exception as e:  # NotImplementedError from CuPy's cuBLAS wrapper, or a CUDA error
+            why = f"{type(e).__name__}: {e}"
+        finally:
+            try:
+                stream.end_capture()  # ends the capture even after a refused call, or the stream stays unusable
+            except Exception as e:
+                why = why or f"{type(e).__name__}: {e}"
+    return why
 
 
 class TrainStep:
@@ -52,6 +77,9 @@ class TrainStep:
         if self.graph and getattr(opt, "uses_iteration", False):  # AdamW's bias correction: the same
             raise ValueError(f"{type(opt).__name__} does not run in a CUDA graph yet (its bias correction changes "
                              f"every step): train without --graph")
+        if self.graph and graph_capture_refused():
+            raise ValueError(f"this CuPy cannot capture a training step as a CUDA graph ({graph_capture_refused()}): "
+                             "train without --graph")
         self.loss_scale = 1.0 / (self.split * (group.size if group else 1))
         self._last = (np.nan, np.nan)
         self._draws = None  # the first sub-batch's draw of the running step (run(iteration=...))
@@ -103,7 +131,14 @@ class TrainStep:
                 self._warm = True
             else:
                 self.stream.begin_capture()
-                self._body(self.images, self.labels, lr)
+                try:
+                    self._body(self.images, self.labels, lr)
+                except BaseException:  # a call the capture refused: end it, or the stream refuses all that follows
+                    try:
+                        self.stream.end_capture()
+                    except Exception:
+                        pass
+                    raise
                 self.graphs[lr] = self.stream.end_capture()
                 self.graphs[lr].launch(stream=self.stream)
 

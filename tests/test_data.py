@@ -6,6 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
+from conftest import host
 from minibp.io import data
 
 
@@ -311,10 +312,10 @@ def test_each_transform_alone_does_what_it_says(clean):
     mean = np.zeros(train.images.shape[1:], np.float32)
     plain = data.Batches(train, batch=6, mean=mean, augment=(), seed=0, shuffle=False).next()[0]
     flipped = data.Batches(train, batch=6, mean=mean, augment=("flip",), seed=0, shuffle=False).next()[0]
-    for a, b in zip(np.asarray(plain), np.asarray(flipped)):  # each image as it is or mirrored, nothing else
+    for a, b in zip(host(plain), host(flipped)):  # each image as it is or mirrored, nothing else
         assert np.array_equal(a, b) or np.array_equal(a[:, ::-1], b)
-    cropped = np.asarray(data.Batches(train, batch=6, mean=mean, augment=("crop",), seed=0, shuffle=False).next()[0])
-    assert not np.array_equal(cropped, np.asarray(plain))
-    both = [np.asarray(data.Batches(train, batch=6, mean=mean, augment=a, seed=3).next()[0])
+    cropped = host(data.Batches(train, batch=6, mean=mean, augment=("crop",), seed=0, shuffle=False).next()[0])
+    assert not np.array_equal(cropped, host(plain))
+    both = [host(data.Batches(train, batch=6, mean=mean, augment=a, seed=3).next()[0])
             for a in (True, ("crop", "flip"))]
     assert np.array_equal(*both)  # True is both transforms, drawn as before

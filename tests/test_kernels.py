@@ -107,6 +107,9 @@ def test_read_only_output_is_refused(quant_module):
 @pytest.mark.parametrize("grid,block", [((1,), (1,)), ((3,), (7,)), ((1,), (1000,)), ((4096,), (256,)),
                                         ((2, 3, 5), (2, 3, 4))])
 def test_any_launch_shape_gives_the_same_result(quant_module, grid, block):
+    if backend.device == "gpu" and np.prod(block) > kernels.BLOCK:  # minibp launches at most BLOCK threads a block
+        pytest.skip("over 256 threads a block: this kernel's registers do not fit 1000 threads on an H200 "
+                    "(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES), and minibp never launches more than 256")
     rng = np.random.default_rng(1)
     v = rng.standard_normal((333, 6)).astype(np.float32) * 2
     from minibp.quant import quantize_ref, window_ref

@@ -35,7 +35,7 @@ def test_im2col_and_col2im_equal_their_references_exactly(rng, case, dtype):
         dx = _rand(rng, x.shape, dtype)
         want = layers.col2im_ref(dcol, x.shape, k, k, s, conv.pad_top, conv.pad_left, conv.Ho, conv.Wo)
         if accumulate:
-            want = host(dx) + want
+            want = dx + want  # (dx: a host array)
         dx_device = device(dx)
         module.col2im(**geometry, accumulate=accumulate, col=device(dcol), dx=dx_device, threads=2 * H * W)
         np.testing.assert_allclose(host(dx_device), want, rtol=1e-6 if dtype == np.float32 else 1e-14,

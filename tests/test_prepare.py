@@ -99,7 +99,8 @@ def test_wrong_archive_is_refused(tmp_path):
 def write_idx(path, array, *, compress=True):
     header = bytes([0, 0, 8, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
     raw = header + array.astype(np.uint8).tobytes()
-    (gzip.open if compress else open)(path, "wb").write(raw)
+    with (gzip.open if compress else open)(path, "wb") as f:  # closed: an unclosed GzipFile can lose its tail
+        f.write(raw)
     return raw
 
 

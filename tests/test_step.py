@@ -7,7 +7,7 @@ import pytest
 from minibp import backend, train
 from minibp.run import checkpoint
 from minibp.optim import SGD, AdamW
-from minibp.step import TrainStep
+from minibp.step import TrainStep, graph_capture_refused
 from conftest import device, host
 from nets import tiny_resnet
 from runs import base_args, make_dataset
@@ -45,7 +45,14 @@ def test_an_eager_step_is_the_hand_written_loop(rng):
     assert results == ref_results
 
 
+def needs_graphs():
+    """Skips a test of graph replay where this CuPy cannot capture a step (graph_capture_refused says why)."""
+    if backend.device == "gpu" and graph_capture_refused():
+        pytest.skip(f"this CuPy cannot capture a step as a CUDA graph: {graph_capture_refused()}")
+
+
 def test_graph_mode_falls_back_to_eager_off_the_gpu(rng):
+    needs_graphs()
     data = batches(rng, 3, 4)
     finals = []
     for graph in (False, True):
@@ -57,6 +64,15 @@ def test_graph_mode_falls_back_to_eager_off_the_gpu(rng):
         finals.append((host(net.params).copy(), step.result()))
     if backend.device == "cpu":
         assert np.array_equal(finals[0][0], finals[1][0]) and finals[0][1] == finals[1][1]
+
+
+@pytest.mark.gpu
+def test_graph_mode_is_refused_in_one_line_where_this_cupy_cannot_capture_a_step():
+    if not graph_capture_refused():
+        pytest.skip("this CuPy captures a step: the graph tests run")
+    net, opt = net_and_opt()
+    with pytest.raises(ValueError, match=r"cannot capture a training step as a CUDA graph .*: train without --graph"):
+        TrainStep(net, opt, graph=True)
 
 
 def test_a_step_refuses_a_batch_of_the_wrong_size(rng):
@@ -75,6 +91,7 @@ def test_forward_without_sync_leaves_the_loss_on_the_device(rng):
 
 
 def test_the_trainer_with_graph_gives_the_same_run(tmp_path):
+    needs_graphs()
     make_dataset(tmp_path / "data")
     assert train.main(base_args(tmp_path, out="eager", iters=4, val_every=4)) == 0
     assert train.main(base_args(tmp_path, out="graph", iters=4, val_every=4) + ["--graph"]) == 0
@@ -87,6 +104,7 @@ def test_the_trainer_with_graph_gives_the_same_run(tmp_path):
 @pytest.mark.parametrize("split", [1, 2])
 def test_graph_replay_gives_the_losses_of_eager_execution(rng, split):
     """20 steps through one learning-rate change: the graph's losses are eager execution's, to rounding."""
+    needs_graphs()
     data = batches(rng, 20, 4 * split)
     losses = {}
     for graph in (False, True):
@@ -143,6 +161,7 @@ def test_adamw_runs_eagerly_only(rng):
 @pytest.mark.gpu
 def test_a_graph_replays_a_clipped_sgd_step(rng):
     """The norm is computed and read on the device, so a captured step clips as eager execution does."""
+    needs_graphs()
     data = batches(rng, 6, 4)
     results = {}
     for graph in (False, True):
