@@ -9,8 +9,10 @@ current stream. The GEMM path (conv.GemmPath) stays the reference: the GPU tests
 A net's convs come here through conv.ConvPath (Net.compile(conv="cudnn")), which calls the functions at the
 end of this file and gives each conv with graphs a CudnnPath.
 
-Status: the graph descriptions are built and checked on the CPU in CI (tests/test_cudnn.py); building
-plans and executing them needs a GPU and has not yet run (docs/gpu.md).
+Status: the graph descriptions are built and checked on the CPU in CI (tests/test_cudnn.py). On an H200
+(docs/gpu.md) the plans built and ran, and a step's memory was its plan; but the 4-bit gradients of a
+small net differed from the GEMM path's by 12.5% (tests/test_gpu.py), not yet explained: GEMM stays the
+default.
 
     graphs = ConvGraphs(conv, batch=128)      # descriptions only: no device needed
     graphs.build(handle)                      # on the GPU: plans, and graphs.workspace_bytes
