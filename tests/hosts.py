@@ -66,16 +66,35 @@ def without_timing(records):
     return [{k: v for k, v in r.items() if k not in ("images_per_s", "time")} for r in records]
 
 
-def rank_pid(tag, rank):
-    """The pid of the rank of the run started with MINIBP_TEST_TAG=tag (MPICH tells it its rank as PMI_RANK)."""
-    wanted = {f"MINIBP_TEST_TAG={tag}".encode(), f"PMI_RANK={rank}".encode()}
+def tagged_pids(tag, rank=None):
+    """The pids of the processes of the run started with MINIBP_TEST_TAG=tag, or of its rank `rank` alone
+    (MPICH tells each its rank as PMI_RANK). A zombie has no environment left: it no longer counts."""
+    wanted = {f"MINIBP_TEST_TAG={tag}".encode()} | ({f"PMI_RANK={rank}".encode()} if rank is not None else set())
+    pids = []
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and wanted <= set((entry / "environ").read_bytes().split(b"\0")):
-                return int(entry.name)
+                pids.append(int(entry.name))
         except OSError:  # gone, or not ours
             continue
-    raise AssertionError(f"no rank {rank} with tag {tag}")
+    return pids
+
+
+def rank_pid(tag, rank):
+    """The pid of the rank of the run started with MINIBP_TEST_TAG=tag."""
+    pids = tagged_pids(tag, rank)
+    if not pids:
+        raise AssertionError(f"no rank {rank} with tag {tag}")
+    return pids[0]
+
+
+def wait_for_rank_to_exit(tag, rank, *, timeout=30):
+    """Wait until rank `rank` of the run tagged `tag` is gone: mpiexec can return once it has sent its SIGKILLs,
+    while rank 0, still exiting, holds the run folder's lock."""
+    deadline = time.time() + timeout
+    while tagged_pids(tag, rank):
+        assert time.time() < deadline, f"rank {rank} of run {tag} still alive after {timeout} s"
+        time.sleep(0.05)
 
 
 # ----------------------------------------------------------------------------- simulated hosts

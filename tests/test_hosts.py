@@ -183,6 +183,7 @@ def test_a_host_that_fails_mid_run_ends_the_job_and_keeps_the_checkpoint(cluster
     # be in the middle of a checkpoint (one every 2 iterations): its temporary stays beside the whole checkpoint
     # until the next start claims the folder and removes it.
     assert len(integrity.stale_temporaries(run / "checkpoint.h5")) <= (0 if how == "cut off" else 1)
+    hosts.wait_for_rank_to_exit(tag, 0)  # the next start would refuse the folder while a dying rank 0 holds it
     RunDir.claim(run, fresh=False).release()
     assert not integrity.stale_temporaries(run / "checkpoint.h5")
 
