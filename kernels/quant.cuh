@@ -22,7 +22,9 @@
 //     BELOW_WEIGHT: why); zero may fall outside the codes when the whole channel has one sign (shift <= 0:
 //     every mask 1; shift >= K: every mask 0). The block window is the range window of each block of 256
 //     rows (bn.cu's windows), its clip BLOCK_CLIP.
-// All float32 arithmetic that CPU, GPU and NumPy round alike (no FMA contraction, no fast math).
+// All float32 arithmetic that CPU, GPU and NumPy round alike (no FMA contraction, no fast math). One
+// difference stays: CuPy compiles every kernel with -ftz=true, so the GPU flushes subnormal results to zero;
+// quant_floor keeps the one place where that would change a code (seen on an H200: docs/gpu.md).
 //
 // A row of C channels (C a multiple of 8/k) packs into C*k/8 bytes, 8/k codes a byte, the row's first
 // element in the most significant bits. Rows are decoded through the codes as numbers in a scratch row
@@ -45,6 +47,14 @@ __device__ __forceinline__ float clampf(float x, float lo, float hi) {
 }
 
 // ----------------------------------------------------------------------------- a channel's window
+
+// floor(x) of x = u * scale (plus a draw r = 0), negative exactly when u is. A subnormal x (a tiny u over a wide
+// window) flushed to -0 on the GPU would floor to 0, across zero's bin edge, flipping the mask; a negative
+// x floors to -1 or below, so that is said outright. Elsewhere (the CPU, NumPy) it changes nothing.
+__device__ __forceinline__ float quant_floor(float x, bool negative) {
+    const float f = floorf(x);
+    return negative && f > -1.0f ? -1.0f : f;
+}
 
 __device__ __forceinline__ void quant_window_fixed(float b, int bits, float* shift, float* below, float* above) {
     const float K = (float)(1 << bits);
@@ -92,7 +102,7 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
     *below = wb;
     *above = wa;
     const float scale = 1.0f / wb;  // one sign: wb = wa
-    *shift = !one_sign ? j_best : u_lo >= 0.0f ? -floorf(u_lo * scale) : K - 1.0f - floorf(u_hi * scale);
+    *shift = !one_sign ? j_best : u_lo >= 0.0f ? -floorf(u_lo * scale) : K - 1.0f - quant_floor(u_hi * scale, true);
 }
 
 // ----------------------------------------------------------------------------- one value
@@ -102,7 +112,8 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
 // values a channel; a GPU thread divides per value, the CPU once per channel of a wide row (bn.cu).
 __device__ __forceinline__ float quant_code(float v, float shift, float scale_below, float scale_above, int bits) {
     const float u = v - MASK_THRESHOLD;
-    return clampf(floorf(u * (u < 0.0f ? scale_below : scale_above)) + shift, 0.0f, (float)((1 << bits) - 1));
+    return clampf(quant_floor(u * (u < 0.0f ? scale_below : scale_above), u < 0.0f) + shift, 0.0f,
+                  (float)((1 << bits) - 1));
 }
 
 // ----------------------------------------------------------------------------- stochastic rounding
@@ -139,7 +150,8 @@ __device__ __forceinline__ float quant_code_stochastic(float v, float shift, flo
                                                        int bits, float r) {
     const float u = v - MASK_THRESHOLD;
     const bool negative = u < 0.0f;
-    const float d = floorf(u * (negative ? scale_below : scale_above) + r) - (negative ? 1.0f : 0.0f);
+    const float d = quant_floor(u * (negative ? scale_below : scale_above) + r, negative && r == 0.0f) -
+                    (negative ? 1.0f : 0.0f);
     return clampf(d + shift, 0.0f, (float)((1 << bits) - 1));
 }
 

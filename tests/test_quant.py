@@ -1,8 +1,15 @@
 """The k-bit store: kernels byte-identical to the NumPy reference, and the properties minibp/quant.py states."""
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from minibp import quant
+from minibp import backend, quant
 import quant_kernels
 from conftest import device, host
 
@@ -57,6 +64,14 @@ def test_codes_byte_identical_to_reference_on_random_data(rng, bits, kind):
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("b_value", [0.0, 1.0, -1.0, 2.9, -2.9, 5.0, -5.0, 1e-30, 1e8, -1e8, 1e30, -1e30])
 def test_codes_byte_identical_on_hard_cases(bits, b_value, kind):
+    assert np.array_equal(*_codes(*_hard_case(bits, b_value, kind), bits, kind))
+
+
+HARD_B = [0.0, 1.0, -1.0, 2.9, -2.9, 5.0, -5.0, 1e-30, 1e8, -1e8, 1e30, -1e30]
+
+
+def _hard_case(bits, b_value, kind):
+    """(v, b): the edge values and the same plus b_value, a row per byte's worth of channels."""
     per_byte = 8 // bits
     values = _edge_values(bits)
     values = np.concatenate([values, values + np.float32(b_value)])
@@ -66,7 +81,52 @@ def test_codes_byte_identical_on_hard_cases(bits, b_value, kind):
     b = np.full(channels, b_value, np.float32)
     if kind == "range":
         v = v[np.all(np.abs(v) < 1e37, axis=1)]  # the range window of +-3e38 overflows: the net has diverged
-    assert np.array_equal(*_codes(v, b, bits, kind))
+    return v, b
+
+
+FLUSHED = """
+import ctypes, json, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+import quant_kernels, test_quant
+from minibp import quant
+flush = ctypes.CDLL({library!r}).flush_subnormals
+wrong = []
+for kind in test_quant.KINDS:
+    for bits in test_quant.BITS:
+        for b_value in test_quant.HARD_B:
+            v, b = test_quant._hard_case(bits, b_value, kind)
+            lo, hi = v.min(axis=0), v.max(axis=0)
+            ref = quant.window_ref(b, bits=bits, kind=kind, lo=lo, hi=hi)
+            want = quant.quantize_ref(v, ref, bits=bits)      # NumPy, subnormals kept
+            flush(1)
+            table = quant_kernels.window(b, bits=bits, kind=kind, v=v)
+            codes = quant_kernels.quantize(v, ref, bits=bits)  # the kernels, subnormals flushed as on the GPU
+            flush(0)
+            if not (np.array_equal(table, ref, equal_nan=True) and np.array_equal(codes, want)):
+                wrong.append([kind, bits, b_value])
+print(json.dumps(wrong))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="sets x86's MXCSR")
+def test_codes_stay_byte_identical_when_subnormals_flush_to_zero_as_on_the_gpu(tmp_path):
+    """CuPy compiles every kernel with -ftz=true. On an H200 that moved codes of the range window near b = -1e30
+    (a tiny negative u over a wide window floored as zero): here the CPU kernels run with x86's flush-to-zero
+    and denormals-are-zero on (one thread, so no OpenMP worker keeps the old setting) against NumPy's codes."""
+    if backend.device != "cpu":
+        pytest.skip("on a GPU the hard cases above run flushed already")
+    source = tmp_path / "flush.c"
+    source.write_text("#include <xmmintrin.h>\nvoid flush_subnormals(int on) { unsigned m = _mm_getcsr() & ~0x8040u; "
+                      "_mm_setcsr(on ? m | 0x8040u : m); }\n")  # FTZ (bit 15) and DAZ (bit 6)
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", str(source), "-o", str(tmp_path / "flush.so")],
+                   check=True)
+    code = FLUSHED.format(tests=str(Path(__file__).resolve().parent), library=str(tmp_path / "flush.so"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", MINIBP_DEVICE="cpu"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
 
