@@ -5,6 +5,8 @@
 #   tests    the suite on CuPy in 14 processes (pytest-xdist), less test_hosts.py (it needs network
 #            namespaces): tests/test_gpu.py (GPU vs CPU losses, cuDNN vs GEMM, no host synchronisation,
 #            the pool against the plan), test_step.py (graph vs eager) and every kernel and layer on CuPy
+#   cudnn    cuDNN against GEMM gradients twice: as is, and with TF32 off (NVIDIA_TF32_OVERRIDE=0), to
+#            tell whether TF32 is why they differed on the first H200 (docs/gpu.md)
 #   bench    bench/gpu.py: ResNet-164 and ResNet-1001 at batch 128, exact/8/4, eager and graph
 #            ($STEPS), GEMM convolutions, PyTorch's exact step beside them; ResNet-164 with cuDNN's
 # Each part has its own time limit and goes on after a failure; logs go to ${OUT:-bench/results}/
@@ -20,7 +22,7 @@ cd "$(dirname "$0")/.."
 results=${OUT:-bench/results}
 mkdir -p "$results"
 log="$results/gpu_check.log"
-parts=${*:-smoke tests bench}
+parts=${*:-smoke cudnn tests bench}
 export MINIBP_DEVICE=gpu PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:${PYTHONPATH:-}"
 # The GPU machines run commands as root, which OpenMPI's mpirun refuses unless told (the MPI tests start it).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -59,12 +61,19 @@ EOF
 }
 tests() {
     echo "== tests on the GPU (log: gpu_tests.log)"
-    FAILURES_LOG="$results/gpu_failures.log" PYTHONPATH="$PYTHONPATH:$PWD/bench" timeout ${TESTS_SECONDS:-280} \
+    FAILURES_LOG="$results/gpu_failures.log" PYTHONPATH="$PYTHONPATH:$PWD/bench" timeout ${TESTS_SECONDS:-240} \
         python3 -m pytest -q -p no:cacheprovider -p pytest_failures -n 14 --dist loadfile --timeout 150 -rfE \
         tests --ignore=tests/test_hosts.py > "$results/gpu_tests.log" 2>&1
     echo "== tests exit $?"
     grep -E "^(FAILED|ERROR)|passed|failed" "$results/gpu_tests.log" | tail -5
     grep "^==== " "$results/gpu_failures.log" 2>/dev/null | sed 's/^==== //' | cut -c1-150
+}
+cudnn() {
+    for tf32 in "" 0; do
+        echo "== cuDNN against GEMM, NVIDIA_TF32_OVERRIDE=${tf32:-unset}"
+        env ${tf32:+NVIDIA_TF32_OVERRIDE=$tf32} timeout 120 python3 -m pytest -q -p no:cacheprovider \
+            tests/test_gpu.py::test_cudnn_and_gemm_convolutions_agree 2>&1 | grep -E "^E |passed|failed" | head -5
+    done
 }
 bench() {
     echo "== bench/gpu.py (GEMM convolutions; eager and graph)"
@@ -78,6 +87,6 @@ bench() {
     echo "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
     echo "== parts: $parts; $(python3 --version); $(nproc) cores"
     for name in $parts; do
-        case $name in smoke|tests|bench) $name ;; *) echo "no part $name (smoke, tests, bench)" ;; esac
+        case $name in smoke|cudnn|tests|bench) $name ;; *) echo "no part $name (smoke, cudnn, tests, bench)" ;; esac
     done
 } 2>&1 | tee -a "$log"
