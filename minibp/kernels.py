@@ -59,9 +59,26 @@ class Param:
                               f"({', '.join(_C_TYPES)})")
         self.dtype = np.dtype(real_dtype if base == "real_t" else _C_TYPES[base])
         self.c_text = text.strip()
+        # what the checks of every launch compare with, taken once: a launch is thousands a step, each
+        # checking a dozen arguments, and on a GPU the host's time is what the step waits for
+        self._scalar = self.dtype.type
+        self._range = (int(np.iinfo(self.dtype).min), int(np.iinfo(self.dtype).max)) if self.dtype.kind in "iu" else None
 
     def convert(self, kernel_name, value):
         """Check one argument and return what the launcher takes for it."""
+        # the common cases, checked as below but without building a message
+        if self.is_pointer:
+            if (isinstance(value, backend.xp.ndarray) and value.dtype == self.dtype and value.flags.c_contiguous
+                    and (self.is_const or backend.device != "cpu" or value.flags.writeable)):
+                return value
+        elif type(value) is int and self._range is not None:
+            if self._range[0] <= value <= self._range[1]:
+                return self._scalar(value)
+        elif type(value) is float and self._range is None:
+            return self._scalar(value)
+        return self._convert_or_explain(kernel_name, value)
+
+    def _convert_or_explain(self, kernel_name, value):
         where = f"{kernel_name}() argument {self.name!r}"
         if self.is_pointer:
             if value is None:  # a null pointer: the kernels treat it as "not wanted"
@@ -82,10 +99,9 @@ class Param:
         if self.dtype.kind in "iu":
             if not float(value).is_integer():
                 raise ValueError(f"{where}: expected an integer, got {value!r}")
-            info = np.iinfo(self.dtype)
-            if not info.min <= int(value) <= info.max:
+            if not self._range[0] <= int(value) <= self._range[1]:
                 raise ValueError(f"{where}: {value} does not fit {self.dtype}")
-        return self.dtype.type(value)
+        return self._scalar(value)
 
 
 class Kernel:
@@ -93,13 +109,14 @@ class Kernel:
 
     def __init__(self, name, params, launch_fn):
         self.name, self.params, self._launch = name, params, launch_fn
+        self._names = frozenset(p.name for p in params)
 
     def __call__(self, *args, threads=None, grid=None, block=None, **arguments):
-        names = [p.name for p in self.params]
-        if args:
-            raise TypeError(f"{self.name}(): pass the kernel's arguments by name ({', '.join(names)})")
-        missing, unknown = [n for n in names if n not in arguments], [n for n in arguments if n not in names]
-        if missing or unknown:
+        if args or arguments.keys() != self._names:
+            names = [p.name for p in self.params]
+            if args:
+                raise TypeError(f"{self.name}(): pass the kernel's arguments by name ({', '.join(names)})")
+            missing, unknown = [n for n in names if n not in arguments], [n for n in arguments if n not in names]
             raise ValueError(f"{self.name}() takes {', '.join(names)}" + (f"; missing {', '.join(missing)}" if missing
                              else "") + (f"; no parameter {', '.join(unknown)}" if unknown else ""))
         converted = [p.convert(self.name, arguments[p.name]) for p in self.params]
