@@ -68,9 +68,13 @@ class Param:
         """Check one argument and return what the launcher takes for it."""
         # the common cases, checked as below but without building a message
         if self.is_pointer:
+            if value is None:  # a null pointer: the kernels treat it as "not wanted"
+                return None
             if (isinstance(value, backend.xp.ndarray) and value.dtype == self.dtype and value.flags.c_contiguous
                     and (self.is_const or backend.device != "cpu" or value.flags.writeable)):
                 return value
+        elif type(value) is bool and self._range is not None:  # a flag: the kernels take C ints for them
+            return self._scalar(int(value))
         elif type(value) is int and self._range is not None:
             if self._range[0] <= value <= self._range[1]:
                 return self._scalar(value)
@@ -81,8 +85,6 @@ class Param:
     def _convert_or_explain(self, kernel_name, value):
         where = f"{kernel_name}() argument {self.name!r}"
         if self.is_pointer:
-            if value is None:  # a null pointer: the kernels treat it as "not wanted"
-                return None
             if not backend.is_device_array(value):
                 raise ValueError(f"{where}: expected a {backend.xp.__name__} array, got {type(value).__name__}")
             if value.dtype != self.dtype:

@@ -15,6 +15,8 @@ backward(dy, dx, step) reads dy = dL/dout, accumulates its parameter gradients (
 dx = dL/dx (dx None: not wanted). `step` carries the batch size, the mode, and views of the shared
 buffers (Step.shared).
 """
+import math
+
 import numpy as np
 
 from . import backend, layers, quant
@@ -256,4 +258,4 @@ class Step:
     def shared(self, name, shape=None):
         """A net buffer: whole and flat, or its first n*prod(shape) elements as (n,) + shape."""
         flat = self.net.arena[name].reshape(-1)
-        return flat if shape is None else flat[: self.n * int(np.prod(shape))].reshape((self.n,) + tuple(shape))
+        return flat if shape is None else flat[: self.n * math.prod(shape)].reshape((self.n,) + tuple(shape))
