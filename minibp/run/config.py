@@ -220,8 +220,8 @@ class RunConfig:
                          help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
     graph: bool = _option(False, kind=CHANGEABLE, group=STORE, type=bool, check=lambda v: isinstance(v, bool),
                           must_be="true or false", before=False,
-                          help="replay each training step as one CUDA graph (GPU; default off; on the CPU steps "
-                               "run eagerly)")
+                          help="replay each training step as one CUDA graph (GPU, where CuPy can capture cuBLAS "
+                               "calls, which CuPy 14 cannot; default off; on the CPU steps run eagerly)")
     # schedule
     iters: int = _option(64000, kind=CHANGEABLE, group=SCHEDULE, type=int, metavar="N", check=_whole(1),
                          must_be=POSITIVE, help="iterations in all (default 64000; 640000 on imagenet)")
