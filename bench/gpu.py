@@ -8,7 +8,10 @@ within the paper's 11 GiB and within this GPU's memory.
     MINIBP_DEVICE=gpu python bench/gpu.py --steps eager --pytorch  # and PyTorch's exact step beside it
 
 A configuration that fails (a graph capture CuPy refuses, say) prints its one-line reason and the rest
-go on. "device" is what CuPy's pool holds after the timed steps less what it held before the net was
+go on. "bwd host" and "bwd device" time one eager backward pass and SGD step, which never wait for the
+device: the host's time to queue them, and the device's to run them (CUDA events). Nearly equal, the
+device waited for the host (the step is host-bound); the host's far below, the kernels are the cost.
+--profile N prints the N functions with the most host time in one eager step of the last store (cProfile). "device" is what CuPy's pool holds after the timed steps less what it held before the net was
 built: the pool keeps every block it has handed out, so this is the step's high-water mark. --pytorch
 runs PyTorch's exact step (float32, cuDNN, bench/versus_pytorch.py's net) in a child process on the same
 GPU after minibp's rows: time a step (CUDA events, median) and torch.cuda.max_memory_allocated.
@@ -16,8 +19,10 @@ GPU after minibp's rows: time a step (CUDA events, median) and torch.cuda.max_me
 bench/gpu_check.sh runs it; README, "GPU", says what has run.
 """
 import argparse
+import cProfile
 import gc
 import json
+import pstats
 import statistics
 import subprocess
 import sys
@@ -97,7 +102,8 @@ def pytorch_row(model, batch, rounds):
 
 
 def measure(model, bits, graph, images, labels, args, cupy, pool, before):
-    """(median s, min s, kernels a step, first step s, plan bytes, device bytes, loss, conv TFLOP/s)."""
+    """(median s, min s, kernels a step, first step s, plan bytes, device bytes, loss, conv TFLOP/s, backward
+    host s, backward device s)."""
     net = models.by_name(model).compile(batch=args.batch, bits=bits, seed=0, conv=args.conv)
     step = TrainStep(net, SGD(net), graph=graph)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -119,8 +125,28 @@ def measure(model, bits, graph, images, labels, args, cupy, pool, before):
     loss, _ = step.result()
     used = pool.total_bytes() - before + (step.pool.total_bytes() if graph else 0)
     median = statistics.median(times)
+    host = device = float("nan")
+    if not graph:  # the forward pass ends in a host read of the loss; backward and SGD queue without one
+        net.zero_grad()
+        net.forward(images, labels)
+        start.record()
+        host = time.perf_counter()
+        net.backward()
+        step.opt.step(lr=0.01)
+        host = time.perf_counter() - host
+        end.record()
+        end.synchronize()
+        device = cupy.cuda.get_elapsed_time(start, end) / 1e3
+    if args.profile and not graph and bits == args.stores.split(",")[-1]:
+        profile = cProfile.Profile()
+        profile.enable()
+        step.run(images, labels, lr=0.01)
+        step.result()
+        profile.disable()
+        print(f"host time of one eager {bits} step, by function (cProfile):")
+        pstats.Stats(profile, stream=sys.stdout).sort_stats("tottime").print_stats(args.profile)
     return (median, min(times), launches, first, net.arena.plan.allocation_bytes, used, loss,
-            conv_flops(net, args.batch) / median / 1e12)
+            conv_flops(net, args.batch) / median / 1e12, host, device)
 
 
 def main(argv=None):
@@ -133,6 +159,8 @@ def main(argv=None):
     parser.add_argument("--budget", default="11GiB", help="for the largest batch per store (the paper's GPU)")
     parser.add_argument("--steps", default="eager,graph", help="eager, graph or both")
     parser.add_argument("--pytorch", action="store_true", help="PyTorch's exact step beside minibp's")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="the N functions with the most host time in one eager step (cProfile)")
     args = parser.parse_args(argv)
     if backend.device != "gpu":
         print("bench/gpu.py needs a GPU: run it with MINIBP_DEVICE=gpu on a machine with one", file=sys.stderr)
@@ -148,7 +176,8 @@ def main(argv=None):
         labels = rng.integers(0, 10, args.batch)
         print(f"\n{model}, batch {args.batch}, conv {args.conv}, {args.rounds} rounds, {time.strftime('%Y-%m-%d')}")
         print(f"{'bits':>5} {'step':>6} {'median ms':>9} {'min ms':>7} {'kernels':>8} {'first s':>7} "
-              f"{'conv TFLOP/s':>12} {'plan':>10} {'device':>10} {'loss':>7}", flush=True)
+              f"{'conv TFLOP/s':>12} {'plan':>10} {'device':>10} {'loss':>7} {'bwd host ms':>11} {'bwd device ms':>13}",
+              flush=True)
         rows = []
         for bits in stores:
             for graph in [mode == "graph" for mode in args.steps.split(",")]:
@@ -165,10 +194,10 @@ def main(argv=None):
                     gc.collect()  # the net and step of this configuration, before the next is built
                     pool.free_all_blocks()
                 rows.append((bits, graph) + row)
-                median, fastest, launches, first, plan, used, loss, tflops = row
+                median, fastest, launches, first, plan, used, loss, tflops, host, device = row
                 print(f"{bits:>5} {kind:>6} {median * 1e3:9.1f} {fastest * 1e3:7.1f} "
                       f"{launches if not graph else 1:>8} {first:7.2f} {tflops:12.2f} {format_bytes(plan):>10} "
-                      f"{format_bytes(used):>10} {loss:7.4f}", flush=True)
+                      f"{format_bytes(used):>10} {loss:7.4f} {host * 1e3:11.1f} {device * 1e3:13.1f}", flush=True)
         if args.pytorch:
             torch_row = pytorch_row(model, args.batch, args.rounds)
             if torch_row:

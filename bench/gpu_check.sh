@@ -77,7 +77,7 @@ cudnn() {
 }
 bench() {
     echo "== bench/gpu.py (GEMM convolutions; eager and graph)"
-    timeout ${BENCH_SECONDS:-150} python3 bench/gpu.py --rounds 3 --stores ${STORES:-exact,8,4} --steps ${STEPS:-eager,graph} --pytorch
+    timeout ${BENCH_SECONDS:-150} python3 bench/gpu.py --rounds 3 --stores ${STORES:-exact,8,4} --steps ${STEPS:-eager,graph} --pytorch --profile 15
     echo "== bench exit $?"
     echo "== bench/gpu.py (cuDNN convolutions)"
     timeout 60 python3 bench/gpu.py --rounds 3 --models resnet164 --conv cudnn --steps ${STEPS:-eager,graph}
