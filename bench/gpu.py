@@ -14,7 +14,8 @@ device waited for the host (the step is host-bound); the host's far below, the k
 --profile N prints the N functions with the most host time in one eager step of the last store (cProfile). "device" is what CuPy's pool holds after the timed steps less what it held before the net was
 built: the pool keeps every block it has handed out, so this is the step's high-water mark. --pytorch
 runs PyTorch's exact step (float32, cuDNN, bench/versus_pytorch.py's net) in a child process on the same
-GPU after minibp's rows: time a step (CUDA events, median) and torch.cuda.max_memory_allocated.
+GPU after minibp's rows, with TF32 allowed (PyTorch's default for cuDNN) and off: time a step (CUDA
+events, median) and torch.cuda.max_memory_allocated.
 
 bench/gpu_check.sh runs it; README, "GPU", says what has run.
 """
@@ -66,6 +67,7 @@ sys.path.insert(0, {bench!r})
 from versus_pytorch import torch_resnet
 depth, batch, rounds = {depth}, {batch}, {rounds}
 torch.manual_seed(0); torch.backends.cudnn.benchmark = True
+torch.backends.cudnn.allow_tf32 = {tf32}  # matmul keeps its default: float32
 model = torch_resnet(torch, depth, 10).cuda()
 decayed = [p for p in model.parameters() if p.ndim > 1]; rest = [p for p in model.parameters() if p.ndim <= 1]
 opt = torch.optim.SGD([dict(params=decayed, weight_decay=2e-4), dict(params=rest, weight_decay=0.0)], lr=0.01,
@@ -90,9 +92,9 @@ print(json.dumps(dict(median=statistics.median(times), min=min(times), peak=torc
 """
 
 
-def pytorch_row(model, batch, rounds):
+def pytorch_row(model, batch, rounds, *, tf32):
     """PyTorch's exact step on this GPU, in a child process: {median, min, peak, loss, torch} or None."""
-    code = PYTORCH_STEP.format(bench=str(Path(__file__).resolve().parent), depth=models.depth_of(model),
+    code = PYTORCH_STEP.format(bench=str(Path(__file__).resolve().parent), depth=models.depth_of(model), tf32=tf32,
                                batch=batch, rounds=rounds)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
@@ -199,11 +201,14 @@ def main(argv=None):
                       f"{launches if not graph else 1:>8} {first:7.2f} {tflops:12.2f} {format_bytes(plan):>10} "
                       f"{format_bytes(used):>10} {loss:7.4f} {host * 1e3:11.1f} {device * 1e3:13.1f}", flush=True)
         if args.pytorch:
-            torch_row = pytorch_row(model, args.batch, args.rounds)
-            if torch_row:
-                print(f"PyTorch {torch_row['torch']} exact (float32, cuDNN): median {torch_row['median'] * 1e3:.1f} ms, "
-                      f"min {torch_row['min'] * 1e3:.1f} ms, peak {format_bytes(torch_row['peak'])}, "
-                      f"{args.batch / torch_row['median']:.0f} images/s, loss {torch_row['loss']:.4f}")
+            for tf32 in (True, False):  # PyTorch's default lets cuDNN round float32 inputs to TF32; minibp's GEMMs do not
+                torch_row = pytorch_row(model, args.batch, args.rounds, tf32=tf32)
+                if not torch_row:
+                    continue
+                print(f"PyTorch {torch_row['torch']} exact (float32, cuDNN, TF32 {'allowed' if tf32 else 'off'}): "
+                      f"median {torch_row['median'] * 1e3:.1f} ms, min {torch_row['min'] * 1e3:.1f} ms, peak "
+                      f"{format_bytes(torch_row['peak'])}, {args.batch / torch_row['median']:.0f} images/s, "
+                      f"loss {torch_row['loss']:.4f}")
                 for bits, graph, *row in rows:
                     print(f"  minibp {bits} {'graph' if graph else 'eager'}: time x{row[0] / torch_row['median']:.2f}, "
                           f"memory x{row[5] / torch_row['peak']:.3f} of PyTorch's, {args.batch / row[0]:.0f} images/s")
