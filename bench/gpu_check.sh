@@ -61,7 +61,7 @@ EOF
 }
 tests() {
     echo "== tests on the GPU (log: gpu_tests.log)"
-    FAILURES_LOG="$results/gpu_failures.log" PYTHONPATH="$PYTHONPATH:$PWD/bench" timeout ${TESTS_SECONDS:-240} \
+    FAILURES_LOG="$results/gpu_failures.log" PYTHONPATH="$PYTHONPATH:$PWD/bench" timeout ${TESTS_SECONDS:-220} \
         python3 -m pytest -q -p no:cacheprovider -p pytest_failures -n 14 --dist loadfile --timeout 150 -rfE \
         tests --ignore=tests/test_hosts.py > "$results/gpu_tests.log" 2>&1
     echo "== tests exit $?"
@@ -77,7 +77,7 @@ cudnn() {
 }
 bench() {
     echo "== bench/gpu.py (GEMM convolutions; eager and graph)"
-    timeout ${BENCH_SECONDS:-150} python3 bench/gpu.py --rounds 3 --stores ${STORES:-exact,8,4} --steps ${STEPS:-eager,graph} --pytorch --profile 15
+    timeout ${BENCH_SECONDS:-180} python3 bench/gpu.py --rounds 3 --stores ${STORES:-exact,8,4} --steps ${STEPS:-eager,graph} --pytorch --profile 15
     echo "== bench exit $?"
     echo "== bench/gpu.py (cuDNN convolutions)"
     timeout 60 python3 bench/gpu.py --rounds 3 --models resnet164 --conv cudnn --steps ${STEPS:-eager,graph}
