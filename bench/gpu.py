@@ -8,11 +8,12 @@ within the paper's 11 GiB and within this GPU's memory.
     MINIBP_DEVICE=gpu python bench/gpu.py --steps eager --pytorch  # and PyTorch's exact step beside it
 
 A configuration that fails (a graph capture CuPy refuses, say) prints its one-line reason and the rest
-go on. "bwd host" and "bwd device" time one eager backward pass and SGD step, which never wait for the
-device: the host's time to queue them, and the device's to run them (CUDA events). Nearly equal, the
-device waited for the host (the step is host-bound); the host's far below, the kernels are the cost.
---profile N prints the N functions with the most host time in one eager step of the last store (cProfile). "device" is what CuPy's pool holds after the timed steps less what it held before the net was
-built: the pool keeps every block it has handed out, so this is the step's high-water mark. --pytorch
+go on. "device" is what CuPy's pool holds after the timed steps less what it held before the net was
+built: the pool keeps every block it has handed out, so this is the step's high-water mark. "bwd host"
+and "bwd device" time one eager backward pass and SGD step, which never wait for the device: the host's
+time to queue them, and the device's to run them (CUDA events). Nearly equal, the device waited for the
+host (the step is host-bound); the host's far below, the kernels are the cost. --profile N prints the N
+functions with the most host time in one eager step of the last store (cProfile). --pytorch
 runs PyTorch's exact step (float32, cuDNN, bench/versus_pytorch.py's net) in a child process on the same
 GPU after minibp's rows, with TF32 allowed (PyTorch's default for cuDNN) and off: time a step (CUDA
 events, median) and torch.cuda.max_memory_allocated.
@@ -201,7 +202,7 @@ def main(argv=None):
                       f"{launches if not graph else 1:>8} {first:7.2f} {tflops:12.2f} {format_bytes(plan):>10} "
                       f"{format_bytes(used):>10} {loss:7.4f} {host * 1e3:11.1f} {device * 1e3:13.1f}", flush=True)
         if args.pytorch:
-            for tf32 in (True, False):  # PyTorch's default lets cuDNN round float32 inputs to TF32; minibp's GEMMs do not
+            for tf32 in (True, False):  # PyTorch's default lets cuDNN use TF32; minibp's GEMMs are float32
                 torch_row = pytorch_row(model, args.batch, args.rounds, tf32=tf32)
                 if not torch_row:
                     continue

@@ -48,9 +48,10 @@ __device__ __forceinline__ float clampf(float x, float lo, float hi) {
 
 // ----------------------------------------------------------------------------- a channel's window
 
-// floor(x) of x = u * scale (plus a draw r = 0), negative exactly when u is. A subnormal x (a tiny u over a wide
-// window) flushed to -0 on the GPU would floor to 0, across zero's bin edge, flipping the mask; a negative
-// x floors to -1 or below, so that is said outright. Elsewhere (the CPU, NumPy) it changes nothing.
+// floor(x) of a product x = u * scale (or of u * scale + r with a draw r = 0), negative exactly when u is.
+// A subnormal x (a tiny u over a wide window), flushed to -0 on the GPU, would floor to 0, across zero's bin
+// edge, flipping the mask; a negative x floors to -1 or below, so that is said outright. Where subnormals
+// are kept (the CPU, NumPy) it changes nothing.
 __device__ __forceinline__ float quant_floor(float x, bool negative) {
     const float f = floorf(x);
     return negative && f > -1.0f ? -1.0f : f;

@@ -62,7 +62,8 @@ class Param:
         # what the checks of every launch compare with, taken once: a launch is thousands a step, each
         # checking a dozen arguments, and on a GPU the host's time is what the step waits for
         self._scalar = self.dtype.type
-        self._range = (int(np.iinfo(self.dtype).min), int(np.iinfo(self.dtype).max)) if self.dtype.kind in "iu" else None
+        info = np.iinfo(self.dtype) if self.dtype.kind in "iu" else None
+        self._range = (int(info.min), int(info.max)) if info is not None else None
 
     def convert(self, kernel_name, value):
         """Check one argument and return what the launcher takes for it."""

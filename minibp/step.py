@@ -11,10 +11,11 @@ comes back to the host after every forward, so a loss that is not finite raises 
 at once (and leaves the running statistics as they were).
 
 Graph (not yet run on a GPU: CuPy 14 refuses cuBLAS calls during stream capture, so TrainStep refuses
-graph=True there with that reason until a capture works; graph_capture_refused asks): on a GPU a step is thousands of kernel launches and array operations (bench/gpu.py counts
-them), each costing the host microseconds while the device needs tens of
-milliseconds for the whole step's arithmetic. Every buffer of a step is already in the net's arena,
-at fixed addresses, so the step can be captured once as a CUDA graph and replayed:
+graph=True there with that reason until a capture works; graph_capture_refused asks): on a GPU a step is
+thousands of kernel launches and array operations (bench/gpu.py counts them), each costing the host
+microseconds while the device needs tens of milliseconds for the whole step's arithmetic. Every buffer
+of a step is already in the net's arena, at fixed addresses, so the step can be captured once as a CUDA
+graph and replayed:
 - the batch is copied into fixed device buffers (images (B, H, W, C), labels (B,)) before each launch;
 - the first step runs eagerly, on the step's own stream and memory pool, which teaches the pool the
   step's few temporaries (reductions, the loss); the next is captured and launched, the rest launched;

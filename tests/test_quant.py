@@ -120,9 +120,9 @@ def test_codes_stay_byte_identical_when_subnormals_flush_to_zero_as_on_the_gpu(t
     source = tmp_path / "flush.c"
     source.write_text("#include <xmmintrin.h>\nvoid flush_subnormals(int on) { unsigned m = _mm_getcsr() & ~0x8040u; "
                       "_mm_setcsr(on ? m | 0x8040u : m); }\n")  # FTZ (bit 15) and DAZ (bit 6)
-    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", str(source), "-o", str(tmp_path / "flush.so")],
-                   check=True)
-    code = FLUSHED.format(tests=str(Path(__file__).resolve().parent), library=str(tmp_path / "flush.so"))
+    library = tmp_path / "flush.so"
+    subprocess.run([os.environ.get("CC", "cc"), "-shared", "-fPIC", "-O2", str(source), "-o", str(library)], check=True)
+    code = FLUSHED.format(tests=str(Path(__file__).resolve().parent), library=str(library))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, OMP_NUM_THREADS="1", MINIBP_DEVICE="cpu"))
     assert done.returncode == 0, done.stderr
