@@ -24,7 +24,7 @@ from .arena import format_bytes
 from .io import data
 from .quant import BITS, Store
 from .run import config, modelspec
-from .run.config import IMAGENET_DEFAULTS, add_option, default_of, parse_model_arg
+from .run.options import IMAGENET_DEFAULTS, add_option, default_of, parse_model_arg
 from .run.sizing import MAX_BATCH, check_budget, largest_batch, parse_bytes, unit_rows
 
 

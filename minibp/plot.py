@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from .run.config import add_option
+from .run.options import add_option
 from .run.folder import numbered_records
 
 BITS_COLORS = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}

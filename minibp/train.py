@@ -45,7 +45,8 @@ from .io import imagenet
 from .kernels import KernelError
 from .optim import SGD, AdamW
 from .run import checkpoint, modelspec, splits
-from .run.config import OPTIONS, Invocation, RunConfig, read_command_line
+from .run.config import RunConfig
+from .run.options import OPTIONS, Invocation, read_command_line
 from .run.evaluation import evaluate
 from .run.folder import FolderLost, MetricsLog, RunDir, read_metrics
 from .run.sizing import compile_within_memory

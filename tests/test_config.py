@@ -14,7 +14,8 @@ import pytest
 
 from minibp import evaluate, train
 from minibp.run import checkpoint
-from minibp.run.config import OPTIONS, RunConfig, build_parser, model_args, parse_model_arg, read_command_line
+from minibp.run.config import RunConfig, model_args
+from minibp.run.options import OPTIONS, build_parser, parse_model_arg, read_command_line
 from minibp.run.schedule import CosineSchedule, StepSchedule, parse_schedule
 from runs import base_args, make_dataset, one_line_error, read_metrics, untimed
 from test_checkpoint import _set_attrs

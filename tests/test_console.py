@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minibp import evaluate, train
-from minibp.run.config import build_parser
+from minibp.run.options import build_parser
 from runs import ROOT, base_args, read_metrics
 
 LINE = re.compile(r"iter +\d+/\d+  (loss \d\.\d{4}  acc \d\.\d{3}  lr \S+  \d+ img/s|validation loss \d\.\d{4}  "

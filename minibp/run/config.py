@@ -1,271 +1,38 @@
-"""A training run's configuration as one typed value: RunConfig, a frozen dataclass each of whose fields is
-an option of python3 -m minibp.train, declared once with its default, its help, its kind and its check (an
-Option in the field's metadata). Everything else is made from the fields:
+"""A training run's configuration as one typed value: RunConfig, a frozen dataclass whose fields are the options
+that options.py declares (RunOptions), checked whole when it is made. Everything else is made from the fields:
 
-    build_parser()                          the command line (argparse), generated from the fields
     RunConfig.new(given)                    a fresh run: the options given, the rest at their defaults
     config.store, config.schedule           the quant.Store and the parsed --lr-schedule, made once
     config.folder()                         the run folder where --out is not given
     config.as_dict()                        what a checkpoint saves; RunConfig.from_checkpoint loads it back
     config.resumed(given, ...)              a resume: the options it may change applied, the others refused
 
-`given` is {field: value} for the options given and no others, from the command line (read_command_line) or
-from Python (fit, through Option.from_python). Kinds: a DEFINING option defines the run, and a resume must
-keep it; a CHANGEABLE one may change when the run resumes (and the metrics record the change). The options of
-one command (Invocation: --out, --resume, --overwrite, --rank-timeout) are not the run's, and are never saved.
-
-The defaults are the paper's, ImageNet's setting where data="imagenet" (IMAGENET_DEFAULTS); AdamW's weight
-decay with optimizer="adamw"; no augmentation for a data file of your own. Your own net's arguments are
-recorded as JSON (model_args): --model FILE.py:FUNCTION --model-arg width=32, each VALUE a Python literal.
+`given` is {field: value} for the options given and no others (options.py). The defaults are the paper's,
+ImageNet's setting where data="imagenet" (IMAGENET_DEFAULTS); AdamW's weight decay with optimizer="adamw"; no
+augmentation for a data file of your own. Your own net's arguments are recorded as JSON (model_args):
+--model FILE.py:FUNCTION --model-arg width=32, each VALUE a Python literal.
 """
-import argparse
-import ast
 import json
-from dataclasses import MISSING, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from ..io import data
-from ..optim import OPTIMIZERS
-from ..quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS, Store
+from ..quant import DEFAULT_WINDOW, Store
 from . import modelspec
-from .schedule import COSINE_SYNTAX, REFERENCE_SCHEDULE, STEPS_SYNTAX, parse_schedule
-
-# ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate
-# divided by 10 every 160k iterations); validation about once an epoch (5,004 iterations).
-IMAGENET_SCHEDULE = "0:0.1,160000:0.01,320000:0.001,480000:0.0001"
-IMAGENET_DEFAULTS = dict(model="resnet152", data_dir="data/imagenet", batch=256, iters=640000, image_size=224,
-                         lr_schedule=IMAGENET_SCHEDULE, weight_decay=1e-4, val_every=5000, checkpoint_every=1000)
-SGD_DECAY, ADAMW_DECAY = 2e-4, 0.05  # --weight-decay's defaults (the paper's for SGD; AdamW's usual)
-BUILT_IN_AUGMENT = "crop,flip"  # the paper's, for the data sets minibp.prepare writes (and ImageNet's reader)
-
-DEFINING, CHANGEABLE, INVOCATION = "defining", "changeable", "invocation"  # an Option's kinds
-GROUPS = ("model and data", "activation store and step", "schedule", "run folder", "several processes (mpirun)",
-          "ImageNet (--data imagenet)")  # --help's headings, in order
-
-
-EVERY_RUN = object()  # Option.before for the options every checkpoint holds
+from .options import (ADAMW_DECAY, BUILT_IN_AUGMENT, CHANGEABLE, DATA_SETS, DEFINING, EVERY_RUN, IMAGENET_DEFAULTS,
+                      OPTIONS, RunOptions, check_fields, default_of, option, option_fields, whole)
+from .schedule import parse_schedule
 
 
 @dataclass(frozen=True)
-class Option:
-    """One option of the trainer: how the command line reads it and what a value of it must be."""
-    kind: str                 # DEFINING, CHANGEABLE or INVOCATION
-    group: str                # its heading in --help (GROUPS)
-    help: str
-    check: object = None      # value -> whether it may be the option's value (its type included) ...
-    must_be: str = ""         # ... and that rule in words: "--batch must be <must_be>, got 0"
-    type: type = str          # what the command line's text becomes; bool: a switch, present or not
-    choices: tuple = None
-    metavar: str = None
-    flag: str = None          # the command line's name, where it is not --<name with dashes>
-    before: object = EVERY_RUN  # the value of a run saved before the option existed (absent from its checkpoint);
-    #                           EVERY_RUN: the option is as old as the checkpoints, and one without it is damaged
-
-    def argparse(self, **changes):
-        """argparse's keywords for the option (`changes`: another command's reading of it)."""
-        if self.type is bool:
-            return dict(action="store_true", help=self.help, **changes)
-        keywords = dict(type=self.type, choices=self.choices, metavar=self.metavar, help=self.help)
-        return {k: v for k, v in dict(keywords, **changes).items() if v is not None or k in changes}
-
-    def from_python(self, name, value):
-        """A value given from Python (fit's keyword `name`) as the command line would read its text: a TypeError
-        for a value of another kind, a ValueError for one the choices lack."""
-        flag = option(name)
-        if self.type is bool:  # bool("False") is True: a switch takes True or False alone
-            if not isinstance(value, bool):
-                raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
-            return value
-        if isinstance(value, bool):  # str(True) would pass as a word, e.g. a schedule's text
-            raise TypeError(f"fit()'s {name} takes {flag}'s value, not {value!r}")
-        if self.type is not str and isinstance(value, str):
-            try:
-                value = self.type(value)
-            except ValueError:
-                raise ValueError(f"{flag}: invalid {self.type.__name__} value: {value!r}") from None
-        elif self.type is str and isinstance(value, (int, float)):  # bits=4 names the store "4"
-            value = str(value)
-        elif self.type is float and isinstance(value, int):
-            value = float(value)
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(f"argument {flag}: invalid choice: {value!r} (choose from "
-                             f"{', '.join(map(repr, self.choices))})")
-        return value
-
-
-def _option(default, **option):
-    """A dataclass field whose metadata is its Option."""
-    if isinstance(default, dict):
-        return field(default_factory=lambda: dict(default), metadata=dict(option=Option(**option)))
-    return field(default=default, metadata=dict(option=Option(**option)))
-
-
-def _whole(low):
-    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
-def _real(low):
-    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v)) and v >= low
-
-
-def _optional(check):
-    return lambda v: v is None or check(v)
-
-
-def _text(v):
-    return isinstance(v, str) and v != ""
-
-
-def _augment(v):
-    try:
-        return isinstance(v, str) and data.augment_text(data.parse_augment(v)) == v
-    except ValueError:
-        return False
-
-
-POSITIVE, NON_NEGATIVE = "a positive integer", "a non-negative integer"
-# (named here: inside RunConfig's body its field `data` hides the module)
-DATA_SETS, TRANSFORMS = data.DATASETS + ("imagenet",), ", ".join(data.AUGMENTS)
-FINITE = "a finite non-negative number"
-MODEL, STORE, SCHEDULE, FOLDER, PROCESSES, IMAGENET = GROUPS
-
-
-@dataclass(frozen=True)
-class Invocation:
-    """The options of one python3 -m minibp.train command that are not the run's: never saved."""
-    out: str = _option(None, kind=INVOCATION, group=FOLDER, metavar="DIR", check=_optional(_text), must_be="a path",
-                       help="run folder (default runs/<data>-<model>-<bits>[-<window>][-stochastic][-clip<S>]-"
-                            "seed<seed>, <data> a --data-file's own name, the window named when it is not the default)")
-    resume: bool = _option(False, kind=INVOCATION, group=FOLDER, type=bool,
-                           help="continue the run in --out from its checkpoint (default off)")
-    overwrite: bool = _option(False, kind=INVOCATION, group=FOLDER, type=bool,
-                              help="start a new run in an --out that holds one (default off: refused)")
-    rank_timeout: float = _option(60.0, kind=INVOCATION, group=PROCESSES, type=float, metavar="SECONDS",
-                                  check=lambda v: _real(0)(v) and v > 0, must_be="a finite positive number",
-                                  help="seconds a rank waits for the others before it stops the job (default 60)")
-
-    def __post_init__(self):
-        _check_fields(self)
-
-
-@dataclass(frozen=True)
-class RunConfig:
+class RunConfig(RunOptions):
     """A run's configuration, checked whole when it is made (a ValueError in the command line's words)."""
-    # model and data
-    data: str = _option("cifar10", kind=DEFINING, group=MODEL, choices=DATA_SETS, check=_text,
-                        must_be="a non-empty string",
-                        help="the data set (default cifar10); imagenet: its folder of JPEGs, with the paper's "
-                             "ImageNet setting as the defaults")
-    data_dir: str = _option("data", kind=CHANGEABLE, group=MODEL, metavar="DIR", check=_text,
-                            must_be="a non-empty string",
-                            help="the folder of the prepared <data>.h5 (default data); for imagenet the folder "
-                                 "holding train/<class>/ and val/<class>/ (default data/imagenet)")
-    data_file: str = _option(None, kind=CHANGEABLE, group=MODEL, metavar="PATH", check=_optional(_text),
-                             must_be="a path", before=None,  # runs from before your own data files
-                             help="train on this file that minibp.io.data.write made, under the file's own name "
-                                  "(instead of --data; default none)")
-    augment: str = _option(BUILT_IN_AUGMENT, kind=DEFINING, group=MODEL, metavar="LIST", check=_augment,
-                           must_be=f"none or a list of {TRANSFORMS} in that order",
-                           help=f"the training images' transforms: none, or a comma-separated list of "
-                                f"{TRANSFORMS} (crop: zero-pad 4 pixels, a random window; flip: "
-                                f"horizontal, half the time); default {BUILT_IN_AUGMENT} for --data (the paper's), "
-                                f"none for --data-file")
-    val_split: float = _option(None, kind=DEFINING, group=MODEL, type=float, metavar="FRACTION", before=None,
-                               check=_optional(lambda v: _real(0)(v) and 0 < v < 1), must_be="a fraction in (0, 1)",
-                               help="validate on this fraction of the training split, held out from training (the "
-                                    "same images every time); default: the data file's val split where it has "
-                                    "one, else the test split")
-    model: str = _option("resnet164", kind=DEFINING, group=MODEL, metavar="SPEC", check=_text,
-                         must_be="a non-empty string",
-                         help="resnet<9n+2> (resnet20, resnet164, resnet1001; default resnet164), on imagenet "
-                              "resnet50, resnet101 or resnet152 (default); or your own net: FILE.py:FUNCTION or "
-                              "package.module:FUNCTION, called with input_shape=, classes= and the --model-arg "
-                              "values, returning an uncompiled minibp.net.Net")
-    model_args: dict = _option({}, kind=DEFINING, group=MODEL, flag="--model-arg", metavar="NAME=VALUE",
-                               check=lambda v: isinstance(v, dict), must_be="a JSON object",
-                               before={},  # runs from before your own nets: ResNets, which take none
-                               help="a keyword argument for your own net's function, VALUE a Python literal "
-                                    "(--model-arg width=32 --model-arg pool=\"'max'\"); repeat it (default none)")
-    seed: int = _option(0, kind=DEFINING, group=MODEL, type=int, metavar="N", check=_whole(0), must_be=NON_NEGATIVE,
-                        help="seeds the weights and the data order (default 0)")
-    # activation store and step
-    bits: str = _option("4", kind=DEFINING, group=STORE, choices=tuple(BITS), check=lambda v: v in BITS,
-                        must_be=f"one of {', '.join(BITS)}",
-                        help="activation store: exact, 8, 4 (default), 2, or naive (4 bits fed forward: the "
-                             "ablation)")
-    window: str = _option(DEFAULT_WINDOW, kind=DEFINING, group=STORE, choices=WINDOWS, check=lambda v: v in WINDOWS,
-                          must_be=f"one of {', '.join(WINDOWS)}",
-                          before="fixed",  # runs from before the option coded through the paper's window
-                          help=f"the k-bit codes' window per channel: range (the batch's range of values), block "
-                               f"(each 256 pixels' range) or fixed (the paper's, +-3 sigma); default {DEFAULT_WINDOW}")
-    rounding: str = _option(DEFAULT_ROUNDING, kind=DEFINING, group=STORE, choices=ROUNDINGS,
-                            check=lambda v: v in ROUNDINGS, must_be=f"one of {', '.join(ROUNDINGS)}",
-                            before="nearest",  # runs from before stochastic rounding
-                            help="how a k-bit code rounds a value: nearest (its bin's midpoint; default) or "
-                                 "stochastic (to one of the two levels around it, the levels being the bins' edges, "
-                                 "at random: unbiased inside the window)")
-    clip: float = _option(None, kind=DEFINING, group=STORE, type=float, metavar="SIGMA", before=None,
-                          check=_optional(lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
-                          must_be="a positive number of standard deviations",
-                          help="the range or block window's clip, in standard deviations, inf for none (default: "
-                               "the one chosen for the window and bits, quant.py's RANGE_CLIP and BLOCK_CLIP; an "
-                               "experiment's option)")
-    batch: int = _option(128, kind=DEFINING, group=STORE, type=int, metavar="N", check=_whole(1), must_be=POSITIVE,
-                         help="images a step (default 128; 256 on imagenet)")
-    # the sub-batches of a step over all ranks: ranks x --split defines the run, so that 2 ranks x --split 1
-    # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
-    split: int = _option(1, kind=DEFINING, group=STORE, type=int, metavar="K", check=_whole(1), must_be=POSITIVE,
-                         help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
-    graph: bool = _option(False, kind=CHANGEABLE, group=STORE, type=bool, check=lambda v: isinstance(v, bool),
-                          must_be="true or false", before=False,
-                          help="replay each training step as one CUDA graph (GPU, where CuPy can capture cuBLAS "
-                               "calls, which CuPy 14 cannot; default off; on the CPU steps run eagerly)")
-    # schedule
-    iters: int = _option(64000, kind=CHANGEABLE, group=SCHEDULE, type=int, metavar="N", check=_whole(1),
-                         must_be=POSITIVE, help="iterations in all (default 64000; 640000 on imagenet)")
-    lr_schedule: str = _option(REFERENCE_SCHEDULE, kind=CHANGEABLE, group=SCHEDULE, metavar="SCHEDULE", check=_text,
-                               must_be="a non-empty string",
-                               help=f"{STEPS_SYNTAX.split(', e.g.')[0]} (the rate from each ITER on), or "
-                                    f"{COSINE_SYNTAX} (a linear warm-up, then a half cosine to 0 at --iters); "
-                                    f"default {REFERENCE_SCHEDULE} (on imagenet {IMAGENET_SCHEDULE})")
-    optimizer: str = _option("sgd", kind=DEFINING, group=SCHEDULE, choices=OPTIMIZERS, check=lambda v: v in OPTIMIZERS,
-                             must_be=f"one of {', '.join(OPTIMIZERS)}", before="sgd",  # runs from before AdamW
-                             help="sgd (with momentum; default) or adamw (betas 0.9, 0.999, eps 1e-8; decoupled "
-                                  "weight decay; its rates are about 1e-3, not SGD's 0.1)")
-    momentum: float = _option(0.9, kind=DEFINING, group=SCHEDULE, type=float, metavar="M", check=_real(0),
-                              must_be=FINITE, help="SGD momentum (default 0.9)")
-    weight_decay: float = _option(SGD_DECAY, kind=DEFINING, group=SCHEDULE, type=float, metavar="WD", check=_real(0),
-                                  must_be=FINITE, help=f"on the conv and FC weights (default {SGD_DECAY:g}, 1e-4 on "
-                                                       f"imagenet; adamw {ADAMW_DECAY:g})")
-    clip_norm: float = _option(None, kind=DEFINING, group=SCHEDULE, type=float, metavar="NORM", before=None,
-                               check=_optional(lambda v: _real(0)(v) and v > 0), must_be="a finite positive number",
-                               help="scale each step's gradient down to this global L2 norm where it is larger "
-                                    "(default off)")
-    # run folder
-    log_every: int = _option(20, kind=CHANGEABLE, group=FOLDER, type=int, metavar="N", check=_whole(1),
-                             must_be=POSITIVE, help="iterations a console line and a metrics record, loss and "
-                                                    "accuracy averaged over them (default 20)")
-    val_every: int = _option(400, kind=CHANGEABLE, group=FOLDER, type=int, metavar="N", check=_whole(1),
-                             must_be=POSITIVE, help="iterations between validations (default 400; 5000 on imagenet); "
-                                                    "each writes OUT/best.h5 when its accuracy is the run's best")
-    checkpoint_every: int = _option(400, kind=CHANGEABLE, group=FOLDER, type=int, metavar="N", check=_whole(1),
-                                    must_be=POSITIVE, help="iterations between checkpoints, also written at the end "
-                                                           "and on Ctrl-C (default 400; 1000 on imagenet)")
-    # ImageNet
-    image_size: int = _option(None, kind=DEFINING, group=IMAGENET, type=int, metavar="PIXELS", before=None,
-                              check=_optional(_whole(1)), must_be=POSITIVE,
-                              help="the side of the training and validation crops (default 224)")
-    workers: int = _option(None, kind=CHANGEABLE, group=IMAGENET, type=int, metavar="N", before=None,
-                           check=_optional(_whole(1)), must_be=POSITIVE,
-                           help="JPEG-decoding processes (default: the cores less one)")
     # made from the fields once, when the configuration is
     store: Store = field(init=False, repr=False, compare=False)  # bits, window, rounding, clip
     schedule: object = field(init=False, repr=False, compare=False)  # lr_schedule for iters: Step/CosineSchedule
 
     def __post_init__(self):
-        _check_fields(self)
+        check_fields(self)
         _check_batch(self.batch, self.split, ranks=1)
         if self.data_file is None and self.data not in DATA_SETS:
             raise ValueError(f"--data must be one of {', '.join(DATA_SETS)}, got {self.data!r}")
@@ -325,7 +92,7 @@ class RunConfig:
         if unknown:
             raise ValueError(f"{saved.path} is damaged, or of a later minibp: its configuration has "
                              f"{', '.join(unknown)}, which this one does not know")
-        for name, opt in _options(cls):
+        for name, opt in option_fields(cls):
             if name not in values:
                 if opt.before is EVERY_RUN:
                     raise ValueError(f"{saved.path} is damaged: its configuration lacks {name}")
@@ -346,14 +113,14 @@ class RunConfig:
         given = _recorded(given, ranks=ranks)
         differ = [f"{option(k)} {given[k]} (the run has {getattr(self, k)})" if k != "split" or ranks == 1 else
                   f"{ranks} ranks x --split {given[k] // ranks} (the run has {self.split} sub-batches a step)"
-                  for k, opt in _options(type(self)) if opt.kind == DEFINING and k in given
+                  for k, opt in option_fields(type(self)) if opt.kind == DEFINING and k in given
                   and given[k] != getattr(self, k)]
         if differ:
             raise ValueError(f"{path} was trained with other options; a resumed run keeps them: " + "; ".join(differ))
         if "data_file" in given and self.data_file is None:
             raise ValueError(f"{path} trained on --data {self.data}: a resume may move its file with --data-dir, "
                              "not change it to a --data-file")
-        changed = {k: [getattr(self, k), given[k]] for k, opt in _options(type(self))
+        changed = {k: [getattr(self, k), given[k]] for k, opt in option_fields(type(self))
                    if opt.kind == CHANGEABLE and k in given and given[k] != getattr(self, k)}
         if "iters" in changed and "lr_schedule" not in given and self.lr_schedule.startswith("cosine:"):
             old, new = changed["iters"]
@@ -372,7 +139,7 @@ class RunConfig:
 
     def as_dict(self):
         """{field: value}: what a checkpoint saves (as JSON)."""
-        return {name: getattr(self, name) for name, _ in _options(type(self))}
+        return {name: getattr(self, name) for name, _ in option_fields(type(self))}
 
     def folder(self):
         """The run folder where --out is not given: runs/<data>-<model>-<bits>[-<window>][-stochastic][-clip<S>]-
@@ -388,30 +155,9 @@ class RunConfig:
         return Path(self.data_file) if self.data_file else data.dataset_path(self.data_dir, self.data)
 
 
-def _options(cls):
-    """(name, Option) of a dataclass's option fields, in their order."""
-    return [(f.name, f.metadata["option"]) for f in fields(cls) if "option" in f.metadata]
-
-
-OPTIONS = dict(_options(Invocation) + _options(RunConfig))  # every option of the trainer, by field name
-
-
-def default_of(name):
-    """An option field's default (not ImageNet's): what a command takes where the option is not given."""
-    f = {f.name: f for f in fields(RunConfig) + fields(Invocation)}[name]
-    return f.default_factory() if f.default is MISSING else f.default
-
-
-def _check_fields(value):
-    """Each option field's own check, in the command line's words."""
-    for name, opt in _options(type(value)):
-        if opt.check is not None and not opt.check(getattr(value, name)):
-            raise ValueError(f"{option(name)} must be {opt.must_be}, got {getattr(value, name)!r}")
-
-
 def _check_batch(batch, split, *, ranks):
     """split: the sub-batches of a step over all ranks."""
-    if _whole(1)(batch) and _whole(1)(split) and batch % split:
+    if whole(1)(batch) and whole(1)(split) and batch % split:
         named = f"{ranks} ranks x --split {split // ranks}" if ranks > 1 else "--split"
         raise ValueError(f"--batch ({batch}) must be a positive multiple of {named} ({split})")
 
@@ -430,27 +176,9 @@ def _recorded(given, *, ranks):
         recorded["model_args"] = model_args(recorded["model_args"])
     if isinstance(recorded.get("augment"), str):
         recorded["augment"] = data.augment_text(data.parse_augment(recorded["augment"]))
-    if _whole(1)(recorded.get("split")):
+    if whole(1)(recorded.get("split")):
         recorded["split"] = recorded["split"] * ranks
     return recorded
-
-
-def option(key):
-    """A field's command-line option: "lr_schedule" -> "--lr-schedule", "model_args" -> "--model-arg"."""
-    flag = OPTIONS[key].flag if key in OPTIONS else None
-    return flag or f"--{key.replace('_', '-')}"
-
-
-def parse_model_arg(text):
-    """--model-arg NAME=VALUE -> (NAME, VALUE), VALUE a Python literal (ast.literal_eval)."""
-    name, equals, value = text.partition("=")
-    if not equals or not name.isidentifier():
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
-    try:
-        return name, ast.literal_eval(value)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        raise argparse.ArgumentTypeError(f"{text!r}: VALUE must be a Python literal, e.g. 32, 0.5, "
-                                         "\"'max'\" (quoted), True, None or [64, 128]") from None
 
 
 def model_args(pairs):
@@ -471,33 +199,3 @@ def model_args(pairs):
                              "strings, True, False, None, or lists and dicts of them") from None
     return recorded
 
-
-def build_parser(*, description=None):
-    """The command line of python3 -m minibp.train (its module docstring, the description of --help),
-    generated from the option fields. No option has a default here: what parse_args returns is what was
-    given (read_command_line), and RunConfig.new and Invocation give the rest theirs."""
-    p = argparse.ArgumentParser(prog="python3 -m minibp.train", description=description,
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                argument_default=argparse.SUPPRESS)
-    groups = {title: p.add_argument_group(title) for title in GROUPS}
-    for name, opt in OPTIONS.items():
-        if name == "model_args":  # repeated, NAME=VALUE each
-            keywords = dict(type=parse_model_arg, action="append", metavar=opt.metavar, help=opt.help)
-        else:
-            keywords = opt.argparse()
-        groups[opt.group].add_argument(option(name), dest=name, **keywords)
-    return p
-
-
-def read_command_line(argv, *, description=None):
-    """(Invocation, given) of a trainer's command line: given = {field: value} of the run's options on it."""
-    given = vars(build_parser(description=description).parse_args(argv))
-    invocation = {name: given.pop(name) for name, _ in _options(Invocation) if name in given}
-    return Invocation(**invocation), given
-
-
-def add_option(parser, name, **changes):
-    """Add the trainer's option `name` (a RunConfig field) to another command's parser or argument group, its
-    declaration with `changes` (another help, default, metavar or choices: that command's reading of it)."""
-    keywords = OPTIONS[name].argparse(**{"default": default_of(name), **changes})
-    return parser.add_argument(option(name), dest=name, **keywords)
