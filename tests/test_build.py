@@ -1,6 +1,8 @@
 """The g++ build of the CPU kernels (build.py): compiler errors and a missing compiler named, builds cached under
 $XDG_CACHE_HOME/minibp/kernels without -march=native, one a CPU target, a target this CPU cannot run refused, and
-the cache surviving damage, an unwritable cache, interrupted and concurrent builds.
+the cache surviving damage, an unwritable cache, interrupted and concurrent builds. The cache is code the user
+runs: a library planted by another user, through a folder that is not the user's alone or through a symbolic
+link, is never loaded, and every file and folder minibp makes is private whatever the umask.
 
 The cache's tests load sgd.cu (the smallest kernel) in a fresh `python3 -c` process: ctypes never unloads
 a library, and a damaged one can kill the process that loads it (SIGBUS), not only raise.
@@ -247,3 +249,149 @@ def test_a_build_says_what_it_compiles_and_how_long_it_took(tmp_path):
     again = load_in_subprocess(tmp_path)
     assert_ran(again)
     assert "compiling" not in again.stderr, again.stderr
+
+
+# ----------------------------------------------------------------------------- a cache other users could write
+
+# A library whose constructor leaves a marker: loading it at all is what must never happen.
+PLANTED = """
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen("%s", "w");
+    if (f) { fputs("the planted library ran\\n", f); fclose(f); }
+}
+"""
+OTHER_UID = 12345  # a user who is not the one running the tests
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A cache home whose kernel cache holds sgd.cu's build (copied by each test, so it is compiled once)."""
+    home = tmp_path_factory.mktemp("built")
+    assert_ran(load_in_subprocess(home))
+    return home
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """(the planted library's bytes, the marker its constructor writes)."""
+    source, marker = tmp_path / "planted.c", tmp_path / "planted-ran"
+    source.write_text(PLANTED % marker)
+    subprocess.run([os.environ.get("CXX", "g++"), "-x", "c++", "-shared", "-fPIC", "-o", tmp_path / "planted.so",
+                    source], check=True)
+    return (tmp_path / "planted.so").read_bytes(), marker
+
+
+def copy_of(built, tmp_path):
+    home = tmp_path / "home"
+    shutil.copytree(built, home, symlinks=True)
+    [library] = cached_builds(home)
+    return home, library
+
+
+def plant(library, data):
+    """Put data where the cached build is, with the size/SHA-256 record that matches it."""
+    if library.exists() or library.is_symlink():
+        library.unlink()
+    library.write_bytes(data)
+    library.with_name(library.name + ".sha256").write_text(f"{len(data)} {hashlib.sha256(data).hexdigest()}\n")
+
+
+def fallback_of(done):
+    return Path(done.stderr.split("private temporary folder ")[1].split()[0])
+
+
+def needs_root_for(how):
+    if "uid" in how and os.geteuid() != 0:
+        pytest.skip("giving a file to another user takes root")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level, how", [
+    ("minibp", "uid"), ("minibp/kernels", "uid"),  # root trains in a cache another user made first
+    ("minibp", "mode 0770"), ("minibp/kernels", "mode 0777"),  # a folder others could write in
+])
+def test_a_cache_folder_that_is_not_the_users_alone_is_never_loaded_from(built, tmp_path, planted, level, how):
+    needs_root_for(how)
+    home, library = copy_of(built, tmp_path)
+    plant(library, planted[0])
+    folder = home / level
+    if how == "uid":
+        for path in (folder, *folder.rglob("*")):
+            os.chown(path, OTHER_UID, OTHER_UID)
+        why, fix = f"is owned by uid {OTHER_UID}, not by you (uid {os.geteuid()})", "set XDG_CACHE_HOME to a folder"
+    else:
+        folder.chmod(int(how.split()[1], 8))
+        why, fix = f"is writable by other users ({how})", f"chmod 700 {folder}"
+    done = load_in_subprocess(home)
+    assert_ran(done, warning=f"the kernel cache {folder} {why}, so minibp loads no code from it: building the kernels "
+                             "in a private temporary folder ")
+    assert f"(fix: {fix}" in done.stderr and not planted[1].exists()
+    assert library.read_bytes() == planted[0]  # nothing written into it either
+    assert not fallback_of(done).exists()  # the private folder is removed at exit
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("level", ["minibp", "minibp/kernels"])
+def test_a_cache_folder_that_is_a_symbolic_link_is_not_followed(built, tmp_path, planted, level):
+    """The link leads to a private folder of the user's own: still refused, as minibp's folders are its own to
+    make, and a link is how another user would lead it elsewhere."""
+    home, library = copy_of(built, tmp_path)
+    plant(library, planted[0])
+    folder = home / level
+    elsewhere = tmp_path / "elsewhere"
+    folder.rename(elsewhere)
+    folder.symlink_to(elsewhere)
+    done = load_in_subprocess(home)
+    assert_ran(done, warning=f"the kernel cache {folder} is a symbolic link, so minibp loads no code from it")
+    assert f"(fix: remove it (rm {folder}))" in done.stderr and not planted[1].exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["symbolic link", "uid", "mode 0777"])
+def test_a_planted_library_in_a_private_cache_is_rebuilt_never_loaded(built, tmp_path, planted, how):
+    """A cache of the user's own whose library is a link to, or a file of, someone else (with a matching
+    record): the record catches damage, the owner and mode catch the swap."""
+    needs_root_for(how)
+    home, library = copy_of(built, tmp_path)
+    target = tmp_path / "planted-target.so"
+    if how == "symbolic link":
+        plant(target, planted[0])
+        library.unlink()
+        library.symlink_to(target)
+        plant(library.with_name("unused"), planted[0])  # the record beside it matches the target
+        library.with_name("unused.sha256").replace(library.with_name(library.name + ".sha256"))
+        why = "is a symbolic link"
+    else:
+        plant(library, planted[0])
+        if how == "uid":
+            os.chown(library, OTHER_UID, OTHER_UID)
+            why = f"is owned by uid {OTHER_UID}, not by you (uid {os.geteuid()})"
+        else:
+            library.chmod(0o777)
+            why = "is writable by other users (mode 0777)"
+    done = load_in_subprocess(home)
+    assert_ran(done, warning=f"the cached kernel build {library} {why}; rebuilding it")
+    assert not planted[1].exists()
+    assert not library.is_symlink() and library.stat().st_uid == os.geteuid()
+    assert_matches_record(library)
+    if how == "symbolic link":
+        assert target.read_bytes() == planted[0]  # the link was replaced, not written through
+    assert_ran(load_in_subprocess(home))  # the rebuilt library is trusted
+
+
+@pytest.mark.slow
+def test_the_cache_is_private_whatever_the_umask(tmp_path):
+    """Under umask 000 the linker makes its library 0777 and os.makedirs its folders 0777: minibp sets each
+    mode itself, including the folders of XDG_CACHE_HOME it makes."""
+    home = tmp_path / "made" / "home"
+    done = subprocess.run([sys.executable, "-c", LOAD_AND_RUN], cwd=REPO, env=_env(home), capture_output=True,
+                          text=True, timeout=120, umask=0)
+    assert_ran(done)
+    [library] = cached_builds(home)
+    modes = {path.relative_to(tmp_path).as_posix(): oct(path.stat().st_mode & 0o777)
+             for path in (home.parent, home, home / "minibp", library.parent, library,
+                          library.with_name(library.name + ".sha256"))}
+    assert modes == {"made": "0o700", "made/home": "0o700", "made/home/minibp": "0o700",
+                     "made/home/minibp/kernels": "0o700", f"made/home/minibp/kernels/{library.name}": "0o700",
+                     f"made/home/minibp/kernels/{library.name}.sha256": "0o600"}
