@@ -219,3 +219,20 @@ def test_a_python_value_is_read_as_the_command_line_reads_its_text(name, value, 
     with pytest.raises(error, match=match):
         OPTIONS[name].from_python(name, value)
     assert OPTIONS["momentum"].from_python("momentum", 1) == 1.0 and OPTIONS["bits"].from_python("bits", 4) == "4"
+
+
+def test_graph_is_forced_on_forced_off_or_left_to_the_device():
+    """--graph and --no-graph force the CUDA graph or eager steps; neither leaves the choice to the device (None),
+    as fit(graph=None) does; a run saved before the option ran eagerly."""
+    assert [read_command_line(argv)[1].get("graph", "absent") for argv in ([], ["--graph"], ["--no-graph"])] == \
+        ["absent", True, False]
+    assert RunConfig.new({}).graph is None
+    assert RunConfig.new({"graph": OPTIONS["graph"].from_python("graph", False)}).graph is False
+    assert OPTIONS["graph"].before is False
+
+
+def test_a_resume_may_force_the_graph_off_and_the_change_is_recorded(tmp_path, data_dir):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4", "--no-graph"]) == 0
+    resume = [untimed(r) for r in read_metrics(tmp_path / "run") if r["kind"] == "resume"]
+    assert resume == [dict(kind="resume", iter=2, changed=dict(iters=[2, 4], graph=[None, False]))]

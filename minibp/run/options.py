@@ -53,13 +53,15 @@ class Option:
     choices: tuple = None
     metavar: str = None
     flag: str = None          # the command line's name, where it is not --<name with dashes>
+    negatable: bool = False   # a switch with a --no-<name> form too: on, off, or the default where neither is given
     before: object = EVERY_RUN  # the value of a run saved before the option existed (absent from its checkpoint);
     #                           EVERY_RUN: the option is as old as the checkpoints, and one without it is damaged
 
     def argparse(self, **changes):
         """argparse's keywords for the option (`changes`: another command's reading of it)."""
         if self.type is bool:
-            return dict(action="store_true", help=self.help, **changes)
+            action = argparse.BooleanOptionalAction if self.negatable else "store_true"
+            return dict(action=action, help=self.help, **changes)
         keywords = dict(type=self.type, choices=self.choices, metavar=self.metavar, help=self.help)
         return {k: v for k, v in dict(keywords, **changes).items() if v is not None or k in changes}
 
@@ -211,10 +213,11 @@ class RunOptions:
     # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
     split: int = _option(1, kind=DEFINING, group=STORE, type=int, metavar="K", check=whole(1), must_be=POSITIVE,
                          help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
-    graph: bool = _option(False, kind=CHANGEABLE, group=STORE, type=bool, check=lambda v: isinstance(v, bool),
-                          must_be="true or false", before=False,
-                          help="replay each training step as one CUDA graph (GPU, where CuPy can capture cuBLAS "
-                               "calls, which CuPy 14 cannot; default off; on the CPU steps run eagerly)")
+    graph: bool = _option(None, kind=CHANGEABLE, group=STORE, type=bool, negatable=True, before=False,
+                          check=lambda v: v is None or isinstance(v, bool), must_be="true, false or null",
+                          help="--graph replays each training step as one CUDA graph, --no-graph runs it eagerly; "
+                               "default: the device's choice (the graph on a GPU where CuPy can capture the step, "
+                               "eagerly elsewhere)")
     # schedule
     iters: int = _option(64000, kind=CHANGEABLE, group=SCHEDULE, type=int, metavar="N", check=whole(1),
                          must_be=POSITIVE, help="iterations in all (default 64000; 640000 on imagenet)")
