@@ -6,7 +6,7 @@ guarantee of a run (README, Reliability).
     python3 -m minibp.train --out runs/fm-4bit --resume        # continue after Ctrl-C
     python3 -m minibp.evaluate runs/fm-4bit                    # test accuracy of its checkpoint
     python3 -m minibp.train --data cifar10                     # the paper's recipe: ResNet-164, 4 bits, 64k iterations
-    python3 -m minibp.train --data cifar100 --model resnet1001 --batch 128 --split 2 --bits 4
+    python3 -m minibp.train --data cifar100 --model resnet1001 --batch 128 --sub-batches 2 --bits 4
     python3 -m minibp.train --data imagenet --data-dir DIR     # ResNet-152, batch 256, 640k iterations
     python3 -m minibp.train --data fashion-mnist --model docs/vgg_example.py:build --model-arg width=16 \\
         --iters 800 --lr-schedule cosine:0.05:warmup=50 --val-every 200 --out runs/fm-vgg      # your own net
@@ -21,7 +21,7 @@ OUT/checkpoint.h5 (atomically, every --checkpoint-every iterations, at the end, 
 SIGTERM). A resumed run continues with the saved configuration and data order and ends with the same
 weights as an uninterrupted one. One trainer at a time owns a run folder (run/folder.py). A run that
 diverges stops without touching its last good checkpoint and says how to resume it. Under mpirun the
-ranks take the step of one process with ranks x --split sub-batches (step.py), and rank 0 alone
+ranks take the step of one process with ranks x --sub-batches (step.py), and rank 0 alone
 writes the run folder. The console gives the plan once, then a line every --log-every iterations (loss
 and accuracy averaged over them) and at each validation, each with the time elapsed since this process
 began training and the ETA at this session's pace (validations included).
@@ -36,6 +36,7 @@ import signal
 import sys
 import time
 import types
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -102,7 +103,7 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     --resume / --overwrite. model_args: the function's keyword arguments (numbers, strings, booleans, None, and
     lists and dicts of them: the checkpoint records them). options: any other option of the command line under
     its field's name (run/config.py RunConfig; python3 -m minibp.train --help), with the same default: iters,
-    lr_schedule, batch, split, bits, window, rounding, clip, seed, augment, val_split, optimizer, momentum,
+    lr_schedule, batch, sub_batches, bits, window, rounding, clip, seed, augment, val_split, optimizer, momentum,
     weight_decay, clip_norm, log_every, val_every, checkpoint_every, data_dir, graph, image_size, workers,
     rank_timeout. A value is read as the command line reads its text (bits=4 is "4"); None leaves the default.
 
@@ -112,6 +113,10 @@ def fit(model, *, data, out, resume=False, overwrite=False, model_args=None, **o
     if modelspec.importing():  # this file is being imported by minibp to rebuild its net: never train it again
         raise ValueError(f"fit() was called while minibp imported {modelspec.importing()} to rebuild the net (a "
                          "resume, evaluate or load): put the script's training under `if __name__ == \"__main__\":`")
+    if "split" in options:  # its name before --sub-batches, kept for a release
+        warnings.warn("fit()'s split is now sub_batches; split goes in a later release", DeprecationWarning,
+                      stacklevel=2)
+        options["sub_batches"] = options.pop("split")
     names = set(OPTIONS) - {"data", "data_file", "out", "resume", "overwrite", "model", "model_args"}
     unknown = sorted(set(options) - names)
     if unknown:
@@ -250,7 +255,7 @@ class Session:
                               grad_norm=clip is not None)
         opt = (AdamW(net, weight_decay=config.weight_decay, clip_norm=clip) if config.optimizer == "adamw"
                else SGD(net, momentum=config.momentum, weight_decay=config.weight_decay, clip_norm=clip))
-        self.step = TrainStep(net, opt, split=config.split // self.ranks, graph=config.graph, group=self.group)
+        self.step = TrainStep(net, opt, split=config.sub_batches // self.ranks, graph=config.graph, group=self.group)
         if saved is not None:
             checkpoint.restore(net, saved)
             self.iteration = self.last_saved = saved.iteration
@@ -265,9 +270,9 @@ class Session:
         if changed:
             self.log(kind="resume", iter=self.iteration, changed=changed)
 
-        in_sub_batches = f" ({config.split} x {sub_batch})" if config.split > 1 else ""
+        in_sub_batches = f" ({config.sub_batches} x {sub_batch})" if config.sub_batches > 1 else ""
         if self.ranks > 1:
-            in_sub_batches = f" ({self.ranks} ranks x {config.split // self.ranks} x {sub_batch})"
+            in_sub_batches = f" ({self.ranks} ranks x {config.sub_batches // self.ranks} x {sub_batch})"
         print(f"{built} ({len(net.units)} units, {net.num_parameters:,} parameters) on {config.data} "
               f"({len(self.train_split.labels):,} training images), {config.store}, batch "
               f"{config.batch}{in_sub_batches}, device {backend.device}"

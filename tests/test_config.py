@@ -171,17 +171,17 @@ def test_the_command_line_and_python_build_the_same_typed_configuration():
     """RunConfig is one value: the parser generated from its fields and fit's Python values (Option.from_python,
     as the command line reads their text) give equal configurations, holding the store and schedule made once."""
     argv = ["--data", "fashion-mnist", "--model", "resnet20", "--bits", "2", "--rounding", "stochastic",
-            "--iters", "300", "--lr-schedule", "cosine:0.1:warmup=20", "--momentum", "0.8", "--split", "2",
+            "--iters", "300", "--lr-schedule", "cosine:0.1:warmup=20", "--momentum", "0.8", "--sub-batches", "2",
             "--augment", "flip,crop", "--out", "runs/x", "--overwrite"]
     invocation, given = read_command_line(argv)
     assert (invocation.out, invocation.overwrite, invocation.resume) == ("runs/x", True, False)
     assert "out" not in given and "momentum" in given and "batch" not in given  # what was given, no defaults
     python = dict(data="fashion-mnist", model="resnet20", bits=2, rounding="stochastic", iters="300",
-                  lr_schedule="cosine:0.1:warmup=20", momentum=0.8, split=2, augment="flip,crop")
+                  lr_schedule="cosine:0.1:warmup=20", momentum=0.8, sub_batches=2, augment="flip,crop")
     from_python = {k: OPTIONS[k].from_python(k, v) for k, v in python.items()}
     config = RunConfig.new(given, ranks=2)
     assert config == RunConfig.new(from_python, ranks=2)
-    assert (config.split, config.sub_batch, config.augment) == (4, 32, "crop,flip")  # counted over 2 ranks
+    assert (config.sub_batches, config.sub_batch, config.augment) == (4, 32, "crop,flip")  # counted over 2 ranks
     assert str(config.store) == "bits 2 (block window, stochastic rounding)"
     assert config.schedule == CosineSchedule(peak=0.1, warmup=20, iters=300)
     assert config.folder() == Path("runs/fashion-mnist-resnet20-2-stochastic-seed0")
@@ -236,3 +236,23 @@ def test_a_resume_may_force_the_graph_off_and_the_change_is_recorded(tmp_path, d
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4", "--no-graph"]) == 0
     resume = [untimed(r) for r in read_metrics(tmp_path / "run") if r["kind"] == "resume"]
     assert resume == [dict(kind="resume", iter=2, changed=dict(iters=[2, 4], graph=[None, False]))]
+
+
+def test_the_old_spelling_of_sub_batches_still_works_for_a_release_with_a_notice(tmp_path, data_dir, capsys):
+    """--split meant the sub-batches of a step before it was named --sub-batches (evaluate's and predict's
+    --split is a data split): the old flag, fit's old keyword and a checkpoint saved under the old name all
+    still work, the first two with a one-line notice."""
+    _, given = read_command_line(["--split", "2"])
+    assert given == dict(sub_batches=2)
+    assert capsys.readouterr().err == "note: --split is now --sub-batches; --split goes in a later release\n"
+    with pytest.warns(DeprecationWarning, match="split is now sub_batches"):
+        train.fit("resnet11", data="cifar10", data_dir=str(data_dir), out=tmp_path / "run", batch=16, split=2,
+                   iters=2, lr_schedule="0:0.05", val_every=2)
+    path = tmp_path / "run" / "checkpoint.h5"
+    assert checkpoint.load(path).config["sub_batches"] == 2
+    with h5py.File(path, "r+") as f:  # as a run from before the rename saved it
+        config = json.loads(f.attrs["config"])
+        config["split"] = config.pop("sub_batches")
+        _set_attrs(f, config=json.dumps(config))
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "3", "--lr-schedule", "0:0.05"]) == 0
+    assert "(2 x 8)" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Training on several processes under mpirun (minibp/dist.py): 2 ranks give one process's --split 2 run
+"""Training on several processes under mpirun (minibp/dist.py): 2 ranks give one process's --sub-batches 2 run
 bit for bit, checkpoints move between the two, and a rank that dies, stops answering or was started
 with other options ends the job with a clear error instead of a hang."""
 import json
@@ -27,7 +27,7 @@ def work(tmp_path_factory):
     also builds the kernels, so no rank waits for a compiler)."""
     tmp = tmp_path_factory.mktemp("dist")
     make_dataset(tmp / "data")
-    result = train(options(tmp, "one", split=2))
+    result = train(options(tmp, "one", sub_batches=2))
     assert result.returncode == 0, result.stderr
     return tmp
 
@@ -58,7 +58,7 @@ def test_two_ranks_train_bit_for_bit_as_one_process_with_two_sub_batches(work):
 
 def test_two_ranks_round_at_random_as_one_process_with_two_sub_batches(work):
     """Stochastic rounding: rank r's sub-batch draws as sub-batch r of one process (step.py numbers them)."""
-    assert train(options(work, "one-stochastic", split=2, rounding="stochastic")).returncode == 0
+    assert train(options(work, "one-stochastic", sub_batches=2, rounding="stochastic")).returncode == 0
     result = train(options(work, "two-stochastic", rounding="stochastic"), ranks=2)
     assert result.returncode == 0, result.stderr
     assert same_state(work / "one-stochastic", work / "two-stochastic")
@@ -68,7 +68,7 @@ def test_two_ranks_round_at_random_as_one_process_with_two_sub_batches(work):
 def test_two_ranks_step_adamw_with_clipping_as_one_process_with_two_sub_batches(work):
     """The global norm is of the gradient summed over the ranks: every rank clips by the same factor."""
     opts = dict(optimizer="adamw", clip_norm=0.5, lr_schedule="0:0.002")
-    assert train(options(work, "one-adamw", split=2, **opts)).returncode == 0
+    assert train(options(work, "one-adamw", sub_batches=2, **opts)).returncode == 0
     result = train(options(work, "two-adamw", **opts), ranks=2)
     assert result.returncode == 0, result.stderr
     assert same_state(work / "one-adamw", work / "two-adamw")
@@ -77,8 +77,8 @@ def test_two_ranks_step_adamw_with_clipping_as_one_process_with_two_sub_batches(
 
 def test_a_checkpoint_resumes_on_the_other_number_of_ranks(work):
     assert train(options(work, "from-two", iters=3), ranks=2).returncode == 0
-    assert train(["--out", str(work / "from-two"), "--resume", "--iters", "6", "--split", "2"]).returncode == 0
-    assert train(options(work, "from-one", iters=3, split=2)).returncode == 0
+    assert train(["--out", str(work / "from-two"), "--resume", "--iters", "6", "--sub-batches", "2"]).returncode == 0
+    assert train(options(work, "from-one", iters=3, sub_batches=2)).returncode == 0
     # as if killed between the iteration-3 checkpoint and its validation: the 2 ranks validate it first
     metrics = work / "from-one" / "metrics.jsonl"
     metrics.write_text("".join(line + "\n" for line in metrics.read_text().splitlines() if '"val"' not in line))
@@ -89,10 +89,10 @@ def test_a_checkpoint_resumes_on_the_other_number_of_ranks(work):
             assert [(r["iter"], r[key]) for r in read_metrics(work / run) if r["kind"] == kind] == \
                 [(r["iter"], r[key]) for r in read_metrics(work / "one") if r["kind"] == kind], (run, kind)
     # 2 ranks x 2 sub-batches is another run than 2 sub-batches in all
-    refused = train(["--out", str(work / "from-one"), "--resume", "--iters", "7", "--split", "2"], ranks=2)
+    refused = train(["--out", str(work / "from-one"), "--resume", "--iters", "7", "--sub-batches", "2"], ranks=2)
     assert refused.returncode == 2
     assert errors(refused) == [f"error: {work / 'from-one' / 'checkpoint.h5'} was trained with other options; a "
-                               "resumed run keeps them: 2 ranks x --split 2 (the run has 2 sub-batches a step)"]
+                               "resumed run keeps them: 2 ranks x --sub-batches 2 (the run has 2 sub-batches a step)"]
 
 
 def test_ranks_started_with_other_options_are_refused_before_anything_is_written(work):

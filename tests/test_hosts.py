@@ -1,8 +1,9 @@
 """Training across machines, simulated by namespaces on this one (tests/hosts.py): MPICH's mpiexec on host0 starts
-ranks on the others through a launcher in ssh's place. Ranks spread over 2 or 3 hosts give one process's --split run
-bit for bit and resume on other hosts; rank 0's host alone holds the run folder; each host reads its own copy of the
-data (a host whose copy differs, or that has none, is refused before the first step); and a host cut off from the
-network, a rank killed on another host or a host whose kernel cache is on a full disk ends the job in one line."""
+ranks on the others through a launcher in ssh's place. Ranks spread over 2 or 3 hosts give one process's
+--sub-batches run bit for bit and resume on other hosts; rank 0's host alone holds the run folder; each host reads
+its own copy of the data (a host whose copy differs, or that has none, is refused before the first step); and a host
+cut off from the network, a rank killed on another host or a host whose kernel cache is on a full disk ends the job
+in one line."""
 import os
 import re
 import shutil
@@ -43,13 +44,13 @@ def options(out, **overrides):
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory):
-    """The data set and the runs of one process the hosts' runs must equal: --split 4 and 3, in each store (they
+    """The data set and the runs of one process the hosts' runs must equal: --sub-batches 4 and 3, in each store (they
     also build the kernels, which every host's cache starts with)."""
     tmp = tmp_path_factory.mktemp("hosts")
     make_dataset(tmp / "data")
     for split in (4, 3):
         for store, store_options in STORES.items():
-            result = train(options(str(tmp / f"one-{split}-{store}"), data_dir=str(tmp / "data"), split=split,
+            result = train(options(str(tmp / f"one-{split}-{store}"), data_dir=str(tmp / "data"), sub_batches=split,
                                    **store_options))
             assert result.returncode == 0, result.stderr
     return tmp
@@ -62,8 +63,10 @@ def cluster(work, tmp_path):
         for host in made:
             host.path("/tmp/data").mkdir()
             shutil.copy(work / "data" / "cifar10.h5", host.path("/tmp/data"))
-            shutil.copytree(build._cache_dir(), host.path("/tmp/cache/minibp/kernels"),
-                            ignore=shutil.ignore_patterns("build-*"))
+            cache = host.path("/tmp/cache/minibp/kernels")
+            shutil.copytree(build._cache_dir(), cache, ignore=shutil.ignore_patterns("build-*"))
+            for folder in (cache.parent, cache):  # private, as minibp makes them (copytree's follow the umask)
+                folder.chmod(0o700)
         yield made
 
 

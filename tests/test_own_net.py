@@ -127,7 +127,7 @@ def test_two_ranks_train_your_own_net_as_one_process_with_split_2(tmp_path, data
     own = dict(model=f"{VGG}:build", model_arg="width=8", iters=4, val_every=4)
     two = run_trainer(base_args(tmp_path, out="two", **own), ranks=2)
     assert two.returncode == 0, two.stderr
-    assert run_trainer(base_args(tmp_path, out="one", split=2, **own)).returncode == 0
+    assert run_trainer(base_args(tmp_path, out="one", sub_batches=2, **own)).returncode == 0
     assert same_weights(tmp_path / "one" / "checkpoint.h5", tmp_path / "two" / "checkpoint.h5")
 
 
@@ -155,8 +155,8 @@ def test_fit_refuses_what_it_cannot_record_in_plain_exceptions(tmp_path, data_di
         minibp.fit(lambda **_: None, data="cifar10", out=tmp_path / "x")
     with pytest.raises(ValueError, match="invalid choice: '3'"):
         minibp.fit("resnet11", data="cifar10", out=tmp_path / "x", bits=3)
-    with pytest.raises(ValueError, match="multiple of --split"):
-        minibp.fit("resnet11", data="cifar10", data_dir=str(data_dir), out=tmp_path / "x", batch=10, split=3)
+    with pytest.raises(ValueError, match="multiple of --sub-batches"):
+        minibp.fit("resnet11", data="cifar10", data_dir=str(data_dir), out=tmp_path / "x", batch=10, sub_batches=3)
     assert not (tmp_path / "x").exists()
 
 

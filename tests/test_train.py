@@ -69,7 +69,7 @@ def test_resume_gives_bit_identical_weights(tmp_path, data_dir, rounding):
 def test_split_computes_a_batch_in_smaller_sub_batches(tmp_path, data_dir):
     common = dict(batch=16, iters=30, log_every=10, val_every=30, lr_schedule="0:0.05")
     assert train.main(base_args(tmp_path, out="whole", **common)) == 0
-    assert train.main(base_args(tmp_path, out="split", split=2, **common)) == 0
+    assert train.main(base_args(tmp_path, out="split", sub_batches=2, **common)) == 0
     whole, split = ([r for r in read_metrics(tmp_path / run) if r["kind"] == "train"] for run in ("whole", "split"))
     assert split[0]["planned_bytes"] < 0.7 * whole[0]["planned_bytes"]  # the arena is planned for 8, not 16
     # the accumulated gradients train (the loss, averaged over 10 iterations at this rate, moves too little)
@@ -97,7 +97,7 @@ def test_ctrl_c_leaves_a_checkpoint_that_resumes(tmp_path, data_dir):
 
 
 @pytest.mark.parametrize("overrides,match", [
-    (dict(batch=10, split=3), "multiple of --split"),
+    (dict(batch=10, sub_batches=3), "multiple of --sub-batches"),
     (dict(model="resnet12"), "unknown model"),
     (dict(lr_schedule="1:0.1"), "start at iteration 0"),
     (dict(lr_schedule="fast"), "ITER:LR"),

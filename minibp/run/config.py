@@ -33,7 +33,7 @@ class RunConfig(RunOptions):
 
     def __post_init__(self):
         check_fields(self)
-        _check_batch(self.batch, self.split, ranks=1)
+        _check_batch(self.batch, self.sub_batches, ranks=1)
         if self.data_file is None and self.data not in DATA_SETS:
             raise ValueError(f"--data must be one of {', '.join(DATA_SETS)}, got {self.data!r}")
         if self.optimizer == "sgd" and self.momentum >= 1:
@@ -53,11 +53,11 @@ class RunConfig(RunOptions):
             raise ValueError("--val-split holds out part of an HDF5 data file; imagenet validates on its val/ folder")
 
     imagenet = property(lambda self: self.data == "imagenet")
-    sub_batch = property(lambda self: self.batch // self.split)  # the images of one forward and backward pass
+    sub_batch = property(lambda self: self.batch // self.sub_batches)  # the images of one forward and backward pass
 
     @classmethod
     def new(cls, given, *, ranks=1):
-        """A fresh run's configuration: the options `given` ({field: value}; --split per rank), every other
+        """A fresh run's configuration: the options `given` ({field: value}; --sub-batches per rank), every other
         at its default (the module docstring). ranks: the processes under mpirun."""
         if "data" in given and "data_file" in given:
             raise ValueError("--data names a prepared data set and --data-file a file of your own: give one")
@@ -71,10 +71,12 @@ class RunConfig(RunOptions):
         if values.get("data_file") is not None:  # the file's own name is the data's, in every message and folder
             values.setdefault("augment", "none")
             values["data"] = data.file_name(values["data_file"])
-        values.setdefault("split", default_of("split"))  # per rank, as given: _recorded counts it over all ranks
+        # per rank, as given: _recorded counts them over all ranks
+        values.setdefault("sub_batches", default_of("sub_batches"))
         values.setdefault("data_dir", default_of("data_dir"))  # made absolute: the run resumes from any folder
         values = _recorded(values, ranks=ranks)
-        _check_batch(values.get("batch", default_of("batch")), values.get("split", default_of("split")), ranks=ranks)
+        _check_batch(values.get("batch", default_of("batch")), values.get("sub_batches", default_of("sub_batches")),
+                     ranks=ranks)
         return cls(**values)
 
     @classmethod
@@ -85,6 +87,8 @@ class RunConfig(RunOptions):
         if "augment" not in values and isinstance(values.get("no_augment"), bool):  # runs from before --augment
             values["augment"] = "none" if values["no_augment"] else BUILT_IN_AUGMENT
         values.pop("no_augment", None)
+        if "split" in values and "sub_batches" not in values:  # runs from before --split was named --sub-batches
+            values["sub_batches"] = values.pop("split")
         if values.get("data_file") is None and values.get("data") not in DATA_SETS:
             raise ValueError(f"{saved.path} is damaged: its configuration's data is {values.get('data')!r}, not a "
                              "data set's name, and it has no data_file")
@@ -111,8 +115,9 @@ class RunConfig(RunOptions):
         takes them): the changeable ones applied, changed = {field: [saved, new]}; a ValueError listing every
         defining option given another value than the run's. path: the checkpoint, as the messages name it."""
         given = _recorded(given, ranks=ranks)
-        differ = [f"{option(k)} {given[k]} (the run has {getattr(self, k)})" if k != "split" or ranks == 1 else
-                  f"{ranks} ranks x --split {given[k] // ranks} (the run has {self.split} sub-batches a step)"
+        differ = [f"{option(k)} {given[k]} (the run has {getattr(self, k)})" if k != "sub_batches" or ranks == 1 else
+                  f"{ranks} ranks x --sub-batches {given[k] // ranks} (the run has {self.sub_batches} sub-batches a "
+                  "step)"
                   for k, opt in option_fields(type(self)) if opt.kind == DEFINING and k in given
                   and given[k] != getattr(self, k)]
         if differ:
@@ -132,9 +137,9 @@ class RunConfig(RunOptions):
         return replace(self, **{k: new for k, (_, new) in changed.items()}), changed
 
     def check_ranks(self, ranks):
-        """That `ranks` processes can share this run's sub-batches (config.split counts them over all ranks)."""
-        if self.split % ranks:
-            raise ValueError(f"the run computes a batch in {self.split} sub-batches, which {ranks} ranks cannot "
+        """That `ranks` processes can share this run's sub-batches (config.sub_batches counts them over all ranks)."""
+        if self.sub_batches % ranks:
+            raise ValueError(f"the run computes a batch in {self.sub_batches} sub-batches, which {ranks} ranks cannot "
                              "share evenly: run it on a number of ranks that divides them")
 
     def as_dict(self):
@@ -155,11 +160,11 @@ class RunConfig(RunOptions):
         return Path(self.data_file) if self.data_file else data.dataset_path(self.data_dir, self.data)
 
 
-def _check_batch(batch, split, *, ranks):
-    """split: the sub-batches of a step over all ranks."""
-    if whole(1)(batch) and whole(1)(split) and batch % split:
-        named = f"{ranks} ranks x --split {split // ranks}" if ranks > 1 else "--split"
-        raise ValueError(f"--batch ({batch}) must be a positive multiple of {named} ({split})")
+def _check_batch(batch, sub_batches, *, ranks):
+    """sub_batches: those of a step over all ranks."""
+    if whole(1)(batch) and whole(1)(sub_batches) and batch % sub_batches:
+        named = f"{ranks} ranks x --sub-batches {sub_batches // ranks}" if ranks > 1 else "--sub-batches"
+        raise ValueError(f"--batch ({batch}) must be a positive multiple of {named} ({sub_batches})")
 
 
 def _recorded(given, *, ranks):
@@ -176,8 +181,8 @@ def _recorded(given, *, ranks):
         recorded["model_args"] = model_args(recorded["model_args"])
     if isinstance(recorded.get("augment"), str):
         recorded["augment"] = data.augment_text(data.parse_augment(recorded["augment"]))
-    if whole(1)(recorded.get("split")):
-        recorded["split"] = recorded["split"] * ranks
+    if whole(1)(recorded.get("sub_batches")):
+        recorded["sub_batches"] = recorded["sub_batches"] * ranks
     return recorded
 
 

@@ -16,6 +16,7 @@ where the whole is made: config.py's RunConfig.
 """
 import argparse
 import ast
+import sys
 from dataclasses import MISSING, dataclass, field, fields
 
 import numpy as np
@@ -209,10 +210,11 @@ class RunOptions:
                                "experiment's option)")
     batch: int = _option(128, kind=DEFINING, group=STORE, type=int, metavar="N", check=whole(1), must_be=POSITIVE,
                          help="images a step (default 128; 256 on imagenet)")
-    # the sub-batches of a step over all ranks: ranks x --split defines the run, so that 2 ranks x --split 1
-    # and 1 process x --split 2, which compute the same step, resume each other's checkpoints
-    split: int = _option(1, kind=DEFINING, group=STORE, type=int, metavar="K", check=whole(1), must_be=POSITIVE,
-                         help="sub-batches a batch is computed in, the gradients accumulated (default 1)")
+    # the sub-batches of a step over all ranks: ranks x --sub-batches defines the run, so that 2 ranks x
+    # --sub-batches 1 and 1 process x --sub-batches 2, which compute the same step, resume each other's checkpoints
+    sub_batches: int = _option(1, kind=DEFINING, group=STORE, type=int, metavar="K", check=whole(1),
+                               must_be=POSITIVE, help="sub-batches a batch is computed in, the gradients accumulated "
+                                                      "(default 1)")
     graph: bool = _option(None, kind=CHANGEABLE, group=STORE, type=bool, negatable=True, before=False,
                           check=lambda v: v is None or isinstance(v, bool), must_be="true, false or null",
                           help="--graph replays each training step as one CUDA graph, --no-graph runs it eagerly; "
@@ -311,7 +313,21 @@ def build_parser(*, description=None):
         else:
             keywords = opt.argparse()
         groups[opt.group].add_argument(option(name), dest=name, **keywords)
+    for old, name in RENAMED.items():  # an old spelling, kept for a release: not in --help
+        p.add_argument(old, dest=name, type=OPTIONS[name].type, action=_Renamed, help=argparse.SUPPRESS)
     return p
+
+
+RENAMED = {"--split": "sub_batches"}  # the trainer's old flags, read for a release with a notice: old -> field
+
+
+class _Renamed(argparse.Action):
+    """An option's old flag: one line on stderr names the new one, and the value goes to it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"note: {option_string} is now {option(self.dest)}; {option_string} goes in a later release",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
 
 
 def read_command_line(argv, *, description=None):
