@@ -112,6 +112,16 @@ def unavailable():
     return None
 
 
+def kept_in_view():
+    """The folders under /tmp that the hosts' private /tmp must not hide: the checkout (CI clones into /tmp) and
+    the interpreter's prefixes (a venv made there, which holds mpirun and the packages), the outermost of each."""
+    kept = []
+    for path in sorted({Path(p).resolve() for p in (ROOT, sys.prefix, sys.exec_prefix, sys.base_prefix)}):
+        if path.is_relative_to("/tmp") and path != Path("/tmp") and not any(path.is_relative_to(k) for k in kept):
+            kept.append(path)
+    return kept
+
+
 def _holder(command, *args):
     """A process that makes namespaces (command: a shell script run in them), says ready and then holds them."""
     process = subprocess.Popen(["unshare", "--net", "--mount", "--uts", "--ipc", "--propagation", "private", "--",
@@ -157,15 +167,17 @@ class Hosts:
             for i in range(count):
                 root = self.base / f"host{i}"
                 root.mkdir(parents=True)
-                # A checkout under /tmp (CI clones into one) stays in view: bound into the host's own /tmp
-                # before it goes over /tmp (--rbind carries that bind along), as a shared install would be.
-                keep = ROOT.resolve()
-                inner = root / keep.relative_to("/tmp") if keep.is_relative_to("/tmp") else None
-                if inner is not None:
+                # What lies under /tmp and every host must see stays in view: bound into the host's own /tmp
+                # before it goes over /tmp (--rbind carries those binds along), as a shared install would be.
+                binds = []
+                for keep in kept_in_view():
+                    inner = root / keep.relative_to("/tmp")
                     inner.mkdir(parents=True)
-                holder = self._hold('hostname "$1" && { [ -z "$3" ] || mount --bind "$4" "$3"; } && '
-                                    'mount --rbind "$2" /tmp && mount -t tmpfs tmpfs /dev/shm',
-                                    f"host{i}", str(root), str(inner or ""), str(keep))
+                    binds += [str(keep), str(inner)]
+                holder = self._hold('hostname "$1" && root="$2" && shift 2 && while [ $# -gt 1 ]; do '
+                                    'mount --bind "$1" "$2" || exit 1; shift 2; done && '
+                                    'mount --rbind "$root" /tmp && mount -t tmpfs tmpfs /dev/shm',
+                                    f"host{i}", str(root), *binds)
                 host = Host(f"host{i}", f"{SUBNET}.{i + 1}", root, holder.pid)
                 # the cable: eth0 in the host, its other end a port of the bridge
                 for command in (f"ip link add eth0 netns {host.pid} type veth peer name port{i}",
