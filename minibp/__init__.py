@@ -9,7 +9,8 @@ paper's ResNets) -> step (one training step) -> dist (several processes).
 The readers, io/: workers -> data (the HDF5 data sets) -> imagenet (the streaming JPEG reader).
 A run's libraries, run/: modelspec (a ResNet's name or your own net) -> schedule -> options (the trainer's
 options, declared) -> config (RunConfig, checked whole) -> splits -> folder (lock and metrics log) -> checkpoint
--> sizing (a plan fitted to the memory) -> evaluation (loss and accuracy over a split) -> trained (minibp.load).
+-> sizing (a plan fitted to the memory) -> evaluation (loss and accuracy over a split) -> trained (minibp.load)
+-> startup (a run's start) -> session (a run's loop).
 The command lines, python3 -m minibp.X: train (and minibp.fit), evaluate, predict, plan, plot, prepare.
 """
 __version__ = "0.1.0"

@@ -1,6 +1,7 @@
 """What the trainer tells a person: console lines with the elapsed time and an ETA, loss and accuracy
 averaged over the logging interval, the plan once, a wall-clock time in every metrics record, a --help
 grouped with every default stated and examples that match the README, and one vocabulary for the store."""
+import argparse
 import re
 import shlex
 import time
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 
 from minibp import evaluate, train
+from minibp.run import session
 from minibp.run.options import build_parser
 from runs import ROOT, base_args, read_metrics
 
@@ -34,11 +36,11 @@ def test_every_line_tells_time_and_a_train_line_averages_its_interval(tmp_path, 
 
 
 def test_the_clock_reads_hours_minutes_seconds_and_extrapolates_this_sessions_pace(monkeypatch):
-    assert [train._clock_time(s) for s in (0, 59.4, 83, 3599.6, 3725.2)] == ["0:00", "0:59", "1:23", "1:00:00",
+    assert [session._clock_time(s) for s in (0, 59.4, 83, 3599.6, 3725.2)] == ["0:00", "0:59", "1:23", "1:00:00",
                                                                             "1:02:05"]
     now = [1000.0]
-    monkeypatch.setattr(train.time, "monotonic", lambda: now[0])
-    clock = train.Clock(first=100, last=400)  # a session resumed at iteration 100 of 400
+    monkeypatch.setattr(session.time, "monotonic", lambda: now[0])
+    clock = session.Clock(first=100, last=400)  # a session resumed at iteration 100 of 400
     assert clock.now(100) == "elapsed 0:00  eta ?"
     now[0] += 50
     assert clock.now(150) == "elapsed 0:50  eta 4:10"  # 1 s an iteration, 250 to go
@@ -51,7 +53,7 @@ def test_help_is_grouped_and_every_option_states_its_default():
                   "several processes (mpirun)", "ImageNet (--data imagenet)"):
         assert title in titles
     for action in parser._actions:
-        if action.dest != "help":
+        if action.dest != "help" and action.help != argparse.SUPPRESS:  # (an old spelling, kept out of --help)
             assert action.help and "default" in action.help, action.option_strings
 
 
@@ -84,7 +86,7 @@ def test_the_rate_after_a_validation_counts_training_time_alone(tmp_path, data_d
     # img/s came out 2 to 4 times too high. On a fake clock, a step takes 1 s and a validation 100 s.
     from minibp import step
     clock = [0.0]
-    real_run, real_evaluate = step.TrainStep.run, train.evaluate
+    real_run, real_evaluate = step.TrainStep.run, session.evaluate
 
     def run(self, *args, **kwargs):
         clock[0] += 1.0
@@ -95,8 +97,8 @@ def test_the_rate_after_a_validation_counts_training_time_alone(tmp_path, data_d
         return real_evaluate(*args, **kwargs)
 
     monkeypatch.setattr(step.TrainStep, "run", run)
-    monkeypatch.setattr(train, "evaluate", evaluate)
-    monkeypatch.setattr(train.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(session, "evaluate", evaluate)
+    monkeypatch.setattr(session.time, "perf_counter", lambda: clock[0])
     assert train.main(base_args(tmp_path, iters=8, batch=16, log_every=4, val_every=3, checkpoint_every=8)) == 0
     rates = [r["images_per_s"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
     assert rates == [16.0, 16.0]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minibp import integrity, train
-from minibp.run import checkpoint
+from minibp.run import checkpoint, session
 from runs import base_args, make_dataset, one_line_error, read_metrics, start_trainer, wait_for_lines
 
 
@@ -40,7 +40,7 @@ def test_checkpointing_every_iteration_through_divergence_leaves_a_finite_checkp
 def test_the_final_checkpoint_is_saved_before_the_final_validation(tmp_path, data_dir, monkeypatch, capsys):
     def broken(*_args, **_kwargs):
         raise ValueError("the validation failed")
-    monkeypatch.setattr(train, "evaluate", broken)
+    monkeypatch.setattr(session, "evaluate", broken)
     assert train.main(base_args(tmp_path, iters=4, val_every=100, checkpoint_every=100)) == 2
     assert "the validation failed" in one_line_error(capsys.readouterr().err)
     assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").iteration == 4
@@ -50,14 +50,14 @@ def test_the_final_checkpoint_is_saved_before_the_final_validation(tmp_path, dat
 def test_a_validation_cut_off_after_its_checkpoint_runs_on_resume(tmp_path, data_dir, monkeypatch, iters):
     """Killed between the iteration-4 checkpoint and its validation: the resumed run validates iteration 4
     first, also when --iters moves the end (4 was a validation point only as the old last iteration)."""
-    real = train.evaluate
-    monkeypatch.setattr(train, "evaluate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    real = session.evaluate
+    monkeypatch.setattr(session, "evaluate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     # (a second Ctrl-C quits at once, as a kill would: nothing more is written)
     assert train.main(base_args(tmp_path, iters=4, val_every=100, checkpoint_every=100)) == 130
     run = tmp_path / "run"
     assert checkpoint.load(run / "checkpoint.h5").iteration == 4
     assert not [r for r in read_metrics(run) if r["kind"] == "val"]
-    monkeypatch.setattr(train, "evaluate", real)
+    monkeypatch.setattr(session, "evaluate", real)
     assert train.main(["--out", str(run), "--resume", "--iters", str(iters)]) == 0
     assert [r["iter"] for r in read_metrics(run) if r["kind"] == "val"] == sorted({4, iters})
     assert train.main(["--out", str(run), "--resume"]) == 0  # a finished run validates nothing twice

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from minibp import evaluate, train
-from minibp.run import checkpoint
+from minibp.run import checkpoint, session
 from runs import ROOT, base_args, read_metrics, untimed
 
 
@@ -144,7 +144,7 @@ def test_a_validation_whose_loss_is_not_finite_is_logged_and_training_goes_on(tm
 
 def test_a_failed_validation_is_recorded_once_and_a_resume_does_not_redo_it(tmp_path, data_dir, capsys,
                                                                             monkeypatch):
-    real = train.evaluate
+    real = session.evaluate
     calls = []
 
     def evaluate(net, split, mean, **kwargs):
@@ -153,7 +153,7 @@ def test_a_failed_validation_is_recorded_once_and_a_resume_does_not_redo_it(tmp_
             raise FloatingPointError(f"the loss over the {split.name} split is inf")
         return real(net, split, mean, **kwargs)
 
-    monkeypatch.setattr(train, "evaluate", evaluate)
+    monkeypatch.setattr(session, "evaluate", evaluate)
     assert train.main(base_args(tmp_path, iters=4, val_every=2, checkpoint_every=4)) == 0
     assert "iter 4/4  validation failed: the loss over the" in capsys.readouterr().out
     vals = [r for r in read_metrics(tmp_path / "run") if r["kind"] == "val"]

@@ -1,0 +1,86 @@
+"""A training run's start-up, before its first iteration: what session.py's Session.start puts together, each
+piece a function of the configuration, so that the loop (session.py) holds only the loop.
+
+    saved, before, config, changed = resumed(path, given, ranks=1)   # a resume: the checkpoint and its options
+    run_data = load_data(config, saved, group)     # the data, its order restored on a resume
+    net = build_net(config, run_data, saved)       # built as the spec says; on a resume, checked against it
+    step = make_step(net, config, ranks=1)         # compiled within memory, with its optimizer
+    print(header(config, net, step, run_data, ranks=1))
+
+Every check here runs before the first write to the run folder, so a refused start leaves the disk as it was.
+"""
+from .. import backend
+from ..io import imagenet
+from ..optim import SGD, AdamW
+from ..step import TrainStep
+from . import checkpoint, modelspec, splits
+from .config import RunConfig
+from .sizing import compile_within_memory
+
+
+def resumed(path, given, *, ranks):
+    """(checkpoint, its configuration, the configuration resumed, changed options) of the run whose checkpoint
+    is at path, resumed with the options `given`."""
+    if not path.is_file():
+        raise FileNotFoundError(f"--resume: no checkpoint at {path} (a run stopped before its first checkpoint "
+                                "starts again with --overwrite)")
+    saved = checkpoint.load(path)
+    before = RunConfig.from_checkpoint(saved)
+    config, changed = before.resumed(given, ranks=ranks, iteration=saved.iteration, path=path)
+    config.check_ranks(ranks)
+    return saved, before, config, changed
+
+
+def load_data(config, saved, group):
+    """The run's data (splits.RunData); on a resume (saved: its checkpoint) the data order restored, and
+    ImageNet's classes checked against the run's. group: several ranks check that they read the same data."""
+    run_data = splits.load(config)
+    if group is not None:  # every rank reads its own copy: on several machines, its host's
+        group.agree_data(run_data.train, run_data.path)
+    if saved is not None:
+        if isinstance(run_data.train, imagenet.Folder):  # the sorted folder names are the labels
+            saved.check_classes(run_data.train.class_names, run_data.train.root)
+        run_data.batches.restore(saved.data_state)
+    return run_data
+
+
+def build_net(config, run_data, saved, *, function=None):
+    """The run's net, uncompiled, for its data; on a resume checked against the checkpoint (saved): the data's
+    shape and classes, the parameter table, the data file's checksum. function: the model's (fit), else the
+    one the spec names."""
+    def build(input_shape, classes):
+        return modelspec.build(config.model, model_args=config.model_args, imagenet=config.imagenet,
+                               input_shape=input_shape, classes=classes, function=function)
+    net = build(run_data.input_shape, run_data.train.classes)
+    if saved is not None:
+        saved.check_data(net, build, run_data.path)  # before check_parameters, which would blame the net
+        saved.check_parameters(net, modelspec.describe(config.model, config.model_args))
+        if not isinstance(run_data.train, imagenet.Folder):  # the same shapes, but the same data?
+            saved.check_data_checksum(run_data.train.sha256, run_data.path)
+    return net
+
+
+def make_step(net, config, *, ranks, group=None):
+    """The run's TrainStep: net compiled for a sub-batch (refused before allocation where it does not fit the
+    memory), its optimizer, its share of the sub-batches (ranks)."""
+    clip = config.clip_norm
+    compile_within_memory(net, batch=config.sub_batch, store=config.store, seed=config.seed,
+                          optimizer=config.optimizer, grad_norm=clip is not None)
+    opt = (AdamW(net, weight_decay=config.weight_decay, clip_norm=clip) if config.optimizer == "adamw"
+           else SGD(net, momentum=config.momentum, weight_decay=config.weight_decay, clip_norm=clip))
+    return TrainStep(net, opt, split=config.sub_batches // ranks, graph=config.graph, group=group)
+
+
+def header(config, net, step, run_data, *, ranks):
+    """The lines a run starts with: the net, the data, the store, the batch and the device; the augmentation
+    and the validation split; the plan of a step."""
+    sub_batch = config.sub_batch
+    in_sub_batches = f" ({config.sub_batches} x {sub_batch})" if config.sub_batches > 1 else ""
+    if ranks > 1:
+        in_sub_batches = f" ({ranks} ranks x {config.sub_batches // ranks} x {sub_batch})"
+    return (f"{modelspec.describe(config.model, config.model_args)} ({len(net.units)} units, "
+            f"{net.num_parameters:,} parameters) on {config.data} ({len(run_data.train.labels):,} training images), "
+            f"{config.store}, batch {config.batch}{in_sub_batches}, device {backend.device}"
+            f"{', one CUDA graph a step' if step.graph else ''}\n"
+            f"augment {config.augment}; validates on {run_data.validates_on}\n"
+            f"plan of a step, allocated once:\n{net.arena.plan.summary()}")
