@@ -326,7 +326,8 @@ def export(run, *, which=None, formats=None, out=None, overwrite=False, report=N
     paths = targets(checkpoint_path(run, which), formats, out)
     existing = [str(p) for p in paths.values() if p.exists()]
     if existing and not overwrite:
-        raise ValueError(f"{', '.join(existing)} exists: pass --overwrite to replace it, or choose another --out")
+        raise ValueError(f"{' and '.join(existing)} {'exist' if len(existing) > 1 else 'exists'}: pass --overwrite "
+                         "to replace, or choose another --out")
     for name in ("onnx", "onnxruntime") if "onnx" in formats else ():
         _library(name)
     serialize = _library("safetensors.numpy").save if "safetensors" in formats else None

@@ -202,3 +202,17 @@ def test_a_process_without_minibp_predicts_the_exported_graph_as_predict_does(ru
     onnx_probabilities = np.load(tmp_path / "p.npy")
     assert np.array_equal(onnx_probabilities.argmax(axis=1), classes)
     assert np.abs(onnx_probabilities - probabilities).max() <= 1e-5
+
+
+@pytest.mark.slow
+def test_the_pytorch_mirror_of_the_bundled_resnets_predicts_as_minibp():
+    """bench/export_pytorch.py (opt-in: skipped without PyTorch): the weights export writes, in torch.nn."""
+    pytest.importorskip("torch", reason="PyTorch, an opt-in for this test: pip install torch==2.13.0")
+    done = subprocess.run([sys.executable, "bench/export_pytorch.py", "--images", "8"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {line[:38].strip(): line[38:].split() for line in done.stdout.splitlines()[1:]}
+    assert len(rows) == 6, done.stdout
+    for name, (images, logits, probabilities, same) in rows.items():
+        if "both sides" not in name:  # the port that pads both sides is there to differ
+            assert images == "8" and float(logits) <= 1e-5 and float(probabilities) <= 1e-5 and same == "8/8", name
