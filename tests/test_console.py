@@ -102,3 +102,14 @@ def test_the_rate_after_a_validation_counts_training_time_alone(tmp_path, data_d
     assert train.main(base_args(tmp_path, iters=8, batch=16, log_every=4, val_every=3, checkpoint_every=8)) == 0
     rates = [r["images_per_s"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
     assert rates == [16.0, 16.0]
+
+
+def test_the_header_names_the_optimizer_the_schedule_and_the_clip(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, out="sgd", iters=1)) == 0
+    assert train.main(base_args(tmp_path, out="adamw", iters=2, optimizer="adamw", clip_norm=2,
+                                lr_schedule="cosine:0.001:warmup=1")) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("optimizer ")]
+    assert lines == ["optimizer sgd (momentum 0.9, weight decay 0.0002); schedule 0:0.05 over 1 iterations; "
+                     "gradient not clipped",
+                     "optimizer adamw (betas 0.9, 0.999, weight decay 0.05); schedule cosine:0.001:warmup=1 over 2 "
+                     "iterations; gradient clipped to norm 2"]

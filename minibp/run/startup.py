@@ -72,8 +72,8 @@ def make_step(net, config, *, ranks, group=None):
 
 
 def header(config, net, step, run_data, *, ranks):
-    """The lines a run starts with: the net, the data, the store, the batch and the device; the augmentation
-    and the validation split; the plan of a step."""
+    """The lines a run starts with: the net, the data, the store, the batch and the device; the optimizer and
+    schedule; the augmentation and the validation split; the plan of a step."""
     sub_batch = config.sub_batch
     in_sub_batches = f" ({config.sub_batches} x {sub_batch})" if config.sub_batches > 1 else ""
     if ranks > 1:
@@ -82,5 +82,16 @@ def header(config, net, step, run_data, *, ranks):
             f"{net.num_parameters:,} parameters) on {config.data} ({len(run_data.train.labels):,} training images), "
             f"{config.store}, batch {config.batch}{in_sub_batches}, device {backend.device}"
             f"{', one CUDA graph a step' if step.graph else ''}\n"
+            f"{training(config)}\n"
             f"augment {config.augment}; validates on {run_data.validates_on}\n"
             f"plan of a step, allocated once:\n{net.arena.plan.summary()}")
+
+
+def training(config):
+    """The header's line of how the run trains: 'optimizer sgd (momentum 0.9, weight decay 0.0002); schedule
+    cosine:0.1:warmup=100 over 2000 iterations; gradient not clipped'."""
+    decay = f"weight decay {config.weight_decay:g}"
+    optimizer = (f"adamw (betas 0.9, 0.999, {decay})" if config.optimizer == "adamw" else
+                 f"sgd (momentum {config.momentum:g}, {decay})")
+    clip = "not clipped" if config.clip_norm is None else f"clipped to norm {config.clip_norm:g}"
+    return f"optimizer {optimizer}; schedule {config.lr_schedule} over {config.iters} iterations; gradient {clip}"
