@@ -19,7 +19,7 @@ eps, gamma's floor, the padding rule and the net's forward pass as JSON (schedul
 
 Files are written whole (integrity.atomic_file), over an existing one only with --overwrite. Needs the export
 extra, pip install 'minibp[export]' (onnx, onnxruntime, safetensors). Exit status: 0 done, 1 a write failed or
-the graph disagreed with the run's net, 2 a bad option or input.
+the graph disagreed with the run's net, 2 a bad option or input, 130 stopped by Ctrl-C.
 """
 import argparse
 import importlib
@@ -285,7 +285,9 @@ def _formats(formats, out):
     """The formats asked for (None: the one out's suffix names, or all), checked against out."""
     suffix = Path(out).suffix if out is not None else ""
     named = [f for f, s in FORMATS.items() if s == suffix]
-    formats = tuple(named or FORMATS) if formats is None else tuple(formats)
+    if formats is None:
+        formats = tuple(named or FORMATS)
+    formats = (formats,) if isinstance(formats, str) else tuple(formats)
     if not formats or any(f not in FORMATS for f in formats) or len(set(formats)) != len(formats):
         raise ValueError(f"formats are some of {', '.join(FORMATS)}, got {formats!r}")
     if named and formats != tuple(named):
@@ -315,9 +317,10 @@ def _write(path, data):
 
 def export(run, *, which=None, formats=None, out=None, overwrite=False, report=None):
     """Write a run's net as ONNX and its weights as safetensors; returns {format: path}. run: a run folder or a
-    checkpoint file; which: "best", "last" or None (as minibp.load); formats: some of FORMATS (None: the one
-    out's suffix names, else both); out: a file (.onnx or .safetensors) or a folder (None: the checkpoint's);
-    overwrite: replace existing files; report: called with each line of progress (the command line's print).
+    checkpoint file; which: "best", "last" or None (as minibp.load); formats: one of FORMATS or a tuple of
+    them (None: the one out's suffix names, else both); out: a file (.onnx or .safetensors) or a folder
+    (None: the checkpoint's); overwrite: replace existing files; report: called with each line of progress
+    (the command line's print).
     A bad option or input is a ValueError (FileNotFoundError, ImportError) before anything is written; a
     failed write or a graph that disagrees with the net is Failed."""
     if which is not None and which not in WHICH:
@@ -376,6 +379,9 @@ def main(argv=None):
     except Failed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a file being written is removed whole (atomic_file); those written stay
+        print("stopped: no file is left half written", file=sys.stderr)
+        return 130
     return 0
 
 
