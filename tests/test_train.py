@@ -11,7 +11,7 @@ import pytest
 
 from minibp import evaluate, train
 from minibp.run import checkpoint, session
-from runs import ROOT, base_args, read_metrics, untimed
+from runs import ROOT, base_args, one_line_error, read_metrics, untimed
 
 
 @pytest.mark.slow
@@ -189,3 +189,34 @@ def test_adamw_with_clipping_resumes_bit_identically_and_logs_the_norm(tmp_path,
     assert "--optimizer sgd (the run has adamw)" in capsys.readouterr().err
     assert train.main(base_args(tmp_path, out="bad", clip_norm=0)) == 2
     assert "--clip-norm must be a finite positive number, got 0.0" in capsys.readouterr().err
+
+
+def test_patience_stops_a_run_that_stopped_improving_and_a_resume_keeps_it(tmp_path, data_dir, capsys, monkeypatch):
+    """--patience N: after N validations in a row without a better one the run saves and stops early (exit 0);
+    the patience is recorded, a resume keeps it (and stops at once), and a larger one trains on."""
+    accuracies = iter([0.5, 0.4, 0.5, 0.3, 0.6, 0.2, 0.2, 0.2, 0.2, 0.2])  # one a validation, in order
+    monkeypatch.setattr(session, "evaluate", lambda *args, **kwargs: (1.0, next(accuracies)))
+    assert train.main(base_args(tmp_path, iters=20, val_every=1, checkpoint_every=5, patience=2)) == 0
+    out = capsys.readouterr().out
+    assert "stopped early at iteration 3: 2 validations in a row without a better one than iteration 1's " \
+           "(--patience 2); to train on: python3 -m minibp.train --out" in out and "--resume --patience 4" in out
+    saved = checkpoint.load(tmp_path / "run" / "checkpoint.h5")
+    assert (saved.iteration, saved.config["patience"]) == (3, 2)
+    assert checkpoint.load(tmp_path / "run" / "best.h5").iteration == 1
+    assert train.main(["--out", str(tmp_path / "run"), "--resume"]) == 0  # kept: nothing more to train
+    assert "stopped early at iteration 3" in capsys.readouterr().out
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").iteration == 3
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--patience", "4"]) == 0
+    assert "stopped early at iteration 9: 4 validations in a row without a better one than iteration 5's" in \
+        capsys.readouterr().out
+    vals = [r["iter"] for r in read_metrics(tmp_path / "run") if r["kind"] == "val"]
+    assert vals == list(range(1, 10))  # each once
+    resume = [r["changed"] for r in read_metrics(tmp_path / "run") if r["kind"] == "resume"]
+    assert resume == [dict(patience=[2, 4])]
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_a_patience_that_is_not_a_positive_count_is_refused_in_one_line(tmp_path, data_dir, capsys, value):
+    assert train.main(base_args(tmp_path, patience=value)) == 2
+    assert one_line_error(capsys.readouterr().err) == f"error: --patience must be a positive integer, got {value}"
+    assert not (tmp_path / "run").exists()

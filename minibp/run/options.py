@@ -241,6 +241,10 @@ class RunOptions:
                                check=_optional(lambda v: _real(0)(v) and v > 0), must_be="a finite positive number",
                                help="scale each step's gradient down to this global L2 norm where it is larger "
                                     "(default off)")
+    patience: int = _option(None, kind=CHANGEABLE, group=SCHEDULE, type=int, metavar="N", before=None,
+                            check=_optional(whole(1)), must_be=POSITIVE,
+                            help="stop early after N validations in a row without a better one than the run's best "
+                                 "(default: off, train to --iters)")
     # run folder
     log_every: int = _option(20, kind=CHANGEABLE, group=FOLDER, type=int, metavar="N", check=whole(1),
                              must_be=POSITIVE, help="iterations a console line and a metrics record, loss and "

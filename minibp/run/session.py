@@ -51,6 +51,7 @@ class Session:
         self.signals = []       # SIGINT or SIGTERM received: the loop stops after its iteration
         self.best = None        # (accuracy, -loss) of the best validation so far (best.h5's) ...
         self.best_iteration = None  # ... and its iteration
+        self.stale = 0          # validations since the best that did not beat it (--patience counts them)
 
 
     def start(self, config, given, *, function=None):
@@ -70,7 +71,8 @@ class Session:
         if saved is not None:
             checkpoint.restore(self.net, saved)
             self.iteration = self.last_saved = saved.iteration
-        self.best = self.best_so_far() if self.rank_0 else None
+        self.best, self.best_iteration, self.stale = (self.standing() if self.group is None else
+                                                      self.group.on_rank_0(self.standing))
         if self.rank_0:
             self.run.clear_overwritten()  # every check has passed: only now does --overwrite remove the old run
         try:
@@ -100,9 +102,9 @@ class Session:
         previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.loop()
+            if (self.stopping() or self.patience_spent()) and self.last_saved != self.iteration:
+                self.save()
             if self.stopping():
-                if self.last_saved != self.iteration:
-                    self.save()
                 print(f"stopped at iteration {self.iteration}: checkpoint saved to {self.run.checkpoint_path}\n"
                       f"continue with: {self.resume_advice()}", flush=True)
                 return 130, self.net
@@ -114,6 +116,10 @@ class Session:
                 self.batches.close()  # its decoding processes
         if self.rank_0:
             self.run.check()  # the folder named below is still this run's
+        if self.patience_spent() and self.iteration < config.iters:
+            print(f"stopped early at iteration {self.iteration}: {self.stale} validation{'s' * (self.stale > 1)} in a "
+                  f"row without a better one than iteration {self.best_iteration}'s (--patience {config.patience}); to train on: "
+                  f"{self.resume_advice(patience=2 * config.patience)}")
         best = "" if self.best is None else (f", best {self.run.best_path} (iteration {self.best_iteration}, "
                                              f"validation accuracy {self.best[0]:.4f})")
         print(f"done: {self.iteration} iterations in {self.clock.elapsed()}; checkpoint {self.run.checkpoint_path}"
@@ -126,7 +132,7 @@ class Session:
         config, batches, group = self.config, self.batches, self.group
         # the interval a log line averages over: its start, its images (img/s), (loss, accuracy) a step
         interval_start, interval_images, sums = time.perf_counter(), 0, []
-        while self.iteration < config.iters and not self.stopping():
+        while self.iteration < config.iters and not self.stopping() and not self.patience_spent():
             lr = config.schedule.rate(self.iteration)
             images, labels = batches.next()
             if group is not None:  # every rank draws the whole batch, as one process would, and keeps its rows
@@ -196,15 +202,34 @@ class Session:
         except FloatingPointError as e:
             self.say(f"validation failed: {e}, from the running statistics; training goes on")
             self.log(kind="val", iter=self.iteration, loss=None, accuracy=None, error=str(e))
+            self.stale += 1
             return
-        # the best: the highest accuracy, a tie broken by the lower loss (then the earlier model stays)
-        if self.rank_0 and (self.best is None or (val_accuracy, -val_loss) > self.best):
-            self.save(path=self.run.best_path, validation=dict(
-                split=getattr(self.data.val, "part", "val"), iteration=self.iteration, loss=val_loss,
-                accuracy=val_accuracy))
-            self.best, self.best_iteration = (val_accuracy, -val_loss), self.iteration
+        # the best: the highest accuracy, a tie broken by the lower loss (then the earlier model stays); every
+        # rank has the same figures, and keeps the same count
+        if self.best is None or (val_accuracy, -val_loss) > self.best:
+            if self.rank_0:
+                self.save(path=self.run.best_path, validation=dict(
+                    split=getattr(self.data.val, "part", "val"), iteration=self.iteration, loss=val_loss,
+                    accuracy=val_accuracy))
+            self.best, self.best_iteration, self.stale = (val_accuracy, -val_loss), self.iteration, 0
+        else:
+            self.stale += 1
         self.say(f"validation loss {val_loss:.4f}  acc {val_accuracy:.4f}")
         self.log(kind="val", iter=self.iteration, loss=val_loss, accuracy=val_accuracy)
+
+    def patience_spent(self):
+        """Whether --patience validations in a row have not beaten the run's best: the run stops early."""
+        return self.config.patience is not None and self.stale >= self.config.patience
+
+    def standing(self):
+        """(best, its iteration, validations since it) of the run so far (rank 0's files): best.h5's score and
+        the validations the metrics hold after it, up to this iteration (a failed one counts as not better)."""
+        best = self.best_so_far()
+        if best is None or self.saved is None:
+            return best, self.best_iteration, 0
+        stale = sum(1 for r in read_metrics(self.run.metrics_path) if r.get("kind") == "val"
+                    and isinstance(r.get("iter"), int) and self.best_iteration < r["iter"] <= self.iteration)
+        return best, self.best_iteration, stale
 
     def best_so_far(self):
         """The validation accuracy of the run's best.h5 (None: none yet, or a fresh run). A best.h5 that
