@@ -40,7 +40,7 @@ import numpy as np
 
 from . import dist
 from .kernels import KernelError
-from .run import modelspec
+from .run import modelspec, startup
 from .run.config import RunConfig
 from .run.folder import FolderLost, RunDir
 from .run.options import OPTIONS, Invocation, read_command_line
@@ -172,7 +172,7 @@ def _run(invocation, given, group=None, *, function=None, python=False):
     ranks = group.size if group else 1
 
     def fresh():  # a new run's configuration, checked whole before anything touches the disk (rank 0's)
-        return RunConfig.new(given, ranks=ranks)
+        return RunConfig.new(startup.fine_tuned(given), ranks=ranks)
     config = None if invocation.resume else fresh() if group is None else group.on_rank_0(fresh)
     out = Path(invocation.out) if invocation.out else (config or (fresh() if group is None else
                                                                   group.on_rank_0(fresh))).folder()

@@ -10,7 +10,9 @@
            the SHA-256 of those six and of the optional ones; every array carries the SHA-256 of its bytes as
            its attribute sha256
     optional attrs: data (JSON: the data's name, file checksum, image shape and classes), validation (JSON:
-           the split, loss and accuracy of the validation this state scored: best.h5's)
+           the split, loss and accuracy of the validation this state scored: best.h5's), started_from (JSON:
+           a run begun from another's weights, --init-from: that checkpoint, its iteration, how many arrays
+           were taken and the parameters that started fresh)
 
 The config says how the net was built (its model spec and model_args, modelspec.build), so it is under the
 checksum too; a net built again from it must have the parameter table (names and shapes) that
@@ -40,7 +42,8 @@ FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read
 OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read
 ATTRS = ("format", "iteration", "config", "data_epoch", "data_position", "data_rng")  # all that a resume reads
-OPTIONAL_ATTRS = ("data", "validation")  # JSON, under attrs_sha256 where present (files before them lack them)
+OPTIONAL_ATTRS = ("data", "validation", "started_from")  # JSON, under attrs_sha256 where present (older files
+#                                                           lack them)
 # What each later format added, refused in a file that claims an earlier one: a flipped bit in the format
 # (3 -> 2 or 1) would otherwise skip the checksums those fields are under.
 LATER = {UNCHECKED_ATTRS: ("attrs_sha256", "class_names"), OLD_FORMAT: ("attrs_sha256", "class_names", "state")}
@@ -76,6 +79,7 @@ class Checkpoint:
     data: dict = None          # {name, sha256, shape, classes} of the data trained on (None: an older file)
     mean: np.ndarray = None    # (H, W, C) float32 the training images' mean (None: ImageNet, or an older file)
     validation: dict = None    # {split, loss, accuracy} of the validation of this state (best.h5), or None
+    started_from: dict = None  # {checkpoint, iteration, taken, fresh} of --init-from's run, or None
 
     def check_classes(self, names, where):
         """A ValueError naming the first difference unless names (the class names of the data at `where`)
@@ -169,10 +173,12 @@ def attrs_sha256(attrs):
     return sha256_bytes(json.dumps([str(attrs[k]) for k in ATTRS] + optional).encode())
 
 
-def save(path, net, *, iteration, config, data_state, class_names=None, data=None, mean=None, validation=None):
+def save(path, net, *, iteration, config, data_state, class_names=None, data=None, mean=None, validation=None,
+         started_from=None):
     """Write net's state, the iteration, the run's config, the data stream's state, the data's class
-    names and (optional) facts of the data (a dict), the training images' mean and this state's
-    validation (a dict) to path, atomically. Raises NotFinite (writing nothing) if the net diverged."""
+    names and (optional) facts of the data (a dict), the training images' mean, this state's validation
+    and where the run started from (dicts) to path, atomically. Raises NotFinite (writing nothing) if the
+    net diverged."""
     state = net.state()
     check_finite(state)
     arrays = {f"state/{name}": array for name, array in state.items()}
@@ -184,7 +190,8 @@ def save(path, net, *, iteration, config, data_state, class_names=None, data=Non
     attrs = dict(format=FORMAT, iteration=int(iteration), config=json.dumps(config),
                  data_epoch=int(data_state["epoch"]), data_position=int(data_state["position"]),
                  data_rng=data_state["rng"])
-    attrs.update({k: json.dumps(v) for k, v in dict(data=data, validation=validation).items() if v is not None})
+    optional = dict(data=data, validation=validation, started_from=started_from)
+    attrs.update({k: json.dumps(v) for k, v in optional.items() if v is not None})
     image = io.BytesIO()  # built in memory: a failed disk write (a full disk) is then a plain OSError, where
     with h5py.File(image, "w") as f:  # h5py, failing mid-file, can crash the process
         f.attrs.update(attrs, attrs_sha256=attrs_sha256(attrs))

@@ -172,7 +172,7 @@ def _recorded(given, *, ranks):
     model's spec as modelspec.canonical makes it, its arguments as JSON gives them back, the augmentation in
     AUGMENTS' order, and the sub-batches counted over all ranks."""
     recorded = dict(given)
-    for key in ("data_dir", "data_file"):
+    for key in ("data_dir", "data_file", "init_from"):
         if recorded.get(key) is not None:
             recorded[key] = str(Path(recorded[key]).resolve())
     if "model" in recorded:

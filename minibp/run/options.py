@@ -184,6 +184,12 @@ class RunOptions:
                                before={},  # runs from before your own nets: ResNets, which take none
                                help="a keyword argument for your own net's function, VALUE a Python literal "
                                     "(--model-arg width=32 --model-arg pool=\"'max'\"); repeat it (default none)")
+    init_from: str = _option(None, kind=DEFINING, group=MODEL, metavar="RUN", before=None, check=_optional(_text),
+                             must_be="a path",
+                             help="start from another run's weights (fine-tuning): RUN is a run folder (its best.h5 "
+                                  "where it has one, else its checkpoint.h5) or a checkpoint file; the arrays whose "
+                                  "names and shapes match this net's are taken, the others (a classifier of another "
+                                  "class count) start fresh; --model defaults to RUN's (default: none, all fresh)")
     seed: int = _option(0, kind=DEFINING, group=MODEL, type=int, metavar="N", check=whole(0), must_be=NON_NEGATIVE,
                         help="seeds the weights and the data order (default 0)")
     # activation store and step

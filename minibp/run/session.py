@@ -52,6 +52,7 @@ class Session:
         self.best = None        # (accuracy, -loss) of the best validation so far (best.h5's) ...
         self.best_iteration = None  # ... and its iteration
         self.stale = 0          # validations since the best that did not beat it (--patience counts them)
+        self.started_from = None  # {checkpoint, iteration, taken, fresh}: --init-from's weights, as recorded
 
 
     def start(self, config, given, *, function=None):
@@ -68,9 +69,12 @@ class Session:
         self.train_split, self.batches = self.data.train, self.data.batches
         self.net = startup.build_net(config, self.data, saved, function=function)
         self.step = startup.make_step(self.net, config, ranks=self.ranks, group=self.group)
+        why = None
         if saved is not None:
             checkpoint.restore(self.net, saved)
-            self.iteration = self.last_saved = saved.iteration
+            self.iteration, self.last_saved, self.started_from = saved.iteration, saved.iteration, saved.started_from
+        elif config.init_from is not None:
+            self.started_from, why = startup.take_weights(self.net, config.init_from, group=self.group)
         self.best, self.best_iteration, self.stale = (self.standing() if self.group is None else
                                                       self.group.on_rank_0(self.standing))
         if self.rank_0:
@@ -82,7 +86,8 @@ class Session:
             raise self.write_failed(self.run.metrics_path, e) from None
         if changed:
             self.log(kind="resume", iter=self.iteration, changed=changed)
-        print(startup.header(config, self.net, self.step, self.data, ranks=self.ranks))
+        print(startup.header(config, self.net, self.step, self.data, ranks=self.ranks, started_from=self.started_from,
+                             why=why))
         if saved:
             print(f"resumed from {self.run.checkpoint_path} at iteration {self.iteration}"
                   + "".join(f"; {k} {old} -> {new}" for k, (old, new) in changed.items()))
@@ -118,8 +123,8 @@ class Session:
             self.run.check()  # the folder named below is still this run's
         if self.patience_spent() and self.iteration < config.iters:
             print(f"stopped early at iteration {self.iteration}: {self.stale} validation{'s' * (self.stale > 1)} in a "
-                  f"row without a better one than iteration {self.best_iteration}'s (--patience {config.patience}); to train on: "
-                  f"{self.resume_advice(patience=2 * config.patience)}")
+                  f"row without a better one than iteration {self.best_iteration}'s (--patience {config.patience}); "
+                  f"to train on: {self.resume_advice(patience=2 * config.patience)}")
         best = "" if self.best is None else (f", best {self.run.best_path} (iteration {self.best_iteration}, "
                                              f"validation accuracy {self.best[0]:.4f})")
         print(f"done: {self.iteration} iterations in {self.clock.elapsed()}; checkpoint {self.run.checkpoint_path}"
@@ -264,7 +269,8 @@ class Session:
                 self.run.check()
                 checkpoint.save(path, self.net, iteration=self.iteration, config=self.config.as_dict(),
                                 data_state=self.batches.state(), class_names=getattr(split, "class_names", None),
-                                data=facts, mean=self.data.mean, validation=validation)
+                                data=facts, mean=self.data.mean, validation=validation,
+                                started_from=self.started_from)
             else:  # the same state as rank 0's: stop with it
                 checkpoint.check_finite(self.net.state())
         except checkpoint.NotFinite as e:

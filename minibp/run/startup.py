@@ -2,13 +2,17 @@
 piece a function of the configuration, so that the loop (session.py) holds only the loop.
 
     saved, before, config, changed = resumed(path, given, ranks=1)   # a resume: the checkpoint and its options
+    config = RunConfig.new(fine_tuned(given))      # a fresh run: --init-from's model where --model is not given
     run_data = load_data(config, saved, group)     # the data, its order restored on a resume
     net = build_net(config, run_data, saved)       # built as the spec says; on a resume, checked against it
     step = make_step(net, config, ranks=1)         # compiled within memory, with its optimizer
+    started_from, why = take_weights(net, config.init_from)   # --init-from: the arrays that fit, taken
     print(header(config, net, step, run_data, ranks=1))
 
 Every check here runs before the first write to the run folder, so a refused start leaves the disk as it was.
 """
+from pathlib import Path
+
 from .. import backend
 from ..io import imagenet
 from ..optim import SGD, AdamW
@@ -16,6 +20,7 @@ from ..step import TrainStep
 from . import checkpoint, modelspec, splits
 from .config import RunConfig
 from .sizing import compile_within_memory
+from .trained import checkpoint_path
 
 
 def resumed(path, given, *, ranks):
@@ -29,6 +34,54 @@ def resumed(path, given, *, ranks):
     config, changed = before.resumed(given, ranks=ranks, iteration=saved.iteration, path=path)
     config.check_ranks(ranks)
     return saved, before, config, changed
+
+
+def fine_tuned(given):
+    """The options `given` of a fresh run, with --init-from's model and its arguments where --model is not
+    given (a run fine-tuned from another is most often its net on other data)."""
+    if given.get("init_from") is None:
+        return given
+    path = _source(given["init_from"])  # (checked here, before anything else is)
+    if "model" in given:
+        return given
+    source = RunConfig.from_checkpoint(checkpoint.load(path))
+    return dict(given, model=source.model, model_args=given.get("model_args", source.model_args))
+
+
+def take_weights(net, run, *, group=None):
+    """Start a compiled net from the weights of the run at `run` (a folder: its best.h5 where it has one, else
+    its checkpoint.h5; or a checkpoint file): every parameter and running statistic whose name and shape are
+    the net's is taken, the rest keeps its fresh initialisation, the optimizer's state starts at zero.
+    (started_from, why): what a checkpoint records of it ({checkpoint, iteration, taken, fresh}), and why each
+    fresh parameter is ({name: reason}, for the header); a ValueError where no parameter fits. group: rank 0
+    reads the file and sends it to the others."""
+    path = _source(run)
+    source = checkpoint.load(path) if group is None else group.on_rank_0(lambda: checkpoint.load(path))
+    own = net.state()
+    taken = {name: array for name, array in source.state.items() if name.split("/")[0] in ("params", "running")
+             and name in own and own[name].shape == array.shape}
+    params = [name for name in own if name.startswith("params/")]
+    if not any(name in taken for name in params):
+        raise ValueError(f"--init-from {run}: {path} holds no parameter of this net's names and shapes (it has "
+                         f"{len(source.state)} arrays, the net {len(params)} parameters)")
+    net.load_state(dict(own, **taken))
+    fresh = [name.removeprefix("params/") for name in params if name not in taken]
+    return (dict(checkpoint=str(Path(path).resolve()), iteration=source.iteration, taken=len(taken), fresh=fresh),
+            {name: _why_fresh(name, own, source.state) for name in fresh})
+
+
+def _source(run):
+    """The checkpoint file of --init-from's run (its best.h5 where it has one); FileNotFoundError naming it."""
+    try:
+        return checkpoint_path(run)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"--init-from: {e}") from None
+
+
+def _why_fresh(name, own, theirs):
+    """Why a parameter started fresh: '(64, 5), the run's (64, 4)' or 'not in the run'."""
+    key = f"params/{name}"
+    return f"{own[key].shape}, the run's {theirs[key].shape}" if key in theirs else "not in the run"
 
 
 def load_data(config, saved, group):
@@ -71,20 +124,32 @@ def make_step(net, config, *, ranks, group=None):
     return TrainStep(net, opt, split=config.sub_batches // ranks, graph=config.graph, group=group)
 
 
-def header(config, net, step, run_data, *, ranks):
+def started(started_from, why):
+    """The header's line of a run begun from another's weights: where from, and what started fresh."""
+    fresh = "; ".join(f"{name} {why[name]}" for name in started_from["fresh"][:6])
+    more = len(started_from["fresh"]) - 6
+    return (f"started from {started_from['checkpoint']} (iteration {started_from['iteration']}): took "
+            f"{started_from['taken']} arrays (parameters and running statistics)"
+            + (f"; fresh: {fresh}" + (f"; and {more} more" if more > 0 else "") if fresh else "; nothing fresh"))
+
+
+def header(config, net, step, run_data, *, ranks, started_from=None, why=None):
     """The lines a run starts with: the net, the data, the store, the batch and the device; the optimizer and
-    schedule; the augmentation and the validation split; the plan of a step."""
+    schedule; where a fine-tuned run's weights came from (started_from, why: take_weights'); the augmentation
+    and the validation split; the plan of a step."""
     sub_batch = config.sub_batch
     in_sub_batches = f" ({config.sub_batches} x {sub_batch})" if config.sub_batches > 1 else ""
     if ranks > 1:
         in_sub_batches = f" ({ranks} ranks x {config.sub_batches // ranks} x {sub_batch})"
-    return (f"{modelspec.describe(config.model, config.model_args)} ({len(net.units)} units, "
-            f"{net.num_parameters:,} parameters) on {config.data} ({len(run_data.train.labels):,} training images), "
-            f"{config.store}, batch {config.batch}{in_sub_batches}, device {backend.device}"
-            f"{', one CUDA graph a step' if step.graph else ''}\n"
-            f"{training(config)}\n"
-            f"augment {config.augment}; validates on {run_data.validates_on}\n"
-            f"plan of a step, allocated once:\n{net.arena.plan.summary()}")
+    lines = [f"{modelspec.describe(config.model, config.model_args)} ({len(net.units)} units, "
+             f"{net.num_parameters:,} parameters) on {config.data} ({len(run_data.train.labels):,} training images), "
+             f"{config.store}, batch {config.batch}{in_sub_batches}, device {backend.device}"
+             f"{', one CUDA graph a step' if step.graph else ''}", training(config)]
+    if why is not None:
+        lines.append(started(started_from, why))
+    lines += [f"augment {config.augment}; validates on {run_data.validates_on}",
+              f"plan of a step, allocated once:\n{net.arena.plan.summary()}"]
+    return "\n".join(lines)
 
 
 def training(config):

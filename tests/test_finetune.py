@@ -1,0 +1,90 @@
+"""Fine-tuning (--init-from RUN, fit(init_from=...)): a new run starts from another run's weights, on other data;
+the arrays whose names and shapes match are taken, a classifier of another class count starts fresh, the header
+and the checkpoint say where the run started from and what is fresh, and the run is one like any other: it
+resumes bit for bit, and minibp.load and predict take it."""
+import numpy as np
+import pytest
+
+import minibp
+from minibp import models, predict, train
+from minibp.optim import SGD
+from minibp.run import checkpoint, startup
+from runs import ROOT, base_args, make_dataset, one_line_error
+
+
+@pytest.fixture
+def source(tmp_path, data_dir):
+    """A resnet11 run on 4 classes, and a data file of 5 classes (other images) beside it."""
+    assert train.main(base_args(tmp_path, out="source", iters=4, val_every=2)) == 0
+    make_dataset(tmp_path / "five", classes=5, seed=1)
+    return tmp_path / "source"
+
+
+def tuned_args(tmp_path, out="tuned", **overrides):
+    """The fine-tuned run's options: no --model (it comes from the source run), the 5-class data."""
+    argv = base_args(tmp_path, out=out, data_dir=str(tmp_path / "five"), init_from=str(tmp_path / "source"),
+                     **overrides)
+    at = argv.index("--model")
+    return argv[:at] + argv[at + 2:]
+
+
+def test_a_run_starts_from_the_arrays_that_fit_and_a_new_classifier_starts_fresh(source, tmp_path, capsys):
+    capsys.readouterr()
+    assert train.main(tuned_args(tmp_path)) == 0
+    out = capsys.readouterr().out
+    best = source / "best.h5"
+    assert out.startswith("resnet11 (11 units")  # the source run's model, not the default's
+    assert (f"started from {best} (iteration {checkpoint.load(best).iteration}): took 40 arrays (parameters and "
+            "running statistics); fresh: unit10.w (5, 1, 1, 256), the run's (4, 1, 1, 256); unit10.bias (5,), the "
+            "run's (4,)") in out
+    saved = checkpoint.load(tmp_path / "tuned" / "checkpoint.h5")
+    assert saved.config["init_from"] == str(source)
+    assert saved.started_from == dict(checkpoint=str(best), iteration=checkpoint.load(best).iteration, taken=40,
+                                      fresh=["unit10.w", "unit10.bias"])
+    assert minibp.load(tmp_path / "tuned").net.classes == 5  # a run like any other
+    images = np.random.default_rng(0).integers(0, 256, (3, 8, 8, 3), dtype=np.uint8)
+    np.save(tmp_path / "images.npy", images)
+    assert predict.main([str(tmp_path / "tuned"), str(tmp_path / "images.npy")]) == 0
+    assert "3 images; predicted" in capsys.readouterr().out
+
+
+def test_the_weights_taken_are_the_runs_and_the_rest_keeps_its_initialisation(source, tmp_path):
+    net = models.by_name("resnet11", input_shape=(8, 8, 3), classes=5).compile(batch=4, bits="4", seed=3)
+    SGD(net, momentum=0.9)
+    fresh = net.state()
+    started_from, why = startup.take_weights(net, source / "checkpoint.h5")
+    theirs, now = checkpoint.load(source / "checkpoint.h5").state, net.state()
+    assert started_from["fresh"] == ["unit10.w", "unit10.bias"] and set(why) == set(started_from["fresh"])
+    for name, array in now.items():
+        if name.startswith(("params/", "running/")) and name.removeprefix("params/") not in started_from["fresh"]:
+            assert np.array_equal(array, theirs[name]), name
+        else:  # the new classifier, and the optimizer's state: as compiled
+            assert np.array_equal(array, fresh[name]), name
+
+
+def test_a_fine_tuned_run_resumes_bit_for_bit_and_keeps_where_it_started(source, tmp_path):
+    assert train.main(tuned_args(tmp_path, out="whole", iters=4)) == 0
+    assert train.main(tuned_args(tmp_path, out="parts", iters=2)) == 0
+    assert train.main(["--out", str(tmp_path / "parts"), "--resume", "--iters", "4"]) == 0
+    whole, parts = (checkpoint.load(tmp_path / run / "checkpoint.h5") for run in ("whole", "parts"))
+    assert all(np.array_equal(whole.state[k], parts.state[k]) for k in whole.state)
+    assert parts.started_from == whole.started_from is not None
+
+
+def test_fit_takes_init_from_too(source, tmp_path):
+    net = minibp.fit(data=str(tmp_path / "five" / "cifar10.h5"), out=tmp_path / "fit", init_from=str(source),
+                     batch=16, iters=2, lr_schedule="0:0.05", val_every=2)
+    assert net.classes == 5
+    assert checkpoint.load(tmp_path / "fit" / "checkpoint.h5").started_from["fresh"] == ["unit10.w", "unit10.bias"]
+
+
+def test_a_run_to_start_from_that_is_missing_or_fits_nothing_is_refused_in_one_line(source, tmp_path, capsys):
+    missing = tmp_path / "nothing"
+    assert train.main(tuned_args(tmp_path) + ["--init-from", str(missing)]) == 2
+    assert one_line_error(capsys.readouterr().err) == f"error: --init-from: no run folder or checkpoint at {missing}"
+    own = ["--model", f"{ROOT / 'docs' / 'vgg_example.py'}:build", "--model-arg", "width=12", "--model-arg",
+           "stages=1"]  # channels 12 where resnet11's are 16, 32, 64 ...
+    assert train.main(tuned_args(tmp_path) + own) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"--init-from {source}: {source / 'best.h5'} holds no parameter of this net's names and shapes" in line
+    assert not (tmp_path / "tuned").exists()
