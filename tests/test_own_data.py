@@ -189,3 +189,12 @@ def test_a_data_file_changed_under_a_run_is_refused_on_resume(tmp_path, own, cap
                class_names=["left", "right", "top", "bottom"])
     assert train.main(["--out", str(tmp_path / "run"), "--resume"]) == 2
     assert "is not the data" in one_line_error(capsys.readouterr().err)
+
+
+def test_a_val_split_that_overrides_the_files_own_is_said_in_the_header_and_a_warning(tmp_path, own, capsys):
+    assert train.main(args(tmp_path, own, "--val-split", "0.25", iters=10)) == 0
+    captured = capsys.readouterr()
+    assert ("validates on 0.25 of the training split (128 images), held out, instead of the data file's own val "
+            "split (--val-split overrides it)") in captured.out
+    assert f"warning: --val-split 0.25 validates on part of the training split, not on {own[0]}'s own val split" \
+        in captured.err

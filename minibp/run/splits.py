@@ -6,8 +6,9 @@ minibp.load's predictions share it, so a run is never fed images prepared anothe
     print(run_data.validates_on)     # "the data file's val split", "5% of the training split, held out", ...
 
 Validation reads, in this order: a held-out fraction of the training split (--val-split, data.hold_out: the
-same images every time, never trained on); the data file's own val split (data.write(..., val=...)); else
-the test split, as the paper's recipe does, and the header says so.
+same images every time, never trained on), which the header and a warning say where the data file has a val
+split of its own; the data file's own val split (data.write(..., val=...)); else the test split, as the
+paper's recipe does, and the header says so.
 """
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ def load(config, *, batches=True):
     if config.val_split is not None:
         train, val = data.hold_out(train, config.val_split)
         validates_on = f"{config.val_split:g} of the training split ({len(val.labels):,} images), held out"
+        if data.has_split(path, "val"):  # never in silence: the header says it, and a warning does
+            validates_on += ", instead of the data file's own val split (--val-split overrides it)"
     elif data.has_split(path, "val"):
         val, validates_on = data.load_split(path, "val"), "the data file's val split"
     else:

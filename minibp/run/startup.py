@@ -11,10 +11,11 @@ piece a function of the configuration, so that the loop (session.py) holds only 
 
 Every check here runs before the first write to the run folder, so a refused start leaves the disk as it was.
 """
+import sys
 from pathlib import Path
 
 from .. import backend
-from ..io import imagenet
+from ..io import data, imagenet
 from ..optim import SGD, AdamW
 from ..step import TrainStep
 from . import checkpoint, modelspec, splits
@@ -88,6 +89,9 @@ def load_data(config, saved, group):
     """The run's data (splits.RunData); on a resume (saved: its checkpoint) the data order restored, and
     ImageNet's classes checked against the run's. group: several ranks check that they read the same data."""
     run_data = splits.load(config)
+    if config.val_split is not None and data.has_split(run_data.path, "val"):  # never in silence
+        print(f"warning: --val-split {config.val_split:g} validates on part of the training split, not on "
+              f"{run_data.path}'s own val split", file=sys.stderr)
     if group is not None:  # every rank reads its own copy: on several machines, its host's
         group.agree_data(run_data.train, run_data.path)
     if saved is not None:
