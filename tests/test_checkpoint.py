@@ -92,7 +92,7 @@ def test_a_damaged_checkpoint_is_named_by_train_and_evaluate(tmp_path, data_dir,
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
     line = one_line_error(capsys.readouterr().err)
     assert str(path) in line and match in line and "learning rate" not in line
-    assert evaluate.main([str(tmp_path / "run")]) == 2
+    assert evaluate.main([str(tmp_path / "run"), "--which", "last"]) == 2
     assert match in one_line_error(capsys.readouterr().err)
 
 
@@ -111,7 +111,7 @@ def test_a_changed_checkpoint_attribute_fails_its_checksum(tmp_path, data_dir, c
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "20"]) == 2
     line = one_line_error(capsys.readouterr().err)
     assert str(path) in line and "is damaged: its attributes" in line and "fail their SHA-256 check" in line
-    assert evaluate.main([str(tmp_path / "run")]) == 2
+    assert evaluate.main([str(tmp_path / "run"), "--which", "last"]) == 2
     assert "fail their SHA-256 check" in one_line_error(capsys.readouterr().err)
 
 
@@ -127,7 +127,7 @@ def test_a_checkpoint_claiming_an_older_format_than_its_checksums_is_refused(tmp
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
     line = one_line_error(capsys.readouterr().err)
     assert f"{path} is damaged: it says format {claimed} but holds attrs_sha256, class_names" in line
-    assert evaluate.main([str(tmp_path / "run")]) == 2
+    assert evaluate.main([str(tmp_path / "run"), "--which", "last"]) == 2
     assert f"{path} is damaged: it says format {claimed}" in one_line_error(capsys.readouterr().err)
 
 
@@ -138,7 +138,7 @@ def test_an_honest_format_2_checkpoint_still_resumes(tmp_path, data_dir, capsys)
         del f.attrs["attrs_sha256"], f["class_names"]
         f.attrs["format"] = "minibp-checkpoint-2"
     capsys.readouterr()
-    assert evaluate.main([str(tmp_path / "run")]) == 0
+    assert evaluate.main([str(tmp_path / "run"), "--which", "last"]) == 0
     assert "warning: an older checkpoint" in capsys.readouterr().err
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 0
 

@@ -163,7 +163,7 @@ def test_a_hand_made_config_is_checked_field_by_field(tmp_path, data_dir, capsys
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
     line = one_line_error(capsys.readouterr().err)
     assert str(path) in line and match in line
-    assert evaluate.main([str(tmp_path / "run")]) == 2
+    assert evaluate.main([str(tmp_path / "run"), "--which", "last"]) == 2
     assert match in one_line_error(capsys.readouterr().err)
 
 

@@ -78,7 +78,9 @@ def test_evaluate_names_the_store_in_trains_words(tmp_path, data_dir, capsys):
     assert "bits 2 (range window)" in capsys.readouterr().out
     assert evaluate.main([str(tmp_path / "run")]) == 0
     said = capsys.readouterr().out
-    assert said.startswith("resnet11, bits 2 (range window), at iteration 2: test accuracy") and "mode" not in said
+    best = tmp_path / "run" / "best.h5"
+    assert said.startswith(f"{best} (the run's best validation, iteration 2): resnet11, bits 2 (range "
+                           "window): test accuracy") and "mode" not in said
 
 
 def test_the_rate_after_a_validation_counts_training_time_alone(tmp_path, data_dir, monkeypatch):

@@ -1,6 +1,7 @@
 """run/evaluation.py's evaluate against its definition: the mean of -log softmax at the true label, and the share of
-argmax hits, over a whole split with a ragged last batch; the ranks of a group together give one process's
-figures bit for bit; a loss that is not finite is an error that names the split. (The trainer's validations
+argmax hits, over a whole split with a ragged last batch; the confusion matrix, each true class's images by
+their prediction; the ranks of a group together give one process's figures bit for bit; a loss that is not
+finite is an error that names the split. (The trainer's validations
 and python3 -m minibp.evaluate call it: tests/test_train.py, test_evaluate.py.)"""
 from types import SimpleNamespace
 
@@ -65,7 +66,27 @@ def test_the_ranks_of_a_group_give_one_process_figures_bit_for_bit(net):
 
 def test_a_loss_that_is_not_finite_names_the_split():
     split = make_split(n=3)
-    infinite = SimpleNamespace(batch=4, predict=lambda images: np.array([[0.0, -np.inf]] * len(images)))
+    infinite = SimpleNamespace(batch=4, classes=2, predict=lambda images: np.array([[0.0, -np.inf]] * len(images)))
     split.labels[:] = 1
     with pytest.raises(FloatingPointError, match="the loss over the test split is"):
         evaluation.evaluate(infinite, split, np.float32(0))
+
+
+def test_the_confusion_matrix_counts_each_true_class_by_its_prediction_and_ranks_sum_it(net):
+    split = make_split(n=11)
+    scored = evaluation.scores(net, split, np.float32(0.5))
+    images = split.images.astype(np.float32) * np.float32(1 / 255) - np.float32(0.5)
+    predicted = net.predict(backend.xp.asarray(images)).argmax(axis=1)
+    expected = np.zeros((net.classes, net.classes), np.int64)
+    for true, guess in zip(split.labels, predicted):
+        expected[true, guess] += 1
+    assert np.array_equal(scored.confusion, expected) and scored.confusion.dtype == np.int64
+    images = expected.sum(axis=1)
+    per_class = scored.per_class()
+    assert all(np.isnan(a) if n == 0 else a == expected[c, c] / n for c, (a, n) in enumerate(zip(per_class, images)))
+    assert scored.accuracy == np.trace(expected) / 11
+    records = []
+    for rank in range(3):  # what each rank sends, then what rank 2 gets back
+        evaluation.scores(net, split, np.float32(0.5), group=RecordingGroup(rank, 3, records))
+    ranked = evaluation.scores(net, split, np.float32(0.5), group=RecordingGroup(2, 3, records))
+    assert np.array_equal(ranked.confusion, expected) and ranked.accuracy == scored.accuracy

@@ -108,7 +108,7 @@ def test_a_resume_or_evaluation_refuses_a_net_built_otherwise_naming_the_first_d
     assert train.main(["--out", run, "--resume", "--iters", "3", "--model-arg", "width=4"]) == 2
     assert "--model-arg {'width': 4} (the run has {})" in one_line_error(capsys.readouterr().err)
     path.write_text(path.read_text().replace("width=8", "width=4"))  # the file edited after the run
-    for command in (lambda: train.main(["--out", run, "--resume", "--iters", "3"]), lambda: evaluate.main([run])):
+    for command in (lambda: train.main(["--out", run, "--resume", "--iters", "3"]), lambda: evaluate.main([run, "--which", "last"])):
         assert command() == 2
         line = one_line_error(capsys.readouterr().err)
         assert line == (f"error: {run}/checkpoint.h5 holds another net than mynet.py:build() builds now: the "

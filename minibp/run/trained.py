@@ -71,7 +71,7 @@ def checkpoint_path(run, which=None):
     best, last = run / "best.h5", run / "checkpoint.h5"
     if which == "best" and not best.is_file():
         raise FileNotFoundError(f"{run} has no best.h5: it is written at each validation that beats the run's "
-                                "best so far (load which='last' for its last checkpoint)")
+                                "best so far (which='last', --which last: its last checkpoint)")
     return best if which == "best" or (which is None and best.is_file()) else last
 
 
