@@ -6,7 +6,8 @@ The engine, here: backend (NumPy or CuPy) -> constants (numbers shared with the 
 -> arena (every buffer planned, one allocation) -> quant (the k-bit store) -> params (the parameter table)
 -> checks -> layers -> units -> chain -> optim -> net (the approximate-activation schedule) -> models (the
 paper's ResNets) -> step (one training step) -> dist (several processes).
-The readers, io/: workers -> data (the HDF5 data sets) -> imagenet (the streaming JPEG reader).
+The readers, io/: workers -> images (image files, a folder of them) -> data (the HDF5 data sets) -> imagenet (the
+streaming JPEG reader).
 A run's libraries, run/: modelspec (a ResNet's name or your own net) -> schedule -> options (the trainer's
 options, declared) -> config (RunConfig, checked whole) -> splits -> folder (lock and metrics log) -> checkpoint
 -> sizing (a plan fitted to the memory) -> evaluation (loss and accuracy over a split) -> trained (minibp.load)

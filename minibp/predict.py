@@ -2,12 +2,17 @@
 
     python3 -m minibp.predict runs/mine images.npy                  # uint8 (N, H, W, C), or one (H, W, C)
     python3 -m minibp.predict runs/mine data/mine.h5 --split val    # a data file's split: also its accuracy
+    python3 -m minibp.predict runs/mine a.png b.jpg                 # image files (Pillow: the imagenet extra)
+    python3 -m minibp.predict runs/mine shapes/test                 # a folder of them; CLASS/ subfolders: accuracy
     python3 -m minibp.predict runs/mine images.npy --out preds.csv  # index,class,name,probability per image
     python3 -m minibp.predict runs/mine images.npy --out preds.npz  # classes (N,), probabilities (N, classes)
 
-The run's best.h5 is used where it has one (--which last: its checkpoint.h5). Images go in raw, as the
-data file holds them; the run's own preprocessing is applied (run/trained.py). Exit status: 0 done, 1 a write
-failed, 2 a bad option or input file.
+The run's best.h5 is used where it has one (--which last: its checkpoint.h5), as evaluate does. Images go in
+raw, as the data file holds them; the run's own preprocessing is applied (run/trained.py). Image files are
+decoded as python3 -m minibp.prepare folder decodes them: grey or RGB as the run's images are, and resized to
+the run's H x W where they differ (said). A folder's images are read with its subfolders'; where every one lies
+in a subfolder named after one of the run's classes, that is its label, and the accuracy is printed. Exit
+status: 0 done, 1 a write failed, 2 a bad option or input file.
 """
 import argparse
 import csv
@@ -17,11 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from .io import data
+from .io import images as image_files
 from .kernels import KernelError
 from .run.trained import load
 
+SHOWN_FILES = 20  # image files up to this many get a line each
 
-def read_images(path, split):
+
+def read_arrays(path, split):
     """(images, labels or None) of an .npy file of raw images or a data file's split."""
     path = Path(path)
     if not path.is_file():
@@ -31,63 +39,121 @@ def read_images(path, split):
             return np.load(path, allow_pickle=False), None
         except (ValueError, OSError) as e:
             raise ValueError(f"{path} is not a NumPy array file ({e})") from None
-    if path.suffix == ".h5":
-        chosen = data.load_split(path, split)
-        return chosen.images, chosen.labels
-    raise ValueError(f"{path}: give an .npy file of uint8 images (N, H, W, C) or an .h5 data file")
+    chosen = data.load_split(path, split)
+    return chosen.images, chosen.labels
 
 
-def write_predictions(path, classes, probabilities, names):
-    """--out: a CSV (index, class, name, probability of that class) or an .npz (classes, probabilities)."""
+def list_images(inputs):
+    """[(image file, the class folder it lies in or None)] of image files and folders of them, in order."""
+    found = []
+    for given in map(Path, inputs):
+        if given.is_dir():
+            files = sorted(p for p in given.rglob("*") if p.is_file() and image_files.is_image(p))
+            if not files:
+                raise ValueError(f"{given} holds no .png or .jpg images")
+            found += [(p, p.parent.name if p.parent != given else None) for p in files]
+        elif given.is_file() and image_files.is_image(given):
+            found.append((given, None))
+        else:
+            raise (FileNotFoundError if not given.exists() else ValueError)(
+                f"{given}: give an .npy file of uint8 images (N, H, W, C), an .h5 data file, or image files "
+                f"({', '.join(image_files.EXTENSIONS)}) and folders of them")
+    return found
+
+
+def read_images(found, shape, class_names):
+    """(images (N, H, W, C) uint8 of the run's shape, labels or None, resized count) of list_images' files; the
+    labels where every file lies in a folder named after one of the run's classes."""
+    images = np.stack([image_files.decode(p, size=shape[:2], channels=shape[2]) for p, _ in found])
+    resized = sum(image_files.header(p)[0] != tuple(shape[:2]) for p, _ in found)
+    folders = [folder for _, folder in found]
+    known = class_names and all(folder in class_names for folder in folders)
+    labels = np.array([class_names.index(folder) for folder in folders]) if known else None
+    return images, labels, resized
+
+
+def write_predictions(path, classes, probabilities, names, files=None):
+    """--out: a CSV (index, class, name, probability of that class, and for image files the file) or an .npz
+    (classes, probabilities, and for image files files)."""
     path = Path(path)
+    named = {} if files is None else dict(files=np.array(files))
     if path.suffix == ".npz":
-        np.savez(path, classes=classes, probabilities=probabilities)
+        np.savez(path, classes=classes, probabilities=probabilities, **named)
     elif path.suffix == ".csv":
         with open(path, "w", newline="") as f:
             out = csv.writer(f)
-            out.writerow(["index", "class", "name", "probability"])
+            out.writerow(["index", "class", "name", "probability"] + ["file"] * bool(named))
             for i, (c, p) in enumerate(zip(classes, probabilities)):
-                out.writerow([i, int(c), names[c] if names else "", f"{p[c]:.6f}"])
+                out.writerow([i, int(c), names[c] if names else "", f"{p[c]:.6f}"] + ([files[i]] if files else []))
     else:
         raise ValueError(f"--out {path}: give a .csv or an .npz file")
 
 
+def parser():
+    p = argparse.ArgumentParser(prog="python3 -m minibp.predict", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", help="a run folder, or a checkpoint file")
+    p.add_argument("inputs", nargs="+", metavar="INPUT", help="an .npy of raw uint8 images (N, H, W, C), an .h5 data "
+                                                              "file, or image files and folders of them")
+    p.add_argument("--split", choices=data.SPLITS, default="test", help="an .h5 data file's split (default test)")
+    p.add_argument("--which", choices=["best", "last"], help="best.h5 or checkpoint.h5 (default: best.h5 where "
+                                                             "the run has one)")
+    p.add_argument("--out", help="write the predictions: .csv (one row an image) or .npz (default: none)")
+    p.add_argument("--batch", type=int, default=256, help="images a forward pass (default 256)")
+    return p
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python3 -m minibp.predict", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run", help="a run folder, or a checkpoint file")
-    parser.add_argument("file", help="an .npy of raw uint8 images (N, H, W, C), or an .h5 data file")
-    parser.add_argument("--split", choices=data.SPLITS, default="test", help="the data file's split (default test)")
-    parser.add_argument("--which", choices=["best", "last"], help="best.h5 or checkpoint.h5 (default: best.h5 where "
-                                                                  "the run has one)")
-    parser.add_argument("--out", help="write the predictions: .csv (one row an image) or .npz (default: none)")
-    parser.add_argument("--batch", type=int, default=256, help="images a forward pass (default 256)")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
+    arrays = [p for p in args.inputs if Path(p).suffix in (".npy", ".h5")]
+    files = None
     try:
         if args.batch < 1:
             raise ValueError(f"--batch must be positive, got {args.batch}")
         if args.out and Path(args.out).suffix not in (".csv", ".npz"):
             raise ValueError(f"--out {args.out}: give a .csv or an .npz file")
-        images, labels = read_images(args.file, args.split)
-        model = load(args.run, which=args.which, batch=min(args.batch, max(len(images), 1)))
+        if arrays and len(args.inputs) > 1:
+            raise ValueError(f"give one .npy or .h5 file alone, or image files and folders ({arrays[0]} is among "
+                             f"{len(args.inputs)} inputs)")
+        found = None if arrays else list_images(args.inputs)
+        images, labels = read_arrays(arrays[0], args.split) if arrays else (None, None)
+        count = len(images) if arrays else len(found)
+        model = load(args.run, which=args.which, batch=min(args.batch, max(count, 1)))
+        if not arrays:
+            images, labels, resized = read_images(found, model.input_shape, model.class_names)
+            files = [str(p) for p, _ in found]
+            if resized:
+                print(f"resized {resized} of {len(found)} images to the run's "
+                      f"{'x'.join(map(str, model.input_shape[:2]))} (H x W)")
         classes, probabilities = model.predict(images)
     except (ValueError, FileNotFoundError, KernelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    names = model.class_names
-    counts = np.bincount(classes, minlength=model.net.classes)
-    print(f"{model.path} (iteration {model.iteration}): {len(classes):,} images; predicted "
-          + ", ".join(f"{names[c] if names else c} {n}" for c, n in enumerate(counts) if n))
-    if labels is not None:
-        print(f"accuracy {np.mean(classes == labels):.4f} on the {args.split} split of {args.file}")
+    report(model, classes, probabilities, labels, files, args)
     if args.out:
         try:
-            write_predictions(args.out, classes, probabilities, names)
+            write_predictions(args.out, classes, probabilities, model.class_names, files)
         except OSError as e:
             print(f"error: cannot write {args.out} ({e.strerror or e})", file=sys.stderr)
             return 1
         print(f"wrote {args.out}")
     return 0
+
+
+def report(model, classes, probabilities, labels, files, args):
+    """What predict prints: the checkpoint, the count of each class predicted, a line an image file (up to
+    SHOWN_FILES), the accuracy where the labels are known."""
+    names = model.class_names
+    name = (lambda c: names[c]) if names else str
+    counts = np.bincount(classes, minlength=model.net.classes)
+    print(f"{model.path} (iteration {model.iteration}): {len(classes):,} image{'s' * (len(classes) != 1)}; "
+          "predicted " + ", ".join(f"{name(c)} {n}" for c, n in enumerate(counts) if n))
+    if files and len(files) <= SHOWN_FILES:
+        for file, c, p in zip(files, classes, probabilities):
+            print(f"  {file}: {name(c)} ({p[c]:.3f})")
+    if labels is not None:
+        where = f"the {args.split} split of {args.inputs[0]}" if files is None else "the images' class folders"
+        print(f"accuracy {np.mean(classes == labels):.4f} on {where}")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,17 @@
-"""Download public data sets and convert them to the HDF5 files minibp trains from.
+"""Download public data sets, or read a folder of your images, and convert them to the HDF5 files minibp
+trains from.
 
     python3 -m minibp.prepare fashion-mnist            # from /usr/share/datasets/fashion-mnist, else downloads
     python3 -m minibp.prepare cifar10                  # downloads the official "python version" archive
     python3 -m minibp.prepare cifar100 --archive cifar-100-python.tar.gz   # an archive you already have
     python3 -m minibp.prepare cifar10 --out data/      # where the .h5 files go (default: data/)
+    python3 -m minibp.prepare folder shapes --out data/shapes.h5             # shapes/train/CLASS/*.png, val/, test/
+    python3 -m minibp.prepare folder shapes --out data/shapes.h5 --size 32x32   # every image resized to 32x32
+
+A folder of your images (io/images.py) is in the common layout: DIR/train/CLASS/*.png|jpg, one folder a class,
+and DIR/val and DIR/test alike where you have them (without test/, a tenth of train/ is held out as the test
+split, and it says so). Pillow decodes them (pip install 'minibp[imagenet]'); they have one size, or --size HxW
+resizes them all; a file Pillow cannot read is named in one line. Train on the file with --data-file.
 
 (In a checkout, python datasets/prepare.py is the same command.) Each file is written by
 minibp.io.data.write, the one writer of the format (docs/data.md): groups train/ and test/ with `images`
@@ -27,6 +35,7 @@ import h5py
 import numpy as np
 
 from .io import data
+from .io import images as image_files
 from .integrity import atomic_file, file_digest, sha256_bytes
 
 CIFAR = {
@@ -190,13 +199,24 @@ def out_folder(path):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python3 -m minibp.prepare", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dataset", choices=data.DATASETS)
-    parser.add_argument("--out", default="data", help="folder for <dataset>.h5 (default: data)")
+    parser.add_argument("dataset", choices=data.DATASETS + ("folder",),
+                        help="a public data set, or folder: a folder of your images, DIR")
+    parser.add_argument("folder", nargs="?", metavar="DIR", help="folder: the folder of images (DIR/train/CLASS/*.png)")
+    parser.add_argument("--out", help="folder for <dataset>.h5 (default: data); folder: the .h5 file to write "
+                                      "(default: data/<DIR's name>.h5)")
+    parser.add_argument("--size", metavar="HxW", help="folder: resize every image to H x W pixels (default: keep "
+                                                     "their size, which must be one)")
     parser.add_argument("--archive", help="CIFAR: an official archive already on disk (else it is downloaded)")
     parser.add_argument("--source", help="Fashion-MNIST: a folder with the four IDX files (default: "
                                          f"{FASHION_MNIST_DIR} if present, else downloaded)")
     args = parser.parse_args(argv)
-    out = Path(args.out) / f"{args.dataset}.h5"
+    if (args.dataset == "folder") != (args.folder is not None) or (args.size and args.dataset != "folder"):
+        print("error: give a folder of images as `folder DIR`, and --size with it alone", file=sys.stderr)
+        return 2
+    if args.dataset == "folder":
+        out = Path(args.out or Path("data") / f"{Path(args.folder).resolve().name}.h5")
+    else:
+        out = Path(args.out or "data") / f"{args.dataset}.h5"
     before = _identity(out)
     try:
         return _prepare(args, out)
@@ -207,20 +227,10 @@ def main(argv=None):
 def _prepare(args, out):
     """main's work, once its arguments are read: the exit status."""
     try:
-        out_folder(args.out)  # before any download
-        if args.dataset.startswith("cifar"):
-            archive = args.archive or Path(args.out) / Path(CIFAR[args.dataset]["url"]).name
-            if not Path(archive).is_file():
-                download(CIFAR[args.dataset]["url"], archive)
-            convert_cifar(args.dataset, archive, out)
+        if args.dataset == "folder":
+            convert_folder(args.folder, out, size=args.size)
         else:
-            source = Path(args.source) if args.source else FASHION_MNIST_DIR
-            if not args.source and not source.is_dir():
-                source = Path(args.out) / "fashion-mnist-idx"
-                for stem in FASHION_MNIST:
-                    if not (source / f"{stem}.gz").is_file():
-                        download(FASHION_MNIST_URL + stem + ".gz", source / f"{stem}.gz")
-            convert_fashion_mnist(source, out)
+            _prepare_public(args, out)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -228,9 +238,43 @@ def _prepare(args, out):
         print(f"error: {e}", file=sys.stderr)
         return 1
     with h5py.File(out, "r") as f:
-        sizes = ", ".join(f"{split} {f[split]['images'].shape}" for split in ("train", "test"))
-    print(f"wrote {out}: {sizes}")
+        sizes = ", ".join(f"{split} {f[split]['images'].shape}" for split in data.SPLITS if split in f)
+        names = [n.decode() if isinstance(n, bytes) else str(n) for n in f.attrs.get("class_names", [])]
+    print(f"wrote {out}: {sizes}" + (f"; classes {', '.join(names)}" if args.dataset == "folder" else ""))
     return 0
+
+
+def convert_folder(folder, out, *, size=None):
+    """A folder of images in the common layout (module docstring) into the data file out; size: 'HxW' or None.
+    What is wrong with the folder, an image or --out is a DataError naming it."""
+    try:
+        size = None if size is None else image_files.parse_size(size)
+        if Path(out).suffix != ".h5":
+            raise ValueError(f"--out {out}: give the .h5 file to write")
+        if Path(out).is_dir():
+            raise ValueError(f"--out {out} is a folder: give the .h5 file to write")
+        return data.write_folder(out, folder, size=size)
+    except (FileNotFoundError, ValueError) as e:  # a missing folder, a bad image or --size
+        raise DataError(str(e)) from None
+
+
+def _prepare_public(args, out):
+    """A public data set into out: downloaded where it is not on disk, checked, converted."""
+    folder = Path(args.out or "data")
+    out_folder(folder)  # before any download
+    if args.dataset.startswith("cifar"):
+        archive = args.archive or folder / Path(CIFAR[args.dataset]["url"]).name
+        if not Path(archive).is_file():
+            download(CIFAR[args.dataset]["url"], archive)
+        convert_cifar(args.dataset, archive, out)
+    else:
+        source = Path(args.source) if args.source else FASHION_MNIST_DIR
+        if not args.source and not source.is_dir():
+            source = folder / "fashion-mnist-idx"
+            for stem in FASHION_MNIST:
+                if not (source / f"{stem}.gz").is_file():
+                    download(FASHION_MNIST_URL + stem + ".gz", source / f"{stem}.gz")
+        convert_fashion_mnist(source, out)
 
 
 def _identity(path):

@@ -2,6 +2,7 @@
 
     write("data/mine.h5", train=(images, labels), test=(images, labels), classes=10)   # uint8 NHWC, ints
     write("data/mine.h5", train=..., test=..., val=(images, labels), classes=10)        # with a validation split
+    write_folder("data/shapes.h5", "shapes")            # shapes/train/CLASS/*.png (and val/, test/), via Pillow
     train, test = load_dataset("data/cifar10.h5")       # Splits: uint8 images (N, H, W, C), labels (N,)
     val = load_split("data/mine.h5", "val")             # a file's own validation split, where it has one
     train, val = hold_out(train, 0.1)                   # or 10% of the training split, the same every time
@@ -37,6 +38,7 @@ import numpy as np
 
 from .. import backend
 from ..integrity import atomic_file, sha256_array
+from . import images as image_files
 
 PREPARE = "python3 -m minibp.prepare"
 DATASETS = ("cifar10", "cifar100", "fashion-mnist")
@@ -177,6 +179,32 @@ def write(path, *, train, test, classes, val=None, name=None, class_names=None, 
     return Path(path)
 
 
+def write_folder(path, folder, *, size=None, say=print):
+    """Write a data file from a folder of image files in the common layout, decoded by Pillow (images.py):
+    folder/train/CLASS/*.png|jpg|jpeg, and folder/val and folder/test where present. size: (H, W) to resize
+    every image to; None: they must all have one size. Where there is no test/ folder, a tenth of train/'s
+    images (hold_out's fixed choice) is the test split, and `say` says so. The file is named after the
+    folder, its class names are the class folders' names, and its attrs say where it came from. Returns the
+    path; a bad folder or image is a one-line ValueError naming it, before anything is written."""
+    tree = image_files.read_tree(folder, size=size, say=say)
+    splits, classes = dict(tree.splits), len(tree.class_names)
+    if "test" not in splits:
+        try:
+            kept, held = hold_out(Split(*splits["train"], classes=classes, name=tree.root.name), 0.1)
+        except ValueError:
+            raise ValueError(f"{tree.root} has no test/ folder, and {len(splits['train'][1])} training images are "
+                             "too few to hold a tenth out: give it a test/ folder") from None
+        splits.update(train=(kept.images, kept.labels), test=(held.images, held.labels))
+        say(f"{tree.root} has no test/ folder: {len(held.labels):,} of train/'s {len(held.labels) + len(kept.labels):,}"
+            " images (a tenth, the same every time) are the test split")
+    if tree.left_out:
+        say(f"left out {tree.left_out} file(s) that are not .png, .jpg or .jpeg")
+    height, width, channels = splits["train"][0].shape[1:]
+    return write(path, train=splits["train"], test=splits["test"], val=splits.get("val"), classes=classes,
+                 name=tree.root.resolve().name, class_names=tree.class_names,
+                 attrs=dict(source=str(tree.root.resolve()), image_size=f"{height}x{width}", channels=int(channels)))
+
+
 def _root_attrs(path, *, classes, name, class_names, attrs):
     """{attribute: value} of a file's root, each checked to be one HDF5 stores as given (a ValueError of one
     line otherwise), so that write refuses bad input before it opens a file instead of failing halfway."""
@@ -288,7 +316,8 @@ def load_dataset(path):
 
 
 def load_split(path, split):
-    """The train, test or val split of a prepared HDF5 file, read into memory.
+    """The train, test or val split of a prepared HDF5 file, read into memory: a Split (images (N, H, W, C)
+    uint8, labels (N,) int64, classes, name, part, class_names or None, sha256: the file's root checksum).
 
     The file's structure is checked whole (every split, shapes, dtypes, the class count, the root checksum);
     this split's labels are checked against the class count and its arrays against their SHA-256. Every
