@@ -1,6 +1,8 @@
 """Prepared data files are checked whole when read: each kind of damage is a one-line error naming the file."""
 import hashlib
 import json
+import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 
 from conftest import host
 from minibp.io import data
+from runs import ROOT
 
 
 def make_file(path, *, n_train=6, n_test=4, classes=5):
@@ -319,3 +322,12 @@ def test_each_transform_alone_does_what_it_says(clean):
     both = [host(data.Batches(train, batch=6, mean=mean, augment=a, seed=3).next()[0])
             for a in (True, ("crop", "flip"))]
     assert np.array_equal(*both)  # True is both transforms, drawn as before
+
+
+def test_the_old_import_keeps_working_for_a_release_with_a_deprecation_warning():
+    """`from minibp import data`, as the docs once said, gives minibp.io.data and a DeprecationWarning."""
+    code = ("import warnings; warnings.simplefilter('always'); from minibp import data; "
+            "from minibp.io import data as io; assert data is io and data.write is io.write")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "DeprecationWarning: minibp.data is now minibp.io.data (from minibp.io import data)" in done.stderr
