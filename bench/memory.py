@@ -2,6 +2,7 @@
 
     python bench/memory.py --model resnet164 --batch 128              # modes exact, 8, 4
     python bench/memory.py --model resnet1001 --batch 128 --modes 4,exact
+    python bench/memory.py --model docs/vgg_example.py:build --model-arg width=16 --data fashion-mnist   # your own
 
 Each mode runs in a fresh process: imports, kernel libraries, BLAS's buffers and a warm-up on a tiny net
 first (the baseline), then the net is compiled and one iteration (forward, backward, SGD step) runs on random
@@ -17,6 +18,7 @@ import sys
 
 import numpy as np
 
+from minibp.run.options import parse_model_arg
 from options import modes_option, net_options
 
 
@@ -29,7 +31,17 @@ def resident_bytes(field):
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-def child(model, batch, mode, data):
+def build(model, model_args, data):
+    """The uncompiled net a model spec (a ResNet's name or your own FILE.py:FUNCTION, as the trainer's
+    --model) gives for the data set's shape and classes; a one-line ValueError for a bad spec."""
+    from minibp.models import DATA_SHAPES
+    from minibp.run import modelspec
+    shape, classes = DATA_SHAPES[data]
+    modelspec.check_spec(model, model_args)
+    return modelspec.build(model, model_args=model_args, input_shape=shape, classes=classes)
+
+
+def child(model, model_args, batch, mode, data):
     from minibp import models
     from minibp.optim import SGD
     from minibp.models import DATA_SHAPES
@@ -44,7 +56,7 @@ def child(model, batch, mode, data):
     labels = rng.integers(0, classes, batch)
     del tiny
     baseline = resident_bytes("VmRSS")
-    net = models.by_name(model, input_shape=shape, classes=classes).compile(batch=batch, bits=mode)
+    net = build(model, model_args, data).compile(batch=batch, bits=mode)
     net.forward(images, labels)
     net.backward()
     SGD(net).step(lr=0.1)
@@ -56,17 +68,26 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     net_options(parser, model="resnet164", batch=128, data="cifar10", data_choices=["cifar10", "cifar100", "fashion-mnist"])
     modes_option(parser, "exact,8,4")
+    parser.add_argument("--model-arg", action="append", default=[], type=parse_model_arg, metavar="NAME=VALUE",
+                        help="a keyword argument of your own net's function, as the trainer's (repeat it)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    model_args = dict(args.model_arg)
     if args.child:
-        child(args.model, args.batch, args.child, args.data)
+        child(args.model, model_args, args.batch, args.child, args.data)
         return 0
+    try:  # a bad spec or net is one line here, not a child's traceback
+        build(args.model, model_args, args.data)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     env = dict(os.environ, MINIBP_DEVICE="cpu")
     print(f"{args.model}, batch {args.batch}, {args.data}: one training iteration a mode, each in its own process")
     print(f"{'mode':>6}  {'plan':>10}  {'peak - baseline':>15}  {'ratio':>6}  {'baseline':>9}")
     worst = 0.0
     for mode in args.modes.split(","):
-        done = subprocess.run([sys.executable, __file__, "--model", args.model, "--batch", str(args.batch),
+        arguments = [f"--model-arg={name}={value!r}" for name, value in model_args.items()]
+        done = subprocess.run([sys.executable, __file__, "--model", args.model, *arguments, "--batch", str(args.batch),
                                "--data", args.data, "--child", mode], env=env, capture_output=True, text=True)
         if done.returncode != 0:
             print(done.stdout + done.stderr, file=sys.stderr)

@@ -39,6 +39,17 @@ def test_memory_bench():
 
 
 @pytest.mark.slow
+def test_memory_bench_takes_your_own_net_and_refuses_a_bad_spec_in_one_line():
+    out = run("bench/memory.py", "--model", "docs/vgg_example.py:build", "--model-arg", "width=8", "--data",
+              "fashion-mnist", "--batch", "4", "--modes", "4")
+    assert "peak - baseline" in out and "worst" in out
+    done = subprocess.run([sys.executable, "bench/memory.py", "--model", "nowhere.py:build"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and len(done.stderr.splitlines()) == 1, \
+        done.stderr
+
+
+@pytest.mark.slow
 def test_accuracy_bench_quick(tmp_path):
     make_dataset(tmp_path / "data", "fashion-mnist", shape=(8, 8, 1))
     out = run("bench/accuracy.py", "--quick", "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "runs"),
