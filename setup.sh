@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # A fresh Debian/Ubuntu machine, from a checkout, in one command each:
+#   bash setup.sh setup           set up the main job (apt packages, venv, minibp, the data) and stop
 #   bash setup.sh train           set up the main job, then run it (or continue it)
 #   bash setup.sh test [ARGS...]  set up the tests, then run the whole suite (ARGS go on to pytest)
 # Every step that is already done is skipped with one line, so running it again is cheap.
@@ -30,7 +31,7 @@ VENV=.venv
 STAMP=$VENV/minibp-install.stamp  # what was pip-installed, and from which setup.cfg/pyproject.toml
 DATA=data/fashion-mnist.h5
 
-usage() { echo "usage: bash setup.sh train | bash setup.sh test [PYTEST ARGS...]" >&2; exit 2; }
+usage() { echo "usage: bash setup.sh setup | bash setup.sh train | bash setup.sh test [PYTEST ARGS...]" >&2; exit 2; }
 
 # Any command that fails names the step it was in, on one line, and the script exits non-zero.
 STEP=""
@@ -101,13 +102,23 @@ activate() {  # what runs last sees the venv as activated: its python first on P
     export VIRTUAL_ENV="$PWD/$VENV" PATH="$PWD/$VENV/bin:$PATH"
 }
 
+set_up_main() {  # what the main job needs, each step skipped where it is done
+    apt_packages "${MAIN_APT[@]}"
+    make_venv
+    install main
+    prepare_data
+}
+
 case "${1:-}" in
+    setup)
+        [ $# -eq 1 ] || usage
+        set_up_main
+        STEP=""
+        echo "main job: set up, not started; bash setup.sh train runs it (or, after . $VENV/bin/activate: ${MAIN_JOB[*]})"
+        ;;
     train)
         [ $# -eq 1 ] || usage
-        apt_packages "${MAIN_APT[@]}"
-        make_venv
-        install main
-        prepare_data
+        set_up_main
         STEP="main job"
         activate
         if [ -f "$OUT/checkpoint.h5" ]; then
