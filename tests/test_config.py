@@ -256,3 +256,12 @@ def test_the_old_spelling_of_sub_batches_still_works_for_a_release_with_a_notice
         _set_attrs(f, config=json.dumps(config))
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "3", "--lr-schedule", "0:0.05"]) == 0
     assert "(2 x 8)" in capsys.readouterr().out
+
+
+def test_docs_training_md_lists_every_option_fit_takes():
+    """fit's options are documented in one table of docs/training.md, which may not miss one."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    table = text.split("## `fit`'s options", 1)[1].split("\n## ", 1)[0]
+    listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
+    own = {"data", "data_file", "out", "resume", "overwrite", "model"}  # fit's own arguments
+    assert listed == set(OPTIONS) - own

@@ -146,6 +146,10 @@ def test_fit_runs_the_command_lines_loop(tmp_path, data_dir, capsys):
     with pytest.raises(ValueError, match="--model-arg {'width': 16} \\(the run has {'width': 8}\\)"):
         minibp.fit(function, data="cifar10", out=tmp_path / "fit", model_args=dict(width=16), resume=True, iters=7,
                    **options)
+    # the resume of fit's docstring and docs/training.md: no model (the run's), more iterations at a new rate
+    net = minibp.fit(data="cifar10", out=tmp_path / "fit", iters=8, lr_schedule="0:0.001", resume=True,
+                     data_dir=str(data_dir))
+    assert checkpoint.load(tmp_path / "fit" / "checkpoint.h5").iteration == 8 and net.classes == 4
 
 
 def test_fit_refuses_what_it_cannot_record_in_plain_exceptions(tmp_path, data_dir):
