@@ -2,6 +2,12 @@
 the arrays whose names and shapes match are taken, a classifier of another class count starts fresh, the header
 and the checkpoint say where the run started from and what is fresh, and the run is one like any other: it
 resumes bit for bit, and minibp.load and predict take it."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import numpy as np
 import pytest
 
@@ -88,3 +94,28 @@ def test_a_run_to_start_from_that_is_missing_or_fits_nothing_is_refused_in_one_l
     line = one_line_error(capsys.readouterr().err)
     assert f"--init-from {source}: {source / 'best.h5'} holds no parameter of this net's names and shapes" in line
     assert not (tmp_path / "tuned").exists()
+
+
+def test_ctrl_c_on_a_fine_tuned_run_with_patience_loses_nothing(source, tmp_path):
+    """SIGINT mid-run: a checkpoint is saved (exit 130); the resume keeps --init-from's record and the patience,
+    and ends with the weights of a run never interrupted."""
+    argv = tuned_args(tmp_path, out="cut", iters=100000, log_every=1, val_every=100000, checkpoint_every=100000,
+                      patience=1000)
+    process = subprocess.Popen([sys.executable, "-m", "minibp.train"] + argv, cwd=ROOT,
+                               env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    metrics, deadline = tmp_path / "cut" / "metrics.jsonl", time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().count("\n") >= 2):
+        time.sleep(0.1)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 130, output
+    stopped = checkpoint.load(tmp_path / "cut" / "checkpoint.h5")
+    end = stopped.iteration + 2
+    assert train.main(["--out", str(tmp_path / "cut"), "--resume", "--iters", str(end)]) == 0
+    assert train.main(tuned_args(tmp_path, out="whole", iters=end, log_every=1, val_every=100000,
+                                 checkpoint_every=100000, patience=1000)) == 0
+    cut, whole = (checkpoint.load(tmp_path / run / "checkpoint.h5") for run in ("cut", "whole"))
+    assert cut.iteration == whole.iteration == end and cut.config["patience"] == 1000
+    assert cut.started_from == whole.started_from == stopped.started_from
+    assert all(np.array_equal(cut.state[k], whole.state[k]) for k in whole.state)
