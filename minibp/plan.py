@@ -55,10 +55,11 @@ def planning_for(device):
         backend.device = actual
 
 
-def main(argv=None):
+def command_line():
+    """python3 -m minibp.plan's parser."""
     parser = argparse.ArgumentParser(prog="python3 -m minibp.plan", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    # the trainer's options (run/config.py), read the planner's way: ResNets by name only, the default model
+    # the trainer's options (run/options.py), read the planner's way: ResNets by name only, the default model
     # following --data, no ImageNet defaults beyond it
     add_option(parser, "model", default=None, help="resnet<9n+2> (default resnet164); with --data imagenet "
                "resnet50, resnet101 or resnet152 (default); or your own net, FILE.py:FUNCTION or "
@@ -76,7 +77,11 @@ def main(argv=None):
     parser.add_argument("--device", choices=["cpu", "gpu"], help="plan for this device's code paths "
                         f"(default: this process's, {backend.device})")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = command_line().parse_args(argv)
     try:
         input_shape, classes = models.DATA_SHAPES[args.data]
         if args.data_file is not None:
