@@ -50,3 +50,13 @@ extern "C" __global__ void col2im(int N, int H, int W, int C, int kh, int kw, in
         }
     }
 }
+
+// dbias (C,) = (+= with accumulate) the sum over the rows of dy (rows, C), added in order: one thread per channel.
+// (0 + sum, not sum: what a zeroed gradient and accumulate give, a negative zero included.)
+extern "C" __global__ void bias_grad(long long rows, int C, int accumulate, const real_t* dy, real_t* dbias) {
+    GRID_STRIDE_LOOP(c, C) {
+        real_t sum = 0;
+        for (long long r = 0; r < rows; ++r) sum += dy[r * C + c];
+        dbias[c] = (accumulate ? dbias[c] : (real_t)0) + sum;
+    }
+}

@@ -52,10 +52,20 @@ extern "C" __global__ void conv_direct_geometry(int* geometry) {
 }
 
 // dilation: x is read as if dilation - 1 zeros lay between its rows and between its columns (1 but in the
-// data gradient of a strided conv: a stride-1 conv of dy so dilated, with the flipped kernel).
+// data gradient of a strided conv: a stride-1 conv of dy so dilated, with the flipped kernel). The weights of tap
+// (i, j) and input channel c start at wt + tap * w_tap + c * w_row, their Cout output channels contiguous; tap is
+// i * kw + j, or flipped (kh - 1 - i) * kw + (kw - 1 - j).
 struct ConvShape {
     int N, H, W, C, kh, kw, stride, dilation, pad_top, pad_left, Ho, Wo, Cout;
+    long long w_tap, w_row;
+    bool flip;
 };
+
+// The weights of tap (i, j): channel c's row of Cout at + c * w_row.
+template <class T>
+__device__ __forceinline__ const T* tap_weights(const ConvShape& s, const T* wt, int i, int j) {
+    return wt + (s.flip ? (s.kh - 1 - i) * s.kw + (s.kw - 1 - j) : i * s.kw + j) * s.w_tap;
+}
 
 // The input index that output index o reads at kernel offset k, or -1 for a zero (padding or dilation).
 __device__ __forceinline__ int input_index(int o, int k, int stride, int dilation, int pad, int size) {
@@ -128,13 +138,13 @@ __device__ void direct_tile_plain(const ConvShape& s, int tile_channels, int acc
         const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
         if (h < 0) continue;
         for (int j = 0; j < s.kw; ++j) {
-            const T* wk = wt + (long long)(i * s.kw + j) * s.C * s.Cout + b.co0;
+            const T* wk = tap_weights(s, wt, i, j) + b.co0;
             for (int p = 0; p < b.pixels; ++p) {
                 const int w = input_index(b.ow0 + p, j, s.stride, s.dilation, s.pad_left, s.W);
                 if (w < 0) continue;
                 const T* src = x + (((long long)b.n * s.H + h) * s.W + w) * s.C;
                 for (int c = 0; c < s.C; ++c)
-                    for (int k = 0; k < b.channels; ++k) acc[p][k] += src[c] * wk[(long long)c * s.Cout + k];
+                    for (int k = 0; k < b.channels; ++k) acc[p][k] += src[c] * wk[(long long)c * s.w_row + k];
             }
         }
     }
@@ -211,7 +221,7 @@ template <int V, bool WHOLE, bool ALONG_ROW>
 __attribute__((always_inline)) static inline void add_tap(vfloat (&acc)[TILE_PIXELS][V],
                                                           const float* const (&src)[TILE_PIXELS], long long step,
                                                           const float* wk, const ConvShape& s, const int (&lanes)[V]) {
-    for (int c = 0; c < s.C; ++c, wk += s.Cout) {
+    for (int c = 0; c < s.C; ++c, wk += s.w_row) {
         vfloat wv[V];
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) wv[v] = load_lanes(wk + v * LANES, WHOLE ? LANES : lanes[v]);
@@ -240,7 +250,7 @@ __attribute__((noinline)) static void direct_tile_vector(const ConvShape& s, con
         const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
         if (h < 0) continue;
         for (int j = 0; j < s.kw; ++j) {
-            const float* wk = wt + (long long)(i * s.kw + j) * s.C * s.Cout + b.co0;
+            const float* wk = tap_weights(s, wt, i, j) + b.co0;
             const float* src[TILE_PIXELS];
             bool along_row = s.dilation == 1 && b.pixels == TILE_PIXELS;  // every pixel inside x
             for (int p = 0; p < TILE_PIXELS; ++p) {
@@ -351,12 +361,15 @@ __device__ __forceinline__ void weight_grad_task(const ConvShape& s, int images_
 }
 
 // y (N, Ho, Wo, Cout) = (or += with accumulate) the convolution of x (N, H, W, C), dilated by dilation,
-// with wt (kh, kw, C, Cout). One thread per tile of TILE_PIXELS pixels x vectors (1 to TILE_VECTORS)
-// vectors of LANES channels: N * Ho * ceil(Wo / TILE_PIXELS) * ceil(Cout / (vectors * LANES)) of them.
+// with wt (kh, kw, C, Cout), or, flipped (the data gradient), with a conv's own weights wt (C, kh, kw, Cout) read
+// with the taps reversed. One thread per tile of TILE_PIXELS pixels x vectors (1 to TILE_VECTORS) vectors of
+// LANES channels: N * Ho * ceil(Wo / TILE_PIXELS) * ceil(Cout / (vectors * LANES)) of them.
 extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int kw, int stride, int dilation,
                                        int pad_top, int pad_left, int Ho, int Wo, int Cout, int vectors,
-                                       int accumulate, const real_t* x, const real_t* wt, real_t* y) {
-    const ConvShape s{N, H, W, C, kh, kw, stride, dilation, pad_top, pad_left, Ho, Wo, Cout};
+                                       int accumulate, int flipped, const real_t* x, const real_t* wt, real_t* y) {
+    const long long taps = (long long)kh * kw;
+    const ConvShape s{N, H, W, C, kh, kw, stride, dilation, pad_top, pad_left, Ho, Wo, Cout,
+                      flipped ? Cout : C * (long long)Cout, flipped ? taps * Cout : Cout, flipped != 0};
     vectors = vectors < 1 ? 1 : vectors > TILE_VECTORS ? TILE_VECTORS : vectors;
     const long long tiles =
         (long long)N * Ho * ((Wo + TILE_PIXELS - 1) / TILE_PIXELS) * ((Cout + vectors * LANES - 1) / (vectors * LANES));
@@ -370,9 +383,21 @@ extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int k
 extern "C" __global__ void conv_weight_grad(int N, int H, int W, int C, int kh, int kw, int stride, int pad_top,
                                             int pad_left, int Ho, int Wo, int Cout, int images_per_chunk,
                                             const real_t* x, const real_t* dy, real_t* partial) {
-    const ConvShape s{N, H, W, C, kh, kw, stride, 1, pad_top, pad_left, Ho, Wo, Cout};
+    const ConvShape s{N, H, W, C, kh, kw, stride, 1, pad_top, pad_left, Ho, Wo, Cout, 0, 0, false};
     const long long chunks = (N + images_per_chunk - 1) / images_per_chunk;
     const long long tasks = chunks * kh * kw * ((C + GRAD_INPUTS - 1) / GRAD_INPUTS) *
                             ((Cout + GRAD_OUTPUTS - 1) / GRAD_OUTPUTS);
     GRID_STRIDE_LOOP(t, tasks) weight_grad_task(s, images_per_chunk, x, dy, partial, t);
+}
+
+// dw (Cout, K) = (+= with accumulate) the sum over chunks of partial (chunks, K, Cout), conv_weight_grad's, added
+// in order: one thread per weight, K = kh * kw * C. (0 + sum, not sum: what a zeroed gradient and accumulate give.)
+extern "C" __global__ void conv_weight_grad_finish(int chunks, long long K, int Cout, int accumulate,
+                                                   const real_t* partial, real_t* dw) {
+    GRID_STRIDE_LOOP(i, K * Cout) {
+        const long long co = i / K, k = i % K;
+        real_t sum = 0;
+        for (int q = 0; q < chunks; ++q) sum += partial[(q * K + k) * Cout + co];
+        dw[i] = (accumulate ? dw[i] : (real_t)0) + sum;
+    }
 }

@@ -145,3 +145,24 @@ extern "C" __global__ void avgpool_backward(int N, int H, int W, int C, int size
         }
     }
 }
+
+// The global average pool of x (N, HW, C): y[n, c] = the sum over the HW pixels, in order, divided by HW; one
+// thread per (n, c).
+extern "C" __global__ void global_avgpool_forward(int N, int HW, int C, const real_t* __restrict__ x,
+                                                  real_t* __restrict__ y) {
+    GRID_STRIDE_LOOP(i, (long long)N * C) {
+        const long long n = i / C, c = i % C;
+        real_t sum = 0;
+        for (int p = 0; p < HW; ++p) sum += x[(n * HW + p) * C + c];
+        y[i] = sum / (real_t)HW;
+    }
+}
+
+// Its gradient: dx[n, p, c] = dy[n, c] * scale (scale = 1 / HW); one thread per element of dx.
+extern "C" __global__ void global_avgpool_backward(int N, int HW, int C, real_t scale, const real_t* __restrict__ dy,
+                                                   real_t* __restrict__ dx) {
+    GRID_STRIDE_LOOP(i, (long long)N * HW * C) {
+        const long long c = i % C, n = i / ((long long)HW * C);
+        dx[i] = dy[n * C + c] * scale;
+    }
+}

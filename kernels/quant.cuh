@@ -130,6 +130,22 @@ __device__ __forceinline__ unsigned int quant_mix32(unsigned int h) {
     return h;
 }
 
+// splitmix64's finaliser: the hash quant_rounding_key chains.
+__device__ __forceinline__ unsigned long long quant_splitmix64(unsigned long long x) {
+    x += 0x9E3779B97F4A7C15ULL;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+}
+
+// The key of one unit's stochastic rounding in one training forward pass (quant.py's rounding_key): a hash of the
+// run's seed (seed_hash = splitmix64(seed), taken once), the draw (which forward pass) and the unit's index. The
+// draw is read on the device, so one recorded pass serves every step.
+__device__ __forceinline__ long long quant_rounding_key(long long seed_hash, long long draw, int unit) {
+    return (long long)quant_splitmix64(quant_splitmix64((unsigned long long)seed_hash ^ (unsigned long long)draw) ^
+                                       (unsigned long long)(long long)unit);
+}
+
 // The hash of (key, row): mixed once a row, then once a channel (quant_uniform).
 __device__ __forceinline__ unsigned int quant_row_hash(long long key, long long row) {
     const unsigned long long k = (unsigned long long)key, r = (unsigned long long)row;

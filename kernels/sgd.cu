@@ -12,6 +12,8 @@
 //     g = grad * clip scale
 //     m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g
 //     p -= lr * (m / bias1 / (sqrt(v / bias2) + eps) + weight_decay * p [i < n_decay])
+// lr and AdamW's bias1, bias2 are read from the device (the arena's scalars, float64, taken in real_t): one
+// recorded step serves every step of a schedule (minibp/optim.py).
 // Clipping: grad_sum_squares sums the squares of each chunk of `chunk` entries in order, in double, and
 // grad_norm_finish adds the chunks in order and takes the root, so the norm depends on neither the launch
 // shape nor the thread count; the update kernels read it from the device (no host round-trip, and a
@@ -52,28 +54,30 @@ __device__ __forceinline__ void sgd_update(long long i, long long n_decay, real_
     params[i] -= lr * v;
 }
 
-extern "C" __global__ void sgd_momentum(long long n, long long n_decay, real_t lr, real_t momentum,
+extern "C" __global__ void sgd_momentum(long long n, long long n_decay, const double* lr, real_t momentum,
                                         real_t weight_decay, real_t* params, const real_t* grads,
                                         real_t* velocity) {
-    GRID_STRIDE_LOOP(i, n) { sgd_update(i, n_decay, lr, momentum, weight_decay, grads[i], params, velocity); }
+    const real_t rate = (real_t)lr[0];
+    GRID_STRIDE_LOOP(i, n) { sgd_update(i, n_decay, rate, momentum, weight_decay, grads[i], params, velocity); }
 }
 
 // sgd_momentum on the gradient clipped by the norm grad_norm[0] (grad_norm_finish).
-extern "C" __global__ void sgd_momentum_clipped(long long n, long long n_decay, real_t lr, real_t momentum,
+extern "C" __global__ void sgd_momentum_clipped(long long n, long long n_decay, const double* lr, real_t momentum,
                                                 real_t weight_decay, double clip_norm, const double* grad_norm,
                                                 real_t* params, const real_t* grads, real_t* velocity) {
-    const real_t scale = clip_scale(grad_norm, clip_norm);
+    const real_t scale = clip_scale(grad_norm, clip_norm), rate = (real_t)lr[0];
     GRID_STRIDE_LOOP(i, n) {
-        sgd_update(i, n_decay, lr, momentum, weight_decay, grads[i] * scale, params, velocity);
+        sgd_update(i, n_decay, rate, momentum, weight_decay, grads[i] * scale, params, velocity);
     }
 }
 
 // grad_norm null: no clipping (clip_norm is then not read).
-extern "C" __global__ void adamw(long long n, long long n_decay, real_t lr, real_t beta1, real_t beta2, real_t eps,
-                                 real_t weight_decay, real_t bias1, real_t bias2, double clip_norm,
-                                 const double* grad_norm, real_t* params, const real_t* grads,
+extern "C" __global__ void adamw(long long n, long long n_decay, const double* lr, real_t beta1, real_t beta2,
+                                 real_t eps, real_t weight_decay, const double* bias1, const double* bias2,
+                                 double clip_norm, const double* grad_norm, real_t* params, const real_t* grads,
                                  real_t* first_moment, real_t* second_moment) {
-    const real_t scale = clip_scale(grad_norm, clip_norm);
+    const real_t scale = clip_scale(grad_norm, clip_norm), rate = (real_t)lr[0];
+    const real_t bias1_t = (real_t)bias1[0], bias2_t = (real_t)bias2[0];
     const real_t one = 1;
     GRID_STRIDE_LOOP(i, n) {
         const real_t g = grads[i] * scale;
@@ -81,8 +85,8 @@ extern "C" __global__ void adamw(long long n, long long n_decay, real_t lr, real
         const real_t v = beta2 * second_moment[i] + (one - beta2) * g * g;
         first_moment[i] = m;
         second_moment[i] = v;
-        real_t u = m / bias1 / (sqrt(v / bias2) + eps);
+        real_t u = m / bias1_t / (sqrt(v / bias2_t) + eps);
         if (i < n_decay) u = u + weight_decay * params[i];
-        params[i] -= lr * u;
+        params[i] -= rate * u;
     }
 }

@@ -9,7 +9,9 @@ reads their signatures from the source, so every call is checked the same way on
                         params=p, grads=g, velocity=v, threads=n)   # a grid covering n threads, 256 a block
     module.sgd_momentum(..., grid=(3,), block=(7,))    # or an explicit launch shape
 
-Arguments go by name, each checked against the parameter of that name in the source.
+Arguments go by name, each checked against the parameter of that name in the source. A call launches at
+once, or, while program.record() records a pass, binds the launch (its checked, converted arguments and
+shape) for the program to replay.
 
 GPU: the source is compiled by NVRTC through cupy.RawModule, once per process.
 CPU: the same source is wrapped in a generated C++ file (kernels/cpu_shim.h supplies the CUDA
@@ -27,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import backend, build, constants
+from . import backend, build, constants, program
 from .build import KernelError
 
 # The sources are the top-level kernels/ folder. A wheel ships a copy of it as minibp/kernels_src
@@ -35,7 +37,6 @@ from .build import KernelError
 _PACKAGED_KERNELS = Path(__file__).resolve().parent / "kernels_src"
 KERNEL_DIR = _PACKAGED_KERNELS if _PACKAGED_KERNELS.is_dir() else Path(__file__).resolve().parent.parent / "kernels"
 BLOCK = 256  # threads a block in the default launch shape
-launches = 0  # kernels launched by this process (the benchmarks count them a step)
 
 # C type of a kernel parameter -> NumPy dtype. real_t resolves to the module's dtype.
 _C_TYPES = {
@@ -110,11 +111,12 @@ class Param:
 class Kernel:
     """A callable kernel: kernel(name=value, ..., threads=n) or kernel(name=value, ..., grid=(..), block=(..))."""
 
-    def __init__(self, name, params, launch_fn):
-        self.name, self.params, self._launch = name, params, launch_fn
+    def __init__(self, name, params, bind):
+        self.name, self.params, self._bind = name, params, bind
         self._names = frozenset(p.name for p in params)
 
     def __call__(self, *args, threads=None, grid=None, block=None, **arguments):
+        """Launch, or record the launch (program.py): the arguments checked and converted here, once."""
         if args or arguments.keys() != self._names:
             names = [p.name for p in self.params]
             if args:
@@ -132,9 +134,7 @@ class Kernel:
             grid, block = (min(-(-threads // BLOCK), 2**31 - 1),), (BLOCK,)
         if grid is None or block is None:
             raise ValueError(f"{self.name}(): give threads= or both grid= and block=")
-        global launches
-        launches += 1
-        self._launch(_dim3(grid), _dim3(block), converted)
+        self._bind(self.name, _dim3(grid), _dim3(block), converted)
 
     def __repr__(self):
         return f"<kernel {self.name}({', '.join(p.c_text for p in self.params)})>"
@@ -213,11 +213,11 @@ def _load_gpu(path, source, signatures, real_name):
     for name, params in signatures:
         function = module.get_function(name)
 
-        def launch(grid, block, args, f=function):
+        def bind(name, grid, block, args, f=function):
             # CuPy passes None as 0xffffffff, not NULL (cupy/cupy#9046): a 64-bit zero is a null pointer.
-            f(grid, block, tuple(np.uint64(0) if a is None else a for a in args))
+            program.issue(name, f, grid, block, tuple(np.uint64(0) if a is None else a for a in args))
 
-        kernels[name] = Kernel(name, params, launch)
+        kernels[name] = Kernel(name, params, bind)
     return kernels
 
 
@@ -243,14 +243,22 @@ def compile_cubin(filename, *, dtype=np.float32, arch="sm_90"):
 # ----------------------------------------------------------------------------- CPU: launchers built by build.py
 
 def _cpu_wrapper_source(path, signatures):
-    """C++ that includes the kernel file and exports minibp_launch_<name>(grid, block, args...)."""
+    """C++ that includes the kernel file and exports minibp_launch_<name>(grid, block, args...), and beside each an
+    empty minibp_empty_<name> of the same signature (empty_twins)."""
     lines = [f'#include "{path}"', ""]
     for name, params in signatures:
         decl = ", ".join(["unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz"]
                          + [p.c_text for p in params])
         args = ", ".join(["dim3(gx, gy, gz)", "dim3(bx, by, bz)"] + [p.name for p in params])
         lines.append(f'extern "C" void minibp_launch_{name}({decl}) {{ minibp_shim::launch<&{name}>({args}); }}')
+        lines.append(f'extern "C" void minibp_empty_{name}({decl}) {{}}')
     return "\n".join(lines) + "\n"
+
+
+# {id of a CPU launcher: its empty twin, the same signature and no work}: bench/step.py swaps them into a recorded
+# step to time the host's share of it (the calls, their arguments, the loop) apart from the kernels' work. (By id:
+# ctypes functions do not hash; the loaded modules keep them alive.)
+empty_twins = {}
 
 
 def _load_cpu(path, source, signatures, real_name):
@@ -264,13 +272,17 @@ def _load_cpu(path, source, signatures, real_name):
                 np.int64: ctypes.c_int64, np.uint8: ctypes.c_uint8}
     kernels = {}
     for name, params in signatures:
-        function = getattr(library, f"minibp_launch_{name}")
-        function.restype = None
-        function.argtypes = [ctypes.c_uint] * 6 + [
-            ctypes.c_void_p if p.is_pointer else c_scalar[p.dtype.type] for p in params]
+        function, empty = getattr(library, f"minibp_launch_{name}"), getattr(library, f"minibp_empty_{name}")
+        for f in (function, empty):
+            f.restype = None
+            f.argtypes = [ctypes.c_uint] * 6 + [ctypes.c_void_p if p.is_pointer else c_scalar[p.dtype.type]
+                                                for p in params]
+        empty_twins[id(function)] = empty
 
-        def launch(grid, block, args, f=function):
-            f(*grid, *block, *[a.ctypes.data if isinstance(a, np.ndarray) else a for a in args])
+        def bind(name, grid, block, args, f=function):
+            arrays = [a for a in args if isinstance(a, np.ndarray)]
+            program.issue(name, f, *grid, *block, *[a.ctypes.data if isinstance(a, np.ndarray) else a for a in args],
+                          keep=arrays)
 
-        kernels[name] = Kernel(name, params, launch)
+        kernels[name] = Kernel(name, params, bind)
     return kernels

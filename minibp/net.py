@@ -12,6 +12,10 @@
     net.backward()                               # reads only the stores; grads += dL/dparams
     logits = net.predict(images)                 # running statistics, no labels
 
+Each pass (a training forward, an evaluation forward, the loss, the backward) is recorded once as a program of
+bound device calls, at its first use for a batch size, and replayed (program.py): the API below runs those
+programs, and a training step (step.py) replays them in turn, on the GPU as one CUDA graph.
+
 Forward writes each unit's exact output into act0 and act1 in turn while the unit writes its store;
 backward walks the units in reverse, each restoring its activation from its store, the gradients
 flowing through the same buffers. One residual is outstanding at a time, in `residual`. `bits` names
@@ -21,12 +25,12 @@ ablation whose errors compound). docs/method.md derives all of it ("The schedule
 
 import numpy as np
 
-from . import backend, checks, layers
+from . import backend, checks, layers, program
 from . import params as table
 from .arena import Arena, Plan
 from .chain import Chain
 from .checks import positive_int
-from .optim import OPTIMIZERS, norm_chunks
+from .optim import OPTIMIZERS, SCALARS, norm_chunks
 from .params import key
 from .layers import ConvPath, update_running
 from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store
@@ -43,6 +47,12 @@ from .units import Step
 #                                                                        and the norm, which clips and is logged
 #   running, running_before (2, S)      BN running mean/variance of every unit's channels, and their values
 #                                       before this step: a step whose loss is not finite puts them back
+#   loss (2, 2), float64                 [this forward's loss, accuracy], [their sums over a step's sub-batches]
+#   loss_rows (N, 2)                     each image's loss and whether it was right (layers/loss.py)
+#   scalars (3,), float64                the optimizer's values that change a step: lr, AdamW's two bias corrections
+#                                        (optim.py), written before each step so one recorded step serves a run
+#   draw (1,), rounding_keys (units,)    stochastic rounding, int64: the forward pass's draw, which counts itself
+#                                        on, and each unit's key in the pass (kernels/bn.cu rounding_keys)
 # and the buffers the units share, each sized to the largest request (units.py's shared_sizes):
 SHARED = {"a": "shared activations/gradients", "da": "shared activations/gradients",    # BN-ReLU output, grad
           "pooled": "shared activations/gradients", "dpooled": "shared activations/gradients",  # pooled a, grad
@@ -58,7 +68,8 @@ class Net(Chain):
         super().__init__(self.input_shape)
         self.arena, self.training, self.conv_path = None, None, None  # set by compile
         self._n = 0                     # the batch of the last training forward, which backward reads
-        self.deferred_running = {}      # {unit index: (2, C) view} while defer_running() defers updates
+        self.deferred_running = None    # (2, S) while defer_running() defers the running statistics' updates
+        self._programs = {}             # the recorded passes (program()), dropped by a compile
 
     # ------------------------------------------------------------------ the table and the plan
 
@@ -94,8 +105,13 @@ class Net(Chain):
             if any(name in s for s in sizes):
                 plan.add(name, (max([s.get(name, 0) for s in sizes] + [1]),), dtype, category)
         plan.add("logits", (N, self.classes), dtype, "workspace")
+        plan.add("loss", (2, 2), np.float64, "workspace")
+        plan.add("loss_rows", (N, 2), dtype, "workspace")
         if training:
             plan.add("dlogits", (N, self.classes), dtype, "workspace")
+            plan.add("scalars", (len(SCALARS),), np.float64, "workspace")
+            plan.add("draw", (1,), np.int64, "workspace")  # (planned whatever the rounding: it costs no memory)
+            plan.add("rounding_keys", (len(units),), np.int64, "workspace")
         for u in units:
             for own in u.own_buffers(N, store=store, keep=training or store.naive):
                 plan.add(key(u.index, own.role), own.shape, own.dtype or dtype, own.category)
@@ -150,13 +166,15 @@ class Net(Chain):
         if check_plan is not None:
             check_plan(plan)
         kept = self.state() if self.arena is not None else None
-        self.store, self.seed, self._draws, self.draw = store, seed, 0, None
+        self.store, self.seed = store, seed
         self.batch, self.training, self.conv_path = batch, training, conv_path
-        self.arena = None  # the old arena goes before the new one comes
+        self.arena, self._programs = None, {}  # the old arena goes before the new one comes, with the passes on it
         self.arena = Arena(plan)
+        for name in ("loss", "draw"):  # (the draw counts the training forwards from 0)
+            if name in self.arena:
+                self.arena[name][...] = 0
         self.conv_path.attach(self.arena)
         self.param_views, self.grad_views = table.bind(self.units, self.arena)
-        self._running_layout = table.running_layout(self.units)  # {unit index: its channels}, for defer_running
         if kept is None:
             self.initialize(seed=seed)
         else:  # the net's own state, as it is (a diverged one says so at its next forward)
@@ -189,31 +207,30 @@ class Net(Chain):
     def forward(self, images, labels, *, train=True, sync=True, draw=None):
         """(loss, accuracy) as floats of a batch (N <= the compiled batch). train: batch statistics, running
         ones updated, stores written for backward(); else the running statistics. A loss that is not finite
-        leaves the running statistics as they were and raises FloatingPointError. sync=False (step.py):
-        labels already checked, (loss, accuracy) stay device scalars, unchecked. draw (stochastic rounding):
-        which random draw the stores take, with the compile's seed (quant.rounding_key); by default the
-        training forward passes since compile are counted 0, 1, 2, ... (step.py numbers them by iteration
-        and sub-batch, so that a resumed run draws as an uninterrupted one)."""
+        leaves the running statistics as they were and raises FloatingPointError. sync=False: (loss, accuracy)
+        stay device scalars, unchecked. draw (stochastic rounding): which random draw the stores take, with the
+        compile's seed (quant.rounding_key); by default the training forward passes since compile are counted 0,
+        1, 2, ... (step.py numbers them by iteration and sub-batch, so that a resumed run draws as an
+        uninterrupted one)."""
         if labels is None:
             raise ValueError("forward() needs labels (N,) to compute the loss; net.predict(images) needs none")
         self._check_images(images)
         if train and not self.training:
             raise RuntimeError("this net was compiled for evaluation (training=False): it cannot train")
-        if sync:
-            checks.check_labels(labels, images.shape[0], self.classes)
-        if train and self.store.stochastic:
-            self.draw = self._draws if draw is None else checks.index(draw, "draw")
-            self._draws = self.draw + 1
-        xp, n = backend.xp, self._run(images, train=train)
-        xp.copyto(self.arena["labels"][:n], xp.asarray(labels).astype(np.int64, copy=False))
-        loss, accuracy = layers.softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n])
+        checks.check_labels(labels, images.shape[0], self.classes)
+        n = self.load_batch(images, labels)
+        if train and self.store.stochastic and draw is not None:
+            self.arena["draw"][...] = checks.index(draw, "draw")
+        self.program("forward" if train else "evaluate", n).run()
+        self.program("loss", n).run()
         self._n = n if train else 0
+        loss = self.arena["loss"][0]  # (loss, accuracy) of this pass
         if not sync:
-            return loss, accuracy
-        loss, accuracy = float(loss), float(accuracy)  # the one host round-trip of an eager step
+            return loss[0], loss[1]
+        loss, accuracy = (float(v) for v in backend.to_host(loss))  # the one host round-trip of an eager step
         if not np.isfinite(loss):
             if train:  # this batch's statistics must not reach later evaluations
-                xp.copyto(self.arena["running"], self.arena["running_before"])
+                backend.xp.copyto(self.arena["running"], self.arena["running_before"])
             self._n = 0
             raise FloatingPointError(f"the loss is {loss}")
         return loss, accuracy
@@ -223,46 +240,74 @@ class Net(Chain):
         self._check_images(images)
         out = np.empty((images.shape[0], self.classes), self.dtype)
         for start in range(0, images.shape[0], self.batch):
-            n = self._run(images[start:start + self.batch], train=False)
+            n = self.load_batch(images[start:start + self.batch])
+            self.program("evaluate", n).run()
             out[start:start + n] = backend.to_host(self.arena["logits"][:n])
         return out
 
-    def _run(self, images, *, train):
-        """The forward schedule: every unit from the input to the logits. Returns the batch size."""
+    def load_batch(self, images, labels=None):
+        """Copy a batch of n <= batch images (and labels) into the input buffers the passes read; returns n."""
         n = images.shape[0]
         if not 1 <= n <= self.batch:
             raise ValueError(f"a batch of {n} images does not fit the {self.batch} the net was compiled for")
-        self.conv_path.check_batch(n)
-        xp, step = backend.xp, Step(self, n, train=train)
-        if train:
-            xp.copyto(self.arena["running_before"], self.arena["running"])
-        x = step.shared("input", self.input_shape)
-        xp.copyto(x, xp.asarray(images))
-        act = 0
+        xp = backend.xp
+        xp.copyto(self.arena["input"][:n], xp.asarray(images))
+        if labels is not None:
+            xp.copyto(self.arena["labels"][:n], xp.asarray(labels).astype(np.int64, copy=False))
+        return n
+
+    # ------------------------------------------------------------------ the passes, recorded once
+
+    PASSES = ("forward", "evaluate", "loss", "backward")
+
+    def program(self, kind, n, *, loss_scale=1.0, accumulate=True):
+        """The Program (program.py) of one pass over the first n images of the input buffers: "forward" (a training
+        forward: the statistics, the running ones, the stores), "evaluate" (the running statistics), "loss" (the
+        loss of the logits into arena["loss"]) or "backward" (the loss's gradient, scaled by loss_scale, and every
+        unit's, reading the stores; the gradients added to, or with accumulate=False set). Recorded at its first
+        use (every call's arguments checked then), replayed after; a compile, or defer_running, records anew."""
+        if kind not in self.PASSES:
+            raise ValueError(f"a pass is one of {', '.join(self.PASSES)}, got {kind!r}")
+        self._check_compiled()
+        key = (kind, n, (loss_scale, accumulate) if kind == "backward" else None, id(self.deferred_running))
+        recorded = self._programs.get(key)
+        if recorded is None:
+            self.conv_path.check_batch(n)
+            with program.record() as recorded:
+                {"forward": lambda: self._forward(n, train=True), "evaluate": lambda: self._forward(n, train=False),
+                 "loss": lambda: self._loss(n), "backward": lambda: self._backward(n, loss_scale, accumulate)}[kind]()
+            self._programs[key] = recorded
+        return recorded
+
+    def _forward(self, n, *, train):
+        """The forward schedule: every unit from the input to the logits (and, under stochastic rounding, the units'
+        keys of this pass first)."""
+        step = Step(self, n, train=train)
+        if step.keys is not None:
+            layers.rounding_keys(step.keys, self.arena["draw"], seed=self.seed)
+        x, act = step.shared("input", self.input_shape), 0
         for u in self.units:
             if u.is_classifier:
                 out = self.arena["logits"][:n].reshape((n,) + u.out_shape)
             else:
                 out, act = step.shared(("act0", "act1")[act], u.out_shape), 1 - act
-            if u.shortcut is not None:
+            residual = saved = None  # the block's schedule around the unit, which the unit takes in where it can
+            if u.shortcut is not None and not u.shortcut.is_identity:
                 u.shortcut.add(step.shared("residual", u.shortcut.in_shape), x)
-            elif u.adds_projection:
-                x += step.shared("residual", u.in_shape)
+            elif u.shortcut is not None or u.adds_projection:
+                residual = step.shared("residual", u.in_shape)
             if u.saves_input:
-                xp.copyto(step.shared("residual", u.in_shape), x)
-            u.forward(x, out, step)
+                saved = step.shared("residual", u.in_shape)
+            u.forward(x, out, step, residual=residual, saved=saved)
             x = out
-        return n
 
-    # ------------------------------------------------------------------ backward
+    def _loss(self, n):
+        layers.softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n],
+                                     rows=self.arena["loss_rows"][:n], loss=self.arena["loss"])
 
-    def backward(self, *, loss_scale=1.0):
-        """grads += loss_scale * dL/dparams after forward(train=True), reading only the units' stores (and
-        dL/dimages into arena["input_grad"] when compiled with input_grad=True)."""
-        self._check_compiled()
-        if not self._n:
-            raise RuntimeError("backward() needs a training forward() first")
-        n, step = self._n, Step(self, self._n, train=True)
+    def _backward(self, n, loss_scale, accumulate):
+        """The backward schedule: the loss's gradient, then every unit in reverse, reading only its store."""
+        step = Step(self, n, train=True, accumulate=accumulate)
         logits, dlogits = self.arena["logits"][:n], self.arena["dlogits"][:n]
         layers.softmax_cross_entropy_backward(logits, self.arena["labels"][:n], dlogits, scale=loss_scale)
         dy, act = dlogits.reshape((n,) + self.units[-1].out_shape), 0
@@ -271,27 +316,42 @@ class Net(Chain):
                 dx = step.shared("input_grad", u.in_shape) if "input_grad" in self.arena else None
             else:
                 dx, act = step.shared(("act0", "act1")[act], u.in_shape), 1 - act
-            u.backward(dy, dx, step, residual_grad=step.shared("residual", u.in_shape) if u.saves_input else None)
-            if u.shortcut is not None:
+            keeps = (u.shortcut is not None and u.shortcut.is_identity) or u.adds_projection  # dresidual = dx
+            residual = step.shared("residual", u.in_shape) if u.saves_input or keeps else None
+            u.backward(dy, dx, step, residual_grad=residual if u.saves_input else None,
+                       shortcut_grad=residual if keeps and dx is not None else None)
+            if u.shortcut is not None and not u.shortcut.is_identity:
                 u.shortcut.backward(dx, step.shared("residual", u.shortcut.in_shape))
-            elif u.adds_projection:
-                backend.xp.copyto(step.shared("residual", u.in_shape), dx)
             dy = dx
+
+    # ------------------------------------------------------------------ backward
+
+    def backward(self, *, loss_scale=1.0, accumulate=True):
+        """grads += loss_scale * dL/dparams after forward(train=True), reading only the units' stores (and
+        dL/dimages into arena["input_grad"] when compiled with input_grad=True). accumulate=False: grads = it, so
+        that a step's first backward needs no zero_grad before it."""
+        self._check_compiled()
+        if not self._n:
+            raise RuntimeError("backward() needs a training forward() first")
+        if not isinstance(accumulate, (bool, np.bool_)):
+            raise TypeError(f"accumulate must be True or False, got {accumulate!r}")
+        self.program("backward", self._n, loss_scale=float(loss_scale), accumulate=bool(accumulate)).run()
         self._n = 0  # the stores now hold nothing backward may read twice
 
     # ------------------------------------------------------------------ running statistics
 
     def defer_running(self, increments):
-        """increments (2, S) or None. While set, a training forward writes each BN unit's running-statistics
-        increment, (1 - bn_momentum) * (batch mean, unbiased variance), into its channels of increments and
-        leaves `running` as it is; add_running applies it later. Ranks training together (step.py, dist.py)
-        gather every rank's increments and apply them in rank order, as one process applies its sub-batches'."""
+        """increments (2, S) of the net's dtype, or None. While set, a training forward writes each BN unit's
+        running-statistics increment, (1 - bn_momentum) * (batch mean, unbiased variance), into its channels of
+        increments and leaves `running` as it is; add_running applies it later. Ranks training together (step.py,
+        dist.py) gather every rank's increments and apply them in rank order, as one process applies its
+        sub-batches'."""
         self._check_compiled()
-        if increments is None:
-            self.deferred_running = {}
-            return
-        self.deferred_running = {index: increments[:, where] for index, where in self._running_layout.items()
-                                 if where.stop > where.start}
+        if increments is not None and (increments.shape != self.arena["running"].shape
+                                       or increments.dtype != self.dtype):
+            raise ValueError(f"increments must be {self.arena['running'].shape} {np.dtype(self.dtype)}, got "
+                             f"{increments.shape} {increments.dtype}")
+        self.deferred_running = increments
 
     def add_running(self, increments):
         """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), by the

@@ -16,6 +16,11 @@ compile(optimizer="adamw")); `grad_sums` and `grad_norm` hold the norm (compile(
     ...; opt.step(lr=1e-3, iteration=i)      # i: the steps done before this one (bias correction t = i + 1)
     opt.last_grad_norm                       # the norm of the last step's gradient, before clipping
 
+A step is one recorded program (program.py: the norm's two kernels when planned, and the update's), which reads
+the values that change from step to step, the learning rate and AdamW's bias corrections, from the arena's
+`scalars` on the device: step() writes them, then replays it, and a training step (step.py) replays the same
+program inside its own, so one CUDA graph serves a whole run's schedule.
+
 AdamW's step depends on nothing but its arguments and the arena, so a run resumed at iteration i from a
 checkpoint of net.state() continues bit for bit. The norm is a fixed-order reduction (chunks of NORM_CHUNK
 entries summed in order in float64, then the chunks in order), so it does not depend on the thread count
@@ -27,9 +32,10 @@ import weakref
 
 import numpy as np
 
-from . import backend, checks, kernels
+from . import backend, checks, kernels, program
 
 OPTIMIZERS = ("sgd", "adamw")  # Net.plan / Net.compile(optimizer=...): the buffers each needs
+SCALARS = ("lr", "bias1", "bias2")  # arena["scalars"] (float64): what a step's kernels read that changes each step
 NORM_CHUNK = 1024  # gradient entries one partial sum of squares adds in order (grad_sum_squares)
 
 
@@ -55,15 +61,16 @@ def _clip_norm(value):
 
 
 class _FlatOptimizer:
-    """What both optimizers share: the net's buffers, looked up each step (a recompile moves them), and the
-    gradient norm."""
+    """What both optimizers share: the net's buffers, the step as a recorded program over them (recorded anew
+    after a recompile, which moves them), and the gradient norm."""
     needs = ()                # arena buffers this optimizer needs beyond a training net's, and why
-    uses_iteration = False    # whether step's kernel arguments depend on `iteration` (step.py: no CUDA graph)
+    uses_iteration = False    # whether its step depends on `iteration` (AdamW's bias correction)
 
     def _init(self, net, clip_norm):
         self.net = net
         self.clip_norm = _clip_norm(clip_norm)
         self._measured = None  # a weak reference to the arena whose grad_norm the last step wrote
+        self._recorded = None  # (a weak reference to the arena, the step's Program)
         self._check_net()
 
     def _check_net(self):
@@ -94,21 +101,50 @@ class _FlatOptimizer:
             backend.xp.cuda.runtime.deviceSynchronize()
         return float(backend.to_host(arena["grad_norm"])[0])
 
-    def _start_step(self, lr, iteration):
-        """The checked lr and iteration; the gradient norm measured (when planned), and the device view the
-        update kernels read it from when clipping (else None)."""
+    def step(self, *, lr, iteration=None):
+        """One step: the scalars written (set_scalars), the recorded step replayed."""
+        self.set_scalars(lr=lr, iteration=iteration)
+        self.program().run()
+
+    def set_scalars(self, *, lr, iteration=None):
+        """Check lr and iteration (the steps done before this one: AdamW's bias correction) and write the step's
+        scalars (SCALARS) to the device, where its kernels read them."""
         lr = hyperparameter(lr, "lr")
         if iteration is not None or self.uses_iteration:
             iteration = checks.index(iteration, "iteration")
         self._check_net()  # a recompile may have made it an evaluation net
+        values = np.array([lr, *self._bias_corrections(iteration)], np.float64)
+        scalars = self.net.arena["scalars"]
+        if backend.device == "gpu":
+            scalars.set(values)
+        else:
+            scalars[...] = values
+
+    def _bias_corrections(self, iteration):
+        return (1.0, 1.0)
+
+    def program(self):
+        """The step's Program on the net's arena, recorded at its first use after a compile: the gradient norm's
+        two kernels (when planned), then the update."""
+        arena = self.net.arena
+        if self._recorded is None or self._recorded[0]() is not arena:
+            self._check_net()
+            with program.record() as recorded:
+                grad_norm = self._record_norm()
+                self._record_update(kernels.load("sgd.cu", self.net.dtype), arena["scalars"], grad_norm)
+            self._recorded = (weakref.ref(arena), recorded)
+            self._measured = weakref.ref(arena) if grad_norm is not None or "grad_norm" in arena else None
+        return self._recorded[1]
+
+    def _record_norm(self):
+        """The gradient norm's kernels when planned; the device view the update reads it from when clipping."""
         net = self.net
         if "grad_norm" not in net.arena:
-            return lr, iteration, None
+            return None
         module, n, sums = kernels.load("sgd.cu", net.dtype), net.params.size, net.arena["grad_sums"]
         module.grad_sum_squares(n=n, chunk=NORM_CHUNK, grads=net.grads, sums=sums, threads=sums.size)
         module.grad_norm_finish(chunks=sums.size, sums=sums, norm=net.arena["grad_norm"], grid=(1,), block=(1,))
-        self._measured = weakref.ref(net.arena)  # weak: a recompile frees the old arena
-        return lr, iteration, net.arena["grad_norm"] if self.clip_norm is not None else None
+        return net.arena["grad_norm"] if self.clip_norm is not None else None
 
 
 class SGD(_FlatOptimizer):
@@ -123,11 +159,13 @@ class SGD(_FlatOptimizer):
     def step(self, *, lr, iteration=None):
         """p -= lr * (velocity = momentum * velocity + grad + weight_decay * p [decayed part]). iteration (the
         steps done before this one) is taken as AdamW's is, and does not change the step."""
-        lr, _, grad_norm = self._start_step(lr, iteration)
+        super().step(lr=lr, iteration=iteration)
+
+    def _record_update(self, module, scalars, grad_norm):
         net, n = self.net, self.net.params.size
-        common = dict(n=n, n_decay=net.num_decayed, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay,
-                      params=net.params, grads=net.grads, velocity=self.velocity, threads=n)
-        module = kernels.load("sgd.cu", net.dtype)
+        common = dict(n=n, n_decay=net.num_decayed, lr=scalars[0:1], momentum=self.momentum,
+                      weight_decay=self.weight_decay, params=net.params, grads=net.grads, velocity=self.velocity,
+                      threads=n)
         if grad_norm is None:
             module.sgd_momentum(**common)
         else:
@@ -156,14 +194,17 @@ class AdamW(_FlatOptimizer):
     def step(self, *, lr, iteration):
         """One AdamW step; iteration is the number of steps done before this one (0 first), so that the bias
         correction's t = iteration + 1 needs no state of its own."""
-        lr, iteration, grad_norm = self._start_step(lr, iteration)
+        super().step(lr=lr, iteration=iteration)
+
+    def _bias_corrections(self, iteration):
+        return bias_corrections(self.beta1, self.beta2, iteration)
+
+    def _record_update(self, module, scalars, grad_norm):
         net, n = self.net, self.net.params.size
-        bias1, bias2 = bias_corrections(self.beta1, self.beta2, iteration)
-        kernels.load("sgd.cu", net.dtype).adamw(
-            n=n, n_decay=net.num_decayed, lr=lr, beta1=self.beta1, beta2=self.beta2, eps=self.eps,
-            weight_decay=self.weight_decay, bias1=bias1, bias2=bias2, clip_norm=self.clip_norm or 0.0,
-            grad_norm=grad_norm, params=net.params, grads=net.grads, first_moment=self.velocity,
-            second_moment=self.second_moment, threads=n)
+        module.adamw(n=n, n_decay=net.num_decayed, lr=scalars[0:1], beta1=self.beta1, beta2=self.beta2, eps=self.eps,
+                     weight_decay=self.weight_decay, bias1=scalars[1:2], bias2=scalars[2:3],
+                     clip_norm=self.clip_norm or 0.0, grad_norm=grad_norm, params=net.params, grads=net.grads,
+                     first_moment=self.velocity, second_moment=self.second_moment, threads=n)
 
 
 def bias_corrections(beta1, beta2, iteration):

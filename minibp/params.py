@@ -16,6 +16,7 @@ without their buffers (an evaluation net, an SGD net) leaves them out, as moment
 reads any state of its architecture (whether a resume may change the optimizer is the trainer's to say).
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -71,18 +72,26 @@ def _slices(units):
     return out
 
 
+class Running(NamedTuple):
+    """A unit's share of the running statistics: the net's (2, S) array and the first of its channels there
+    (the kernels update them in place: kernels/bn.cu's batchnorm_finish)."""
+    array: object
+    offset: int
+
+
 def bind(units, arena):
-    """Hand every unit its views (parameters and gradients by role, own buffers, running (2, C)); returns
+    """Hand every unit its views (parameters and gradients by role, own buffers, its Running share); returns
     {name: parameter view} and {name: gradient view}."""
     params, grads, by_unit = {}, {}, {u.index: ({}, {}) for u in units}
     for name, u, p, where in _slices(units):
         params[name] = by_unit[u.index][0][p.role] = arena["params"][where].reshape(p.shape)
         if "grads" in arena:
             grads[name] = by_unit[u.index][1][p.role] = arena["grads"][where].reshape(p.shape)
-    running = _running(units, arena)
+    layout = running_layout(units)
     for u in units:
         own = {role: arena[key(u.index, role)] for role in OWN_ROLES if key(u.index, role) in arena}
-        u.bind(p=by_unit[u.index][0], g=by_unit[u.index][1], own=own, running=running[u.index])
+        u.bind(p=by_unit[u.index][0], g=by_unit[u.index][1], own=own,
+               running=Running(arena["running"], layout[u.index].start))
     return params, grads
 
 

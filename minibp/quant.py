@@ -267,12 +267,21 @@ def _splitmix64(x):
     return x ^ (x >> 31)
 
 
+def _signed(key):
+    return key - 2**64 if key >= 2**63 else key  # as the kernels' long long
+
+
+def seed_hash(seed):
+    """The run's seed hashed once, as rounding_key begins (the kernels take it so: bn.cu's rounding_keys)."""
+    return _signed(_splitmix64(int(seed) % 2**64))
+
+
 def rounding_key(seed, draw, unit):
     """The int64 key of one unit's stochastic rounding in one training forward pass: a hash of the run's
     seed, the draw (which forward pass: train.py counts iteration * sub-batches + sub-batch) and the
-    unit's index. No generator state: a resumed run, P ranks and --split P draw alike."""
-    key = _splitmix64(_splitmix64(_splitmix64(int(seed) % 2**64) ^ int(draw) % 2**64) ^ int(unit) % 2**64)
-    return key - 2**64 if key >= 2**63 else key  # as the kernel's long long
+    unit's index. No generator state: a resumed run, P ranks and --split P draw alike. (quant.cuh's
+    quant_rounding_key, from seed_hash(seed).)"""
+    return _signed(_splitmix64(_splitmix64(seed_hash(seed) % 2**64 ^ int(draw) % 2**64) ^ int(unit) % 2**64))
 
 
 def pack_ref(codes, *, bits):

@@ -11,15 +11,15 @@ params.OWN_ROLES). Nothing else spells a buffer name.
     ReluConvUnit  ReLU -> conv + bias, no batch norm: its input is stored in full precision
 
 A unit's forward(x, out, step) reads x (N, H, W, C) in a shared buffer and writes out; its
-backward(dy, dx, step) reads dy = dL/dout, accumulates its parameter gradients (+=) and writes
-dx = dL/dx (dx None: not wanted). `step` carries the batch size, the mode, and views of the shared
-buffers (Step.shared).
+backward(dy, dx, step) reads dy = dL/dout, accumulates its parameter gradients (+=; =, where the step's
+accumulate is False) and writes dx = dL/dx (dx None: not wanted). `step` carries the batch size, the mode, and
+views of the shared buffers (Step.shared).
 """
 import math
 
 import numpy as np
 
-from . import backend, layers, quant
+from . import backend, layers, program
 from .params import Own, Param, elements
 
 
@@ -36,7 +36,10 @@ class Unit:
         shared_sizes(n, *, training)     {shared buffer name: elements it uses} (net.py's SHARED)
         bind(*, p, g, own, running)      its views: parameters and gradients by role, own buffers by role,
                                   running (2, bn_channels)
-        forward(x, out, s), backward(dy, dx, s, *, residual_grad=None)
+        forward(x, out, s, *, residual=None, saved=None)     x += residual first and saved = x then (a residual
+                                  block's schedule, net.py), each when given; then the unit's own work
+        backward(dy, dx, s, *, residual_grad=None, shortcut_grad=None)   dx += residual_grad and
+                                  shortcut_grad = dx at the end, each when given (forward's in reverse)
     Set by the chain (chain.py) as it wires residual blocks:
         index                     its place in the chain
         saves_input               the first unit of a block: its input is copied to the residual buffer
@@ -137,15 +140,18 @@ class ConvUnit(Unit):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, x, out, s):
-        """out = conv([pool](relu(bn(x)))); the store, the statistics and (training) the running ones."""
+    def forward(self, x, out, s, *, residual=None, saved=None):
+        """out = conv([pool](relu(bn(x)))); the store, the statistics and (training) the running ones. The residual
+        block's add and save go into batch norm's passes (a training forward's statistics take them in)."""
         a = x
         if self.bn is not None:
             a = s.shared("a", self.in_shape)
-            key = quant.rounding_key(*s.rounding_draw, self.index) if s.rounding_draw else None
             self.bn.forward(x, a, store=s.store, train=s.train, gamma=self.p["gamma"], beta=self.p["beta"], eps=s.eps,
                             partial=s.shared("partial") if s.train else None, momentum=s.bn_momentum,
-                            deferred=s.deferred_running.get(self.index), rounding_key=key)
+                            running_before=s.running_before, increments=s.increments,
+                            rounding_key=s.rounding_key(self.index), residual=residual, saved=saved)
+        else:
+            layers.add_and_save(x, residual=residual, saved=saved)
         if self.pool is not None:
             pooled = s.shared("pooled", self.conv_in_shape)
             self.pool.forward(a, pooled)
@@ -157,42 +163,55 @@ class ConvUnit(Unit):
 
     # ------------------------------------------------------------------ backward
 
-    def backward(self, dy, dx, s, *, residual_grad=None):
-        """Gradients from dy; dx (may be None for the unit on the data) gets dL/dx [+ residual_grad]."""
-        if self.bn is not None:  # restore a~ (or recompute a exactly) from the store
-            a = s.shared("a", self.in_shape)
-            self.bn.restore(a, store=s.store, beta=self.p["beta"])
-        else:
-            a = s.shared("input", self.in_shape)
+    def backward(self, dy, dx, s, *, residual_grad=None, shortcut_grad=None):
+        """Gradients from dy; dx (may be None for the unit on the data) gets dL/dx [+ residual_grad], and
+        shortcut_grad then dx (batch norm's backward takes both in). The data gradients first, then batch norm's
+        backward, which restores the unit's activation a from the store as it reads it (but where a pool's backward
+        needs a before it: then a is restored first), then the weight gradients, which read a."""
+        bn, pool, col = self.bn, self.pool, s.shared("col")
+        a = s.shared("a", self.in_shape) if bn is not None else s.shared("input", self.in_shape)
+        restore_first = bn is not None and pool is not None
+        if restore_first:
+            bn.restore(a, store=s.store, beta=self.p["beta"])
         conv_in = a
-        if self.pool is not None:
+        if pool is not None:
             conv_in = s.shared("pooled", self.conv_in_shape)
-            self.pool.forward(a, conv_in)
-        needs_dx = self.bn is not None or dx is not None
-        if self.pool is not None:
-            dconv_in = s.shared("dpooled", self.conv_in_shape)
-        else:
-            dconv_in = s.shared("da", self.in_shape) if self.bn is not None else dx
-        col = s.shared("col")
-        if self.projection is not None:  # the residual gradient waiting in the buffer came through it
-            self.projection.backward(conv_in, self.p["projection"], s.shared("residual", self.projection.out_shape),
-                                     dw=self.g["projection"], dx=dconv_in if needs_dx else None, col=col)
-        self.conv.backward(conv_in, self.p["w"], dy, dw=self.g["w"], dbias=self.g.get("bias"),
-                           dx=dconv_in if needs_dx else None, accumulate_dx=self.projection is not None, col=col)
-        if not needs_dx:
+            pool.forward(a, conv_in)
+        # A projection's weight gradient reads the residual gradient after batch norm's backward: the shortcut's
+        # gradient, which overwrites that buffer, waits until then.
+        late, shortcut_grad = (shortcut_grad, None) if self.projection is not None else (None, shortcut_grad)
+        if bn is not None or dx is not None:
+            self._backward_data(dy, dx, a, s, col=col, residual_grad=residual_grad, shortcut_grad=shortcut_grad,
+                                restore=not restore_first)
+        if self.projection is not None:
+            self.projection.backward_weights(conv_in, s.shared("residual", self.projection.out_shape),
+                                             dw=self.g["projection"], accumulate=s.accumulate, col=col)
+        self.conv.backward_weights(conv_in, dy, dw=self.g["w"], dbias=self.g.get("bias"), accumulate=s.accumulate,
+                                   col=col)
+        if late is not None:
+            layers.add_and_keep_grad(dx, shortcut_grad=late)
+
+    def _backward_data(self, dy, dx, a, s, *, col, residual_grad, shortcut_grad, restore):
+        """dx from dy: the convs' data gradients (the projection's first: the residual gradient waiting in the
+        buffer came through it), the pool's, then batch norm's (restoring a into `a` as it reads the store, when
+        restore)."""
+        bn, pool = self.bn, self.pool
+        da = s.shared("da", self.in_shape) if bn is not None else dx
+        dconv_in = s.shared("dpooled", self.conv_in_shape) if pool is not None else da
+        if self.projection is not None:
+            self.projection.backward_data(self.p["projection"], s.shared("residual", self.projection.out_shape),
+                                          dconv_in, col=col)
+        self.conv.backward_data(self.p["w"], dy, dconv_in, accumulate=self.projection is not None, col=col)
+        if pool is not None:
+            pool.backward(a, dconv_in, da)
+        if bn is None:
+            layers.add_and_keep_grad(dx, residual_grad=residual_grad, shortcut_grad=shortcut_grad)
             return
-        if self.pool is not None:
-            da = s.shared("da", self.in_shape) if self.bn is not None else dx
-            self.pool.backward(a, dconv_in, da)
-        else:
-            da = dconv_in
-        if self.bn is not None:
-            C = self.in_shape[2]
-            self.bn.backward(da, dx, store=s.store, beta=self.p["beta"], dgamma=self.g["gamma"], dbeta=self.g["beta"],
-                             partial=s.shared("partial"), sums=s.shared("bn_sums")[: 2 * C].reshape(2, C),
-                             residual_grad=residual_grad)
-        elif residual_grad is not None:
-            dx += residual_grad
+        C = self.in_shape[2]
+        bn.backward(da, dx, store=s.store, beta=self.p["beta"], dgamma=self.g["gamma"], dbeta=self.g["beta"],
+                    partial=s.shared("partial"), sums=s.shared("bn_sums")[: 2 * C].reshape(2, C),
+                    residual_grad=residual_grad, shortcut_grad=shortcut_grad, restored=a if restore else None,
+                    accumulate=s.accumulate)
 
 
 class ReluConvUnit(Unit):
@@ -222,38 +241,46 @@ class ReluConvUnit(Unit):
     def bind(self, *, p, g, own, running):
         self.p, self.g, self.own = p, g, own
 
-    def forward(self, x, out, s):
+    def forward(self, x, out, s, *, residual=None, saved=None):
         xp = backend.xp
+        layers.add_and_save(x, residual=residual, saved=saved)
         if s.train:
-            xp.copyto(self.own["store"][: x.size].reshape(x.shape), x)
+            program.copy(self.own["store"][: x.size].reshape(x.shape), x)
         a = s.shared("a", self.in_shape)
-        xp.maximum(x, 0, out=a)
+        program.issue("relu", xp.maximum, x, 0, a)
         self.conv.forward(a, self.p["w"], self.p["bias"], out, col=s.shared("col"))
 
-    def backward(self, dy, dx, s, *, residual_grad=None):
+    def backward(self, dy, dx, s, *, residual_grad=None, shortcut_grad=None):
         xp = backend.xp
         x = self.own["store"][: elements(s.n, self.in_shape)].reshape((s.n,) + self.in_shape)
         a = s.shared("a", self.in_shape)
-        xp.maximum(x, 0, out=a)
-        da = s.shared("da", self.in_shape) if dx is not None else None
-        self.conv.backward(a, self.p["w"], dy, dw=self.g["w"], dbias=self.g["bias"], dx=da, col=s.shared("col"))
-        if dx is None:
-            return
-        xp.sign(a, out=dx)  # the ReLU's mask, 1 where x > 0 (a = relu(x) >= 0), with no array beside the arena's
-        dx *= da
-        if residual_grad is not None:
-            dx += residual_grad
+        program.issue("relu", xp.maximum, x, 0, a)
+        if dx is not None:
+            da = s.shared("da", self.in_shape)
+            self.conv.backward_data(self.p["w"], dy, da, col=s.shared("col"))
+            program.issue("relu mask", xp.sign, a, dx)  # 1 where x > 0 (a = relu(x) >= 0), no array beside the arena's
+            program.issue("multiply", xp.multiply, dx, da, dx)
+            layers.add_and_keep_grad(dx, residual_grad=residual_grad, shortcut_grad=shortcut_grad)
+        self.conv.backward_weights(a, dy, dw=self.g["w"], dbias=self.g["bias"], accumulate=s.accumulate,
+                                   col=s.shared("col"))
 
 
 class Step:
-    """One call's view of the net for its units: batch n, the net's store (quant.Store), and the shared buffers."""
+    """One pass's view of the net for its units: batch n, the net's store (quant.Store), the shared buffers, and
+    where a training forward's running statistics and rounding keys go."""
 
-    def __init__(self, net, n, *, train):
-        self.net, self.n, self.train = net, n, train
+    def __init__(self, net, n, *, train, accumulate=True):
+        self.net, self.n, self.train, self.accumulate = net, n, train, accumulate  # accumulate: a backward's grads +=
         self.store, self.eps, self.bn_momentum = net.store, net.eps, net.bn_momentum
-        # stochastic rounding: (seed, draw) of this training forward pass, each unit's key from them and its index
-        self.rounding_draw = (net.seed, net.draw) if train and net.store.stochastic else None
-        self.deferred_running = net.deferred_running if train else {}  # {unit index: (2, C)} (Net.defer_running)
+        self.running_before = net.arena["running_before"] if train else None
+        self.increments = net.deferred_running if train else None  # (2, S) while Net.defer_running defers them
+        # stochastic rounding: the (units,) keys of this training forward (rounding_keys, kernels/bn.cu)
+        self.keys = net.arena["rounding_keys"] if train and net.store.stochastic else None
+
+    def rounding_key(self, index):
+        """Unit index's stochastic-rounding key in this pass, a device (1,) int64 view; None when it does not round
+        at random."""
+        return None if self.keys is None else self.keys[index:index + 1]
 
     def shared(self, name, shape=None):
         """A net buffer: whole and flat, or its first n*prod(shape) elements as (n,) + shape."""

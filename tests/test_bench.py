@@ -287,3 +287,18 @@ def test_versus_pytorch_quick_prints_the_table():
     for row in ("PyTorch", "minibp exact", "minibp 4-bit"):
         assert any(line.strip().startswith(row) for line in done.stdout.splitlines()), done.stdout
     assert "vs PyTorch" in done.stdout and "float32 GEMM" in done.stdout
+
+
+@pytest.mark.slow
+def test_step_bench_counts_the_calls_and_replays_bit_for_bit():
+    out = run("bench/step.py", "--quick")
+    assert "device calls" in out and "Python calls" in out and "host/step" in out
+    assert "replayed step against eager: bit for bit" in out
+
+
+def test_the_gpu_bench_says_it_needs_a_gpu():
+    if "cupy" in sys.modules and os.environ.get("MINIBP_DEVICE") == "gpu":
+        pytest.skip("a GPU is here: bench/gpu_check.sh runs bench/gpu.py")
+    done = subprocess.run([sys.executable, "bench/gpu.py", "--models", "resnet11"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "MINIBP_DEVICE": "cpu"})
+    assert done.returncode == 2 and "needs a GPU" in done.stderr

@@ -28,13 +28,14 @@ def _case(rows, C, bits, *, window="fixed", stochastic=False):
     beta = (rng.standard_normal(C) * 0.8).astype(np.float32)
     stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
     partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
-    extremes = layers.batchnorm_statistics(device(x), stats, partial=partial, window=window)
+    part = layers.batchnorm_statistics(device(x), partial=partial, window=window)
     windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32)) if bits else None
-    layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window,
-                                  extremes=extremes, windows=windows, stochastic=stochastic)
+    layers.batchnorm_finish(device(gamma), device(beta), stats, eps=1e-5, part=part, rows=rows, bits=bits,
+                            window=window, windows=windows, stochastic=stochastic)
     da, residual = rng.standard_normal((2, rows, C)).astype(np.float32)
+    store = layers.bn._store_args(stats, rows, windows=windows)
     return dict(x=device(x), stats=stats, beta=device(beta), da=device(da), residual=device(residual),
-                **layers.bn._window_args(stats, windows, rows))
+                windows=store["windows"], block_rows=store["block_rows"])
 
 
 def _empty(rows, C, bits):
@@ -43,7 +44,7 @@ def _empty(rows, C, bits):
                 x_copy=device(np.full((rows, C), np.nan, np.float32)) if bits == 0 else None,
                 codes=device(np.full(rows * C * bits // 8, 0xAB, np.uint8)) if bits else None,
                 dx=device(np.full((rows, C), np.nan, np.float32)),
-                partial=device(np.full(4 * rows * C, np.nan, np.float32)))  # room for 4 values of chunks of one row
+                partial=device(np.full(5 * rows * C, np.nan, np.float32)))  # room for 5 values of chunks of one row
 
 
 def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None, rounding_key=None):
@@ -55,8 +56,9 @@ def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None, rou
     elementwise = dict(rows=rows, C=C, rows_per_chunk=launch["rows_per_chunk"], bits=bits)
     store = dict(x_copy=out["x_copy"], codes=out["codes"], stats=arrays["stats"], beta=arrays["beta"],
                  windows=arrays["windows"], block_rows=arrays["block_rows"], stochastic=rounding_key is not None)
-    module.batchnorm_relu_forward(**elementwise, naive=naive, rounding_key=rounding_key or 0, x=arrays["x"],
-                                  a=out["a"], **store, **shape)
+    key = None if rounding_key is None else device(np.array([rounding_key], np.int64))
+    module.batchnorm_relu_forward(**elementwise, naive=naive, rounding_key=key, x=arrays["x"], a=out["a"], **store,
+                                  **shape)
     result = {"a": host(out["a"]).copy(), "store": host(out["codes"] if bits else out["x_copy"]).copy()}
     module.batchnorm_relu_restore(**elementwise, **store, a=out["a"], **shape)
     result["restored"] = host(out["a"]).copy()
@@ -64,23 +66,35 @@ def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None, rou
     chunks = -(-rows // per_chunk)
     part = out["partial"][: 2 * chunks * C]
     module.batchnorm_relu_backward_sums(rows=rows, C=C, rows_per_chunk=per_chunk, bits=bits, da=arrays["da"],
-                                        partial=part, **store, **shape)
+                                        partial=part, a=None, **store, **shape)
     result["backward_partial"] = host(part).copy()
-    sums = backend.xp.sum(part.reshape(2, chunks, C), axis=1)
-    result["sums"] = host(sums)
+    sums, gradients = device(np.zeros((2, C), np.float32)), device(np.zeros((2, C), np.float32))
+    module.batchnorm_backward_finish(C=C, chunks=chunks, accumulate=True, partial=part, sums=sums, dbeta=gradients[0],
+                                     dgamma=gradients[1], threads=C)
+    result["sums"] = host(sums).copy()
     module.batchnorm_relu_backward_dx(**elementwise, da=arrays["da"], sums=sums, inv_count=1.0 / rows,
-                                      residual_grad=arrays["residual"], dx=out["dx"], **store, **shape)
+                                      residual_grad=arrays["residual"], shortcut_grad=None, dx=out["dx"], **store,
+                                      **shape)
     result["dx"] = host(out["dx"]).copy()
-    per_chunk = reduction_rows or 2 * layers.ROWS_PER_CHUNK
+    per_chunk = reduction_rows or layers.STATS_CHUNK
     chunks = -(-rows // per_chunk)
-    part = out["partial"][: 4 * chunks * C]
-    module.channel_sums(rows=rows, C=C, rows_per_chunk=per_chunk, extremes=True, x=arrays["x"],
-                        shift=arrays["stats"][0], partial=part, **shape)
+    part = out["partial"][: 5 * chunks * C]
+    module.batchnorm_statistics(rows=rows, C=C, rows_per_chunk=per_chunk, extremes=True, x=arrays["x"], residual=None,
+                                saved=None, partial=part, **shape)
     result["statistics_partial"] = host(part).copy()
-    part = part.reshape(4, chunks, C)
-    result["moments"] = host(backend.xp.sum(part[:2], axis=1))
-    result["extremes"] = np.stack([host(part[2].min(axis=0)), host(part[3].max(axis=0))])
+    part = host(part).reshape(5, chunks, C)
+    result["moments"] = _combined(part, rows, per_chunk)
+    result["extremes"] = np.stack([part[3].min(axis=0), part[4].max(axis=0)])
     return result
+
+
+def _combined(part, rows, per_chunk):
+    """(mean, variance) of the statistics' chunks (sums about each chunk's shift), combined in float64 as
+    batchnorm_finish combines them."""
+    n = np.minimum(rows - np.arange(part.shape[1]) * per_chunk, per_chunk)[:, None]
+    s1, s2, shift = part[:3].astype(np.float64)
+    mean = (s1 + n * shift).sum(axis=0) / rows
+    return np.stack([mean, (s2 + 2 * (shift - mean) * s1 + n * (shift - mean) ** 2).sum(axis=0) / rows])
 
 
 def _gpu_launch(monkeypatch, rows, C, *, bits, rows_per_chunk=None):
@@ -201,15 +215,14 @@ def test_other_chunkings_of_a_reduction_differ_only_by_rounding(bits):
         xhat = (x - stats[0]) / stats[1]
         mask = default["restored"] > 0
     dy = host(arrays["da"]).astype(np.float64) * mask
-    d = x - stats[0]
-    terms = {"moments": (d, d * d), "sums": (dy, dy * xhat)}
+    sums = (dy, dy * xhat)
     for per_chunk in (1, 7, 1000):
         got = _run(arrays, rows, C, bits, launch=launch, reduction_rows=per_chunk)
         assert np.array_equal(got["extremes"], np.stack([x.min(axis=0), x.max(axis=0)]))  # exact in any chunking
-        for name, pair in terms.items():
-            for i, term in enumerate(pair):
-                error = np.abs(got[name][i] - term.sum(axis=0))
-                assert np.all(error <= 1e-5 * np.abs(term).sum(axis=0)), (name, i, per_chunk)
+        np.testing.assert_allclose(got["moments"], [x.mean(axis=0), x.var(axis=0)], rtol=1e-5, atol=1e-6)
+        for i, term in enumerate(sums):
+            error = np.abs(got["sums"][i] - term.sum(axis=0))
+            assert np.all(error <= 1e-5 * np.abs(term).sum(axis=0)), (i, per_chunk)
 
 
 @pytest.mark.parametrize("mean,outliers", [(1000.0, False), (1e4, False), (-3000.0, False), (1000.0, True)])
@@ -222,22 +235,23 @@ def test_one_pass_statistics_keep_the_digits_of_a_large_mean(mean, outliers):
     if outliers:
         x[:64] += 11
     stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
-    layers.batchnorm_statistics(device(x), stats, partial=device(np.zeros(layers.reduction_chunks(rows) * C,
-                                                                          np.float32)))
+    part = layers.batchnorm_statistics(device(x), partial=device(np.zeros(layers.reduction_chunks(rows) * C,
+                                                                                 np.float32)))
+    layers.batchnorm_finish(device(np.ones(C, np.float32)), device(np.zeros(C, np.float32)), stats, eps=0.0,
+                            part=part, rows=rows)
     got, x = host(stats), x.astype(np.float64)
     assert np.all(np.abs(got[0] - x.mean(axis=0)) <= np.spacing(np.float32(abs(mean))))
-    np.testing.assert_allclose(got[1], x.var(axis=0), rtol=1e-5, atol=0)
+    np.testing.assert_allclose(got[1] ** 2, x.var(axis=0), rtol=1e-5, atol=0)  # (stats[1] is sigma: eps 0)
 
 
 def test_a_partial_scratch_too_small_is_refused():
     """A kernel would write past its end: the call is refused first, naming the scratch."""
     rows, C = 100, 8
     arrays = _case(rows, C, 0)
-    short = device(np.zeros(layers.reduction_chunks(rows) * C - 1, np.float32))
-    with pytest.raises(ValueError, match="partial holds"):
-        layers.batchnorm_statistics(arrays["x"], arrays["stats"], partial=short)
+    with pytest.raises(ValueError, match="partial holds"):  # 3 values of 2 chunks of 64 rows
+        layers.batchnorm_statistics(arrays["x"], partial=device(np.zeros(3 * 2 * C - 1, np.float32)))
     zeros = [device(np.zeros(shape, np.float32)) for shape in ((rows, C), C, C, (2, C))]
-    with pytest.raises(ValueError, match="partial holds"):
+    with pytest.raises(ValueError, match="partial holds"):  # 2 values of 7 chunks of 16 rows
         layers.batchnorm_relu_backward(arrays["da"], arrays["stats"], arrays["beta"], zeros[0], bits=0,
-                                       x_copy=arrays["x"], dgamma=zeros[1], dbeta=zeros[2], partial=short,
-                                       sums=zeros[3])
+                                       x_copy=arrays["x"], dgamma=zeros[1], dbeta=zeros[2],
+                                       partial=device(np.zeros(2 * 7 * C - 1, np.float32)), sums=zeros[3])

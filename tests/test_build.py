@@ -29,8 +29,8 @@ LOAD_AND_RUN = """
 import numpy as np
 from minibp import kernels
 p, g, v = np.ones(5, np.float32), np.full(5, 2, np.float32), np.zeros(5, np.float32)
-kernels.load("sgd.cu").sgd_momentum(n=5, n_decay=0, lr=0.5, momentum=0.9, weight_decay=0.0, params=p, grads=g,
-                                    velocity=v, threads=5)
+kernels.load("sgd.cu").sgd_momentum(n=5, n_decay=0, lr=np.array([0.5]), momentum=0.9, weight_decay=0.0, params=p,
+                                    grads=g, velocity=v, threads=5)
 assert np.array_equal(p, np.zeros(5, np.float32)), p
 print("ran")
 """

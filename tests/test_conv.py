@@ -109,7 +109,7 @@ def test_direct_kernels_equal_the_reference_for_both_real_types(rng, case, dtype
     for vectors in (1, 2):
         for accumulate in (False, True):
             y = device(np.full(dy.shape, 2.0 if accumulate else np.nan, dtype))
-            module.conv_direct(**shape, dilation=1, vectors=vectors, accumulate=accumulate,
+            module.conv_direct(**shape, dilation=1, vectors=vectors, accumulate=accumulate, flipped=False,
                                x=device(x.astype(dtype)), wt=wt, y=y, grid=(5,), block=(3,))
             err = np.abs(host(y) - (y_ref + 2 * accumulate))
             assert np.all(err <= tolerance * (y_bound + 2)), (vectors, accumulate, err.max())
@@ -236,7 +236,8 @@ def test_compile_gives_each_conv_its_path_and_refuses_direct_where_it_cannot_run
     """"auto" is the direct kernels on the CPU in float32, GEMM elsewhere; a refused compile changes nothing."""
     from nets import small_net
     net = small_net()
-    with pytest.raises(ValueError, match="conv must be one of 'auto', 'gemm', 'direct', 'cudnn', got 'fast'"):
+    with pytest.raises(ValueError, match="conv must be one of 'auto', 'gemm', 'direct', 'cudnn', 'cudnn-tf32', got "
+                                         "'fast'"):
         net.compile(batch=2, conv="fast")
     for kind, path in (("gemm", "GemmPath"), ("auto", "DirectPath" if backend.device == "cpu" else "GemmPath")):
         net.compile(batch=2, conv=kind)
@@ -276,7 +277,7 @@ def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_
     from minibp.layers import conv_cudnn
     from nets import small_net
     net = small_net()
-    monkeypatch.setattr(conv_cudnn, "net_graphs", lambda units, *, batch, dtype: {
+    monkeypatch.setattr(conv_cudnn, "net_graphs", lambda units, *, batch, dtype, tf32: {
         c: SimpleNamespace(workspace_bytes=1000 + i, batch=batch)
         for i, c in enumerate(c for u in units if not u.is_classifier for c in u.convs())})
     net.compile(batch=4, conv="cudnn")

@@ -50,3 +50,30 @@ def test_padding_is_tensorflows_same():
 def test_layout_helpers():
     assert nhwc(2, 3, 5, 7) == ([2, 7, 3, 5], [105, 1, 35, 7])
     assert krsc(8, 3, 3, 4) == ([8, 4, 3, 3], [36, 1, 12, 4])
+
+
+def test_float32_convolutions_drop_the_tf32_plans_after_the_heuristics_and_the_opt_in_keeps_them(monkeypatch):
+    """build() deselects the plans whose numerical notes say TF32 (TENSOR_CORE, DOWN_CONVERT_INPUTS), reduced
+    precision or nondeterminism, between the heuristics' proposal and the support check; cudnn-tf32 keeps the TF32
+    ones. (Stand-ins record the calls: validating and building plans needs a GPU.)"""
+    import cudnn
+
+    class Graph:
+        def __init__(self):
+            self.calls = []
+
+        def __getattr__(self, name):
+            return lambda *args: self.calls.append((name, args)) or 0
+
+    net = models.preact_resnet(11)
+    for tf32 in (False, True):
+        graphs = ConvGraphs(net.units[1].conv, batch=2, tf32=tf32)
+        graphs.graphs = {name: (Graph(), tensors) for name, (_, tensors) in graphs.graphs.items()}
+        graphs.build(handle=None)
+        for g, _ in graphs.graphs.values():
+            names = [name for name, _ in g.calls]
+            assert names.index("create_execution_plans") < names.index("deselect_numeric_notes") < \
+                names.index("check_support")
+            [dropped] = [args[0] for name, args in g.calls if name == "deselect_numeric_notes"]
+            tensor_core = cudnn.numerical_note.TENSOR_CORE in dropped
+            assert tensor_core != tf32 and cudnn.numerical_note.NONDETERMINISTIC in dropped

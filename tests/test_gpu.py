@@ -99,3 +99,23 @@ def test_memory_pool_holds_the_plan_and_little_else():
     plan = net.arena.plan.allocation_bytes
     print(f"pool used {used} bytes, plan {plan}")
     assert plan <= used <= plan * 1.05 + 16 * 2**20
+
+
+def test_a_replayed_step_holds_the_plan_to_the_byte():
+    """A step captured as a CUDA graph and replayed allocates nothing beside the arena: the batch is staged in pinned
+    host memory, every GEMM's workspace is the arena's."""
+    import cupy
+    from minibp.step import TrainStep, graph_capture_refused
+    if graph_capture_refused():
+        pytest.skip(f"this GPU cannot capture a step: {graph_capture_refused()}")
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    before = pool.used_bytes()
+    net = models.preact_resnet(56).compile(batch=64, bits="4", seed=0)
+    step = TrainStep(net, SGD(net), graph=True)
+    rng = np.random.default_rng(0)
+    for i in range(3):  # eager on the step's stream, captured, replayed
+        step.run(rng.standard_normal((64, 32, 32, 3)).astype(np.float32), rng.integers(0, 10, 64), lr=0.1,
+                 iteration=i)
+        step.result()
+    assert step.graph and pool.used_bytes() - before == net.arena.plan.allocation_bytes

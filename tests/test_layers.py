@@ -80,9 +80,11 @@ def _bn_case(rng, shape, dtype=np.float64):
 
 
 def _bn_forward(x, gamma, beta, stats, a, eps=1e-5, **store):
-    partial = device(np.zeros(2 * layers.reduction_chunks(x.size // x.shape[-1]) * x.shape[-1], x.dtype))
-    layers.batchnorm_statistics(x, stats, partial=partial)
-    layers.batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=store.get("bits", 0), windows=store.get("windows"))
+    rows = x.size // x.shape[-1]
+    partial = device(np.zeros(2 * layers.reduction_chunks(rows) * x.shape[-1], x.dtype))
+    part = layers.batchnorm_statistics(x, partial=partial)
+    layers.batchnorm_finish(gamma, beta, stats, eps=eps, part=part, rows=rows, bits=store.get("bits", 0),
+                            windows=store.get("windows"))
     layers.batchnorm_relu_forward(x, stats, beta, a, **store)
     return partial
 
@@ -250,19 +252,36 @@ def test_parameter_free_shortcut_refuses_shapes_it_cannot_map():
         layers.ParameterFreeShortcut((5, 5, 2), (2, 2, 2))
 
 
+def _softmax_cross_entropy(logits, labels):
+    """(loss, accuracy) through the kernels."""
+    loss, rows = device(np.zeros((2, 2))), device(np.zeros((len(labels), 2), logits.dtype))
+    layers.softmax_cross_entropy(logits, labels, rows=rows, loss=loss)
+    return tuple(float(v) for v in host(loss)[0])
+
+
 def test_softmax_cross_entropy_gradient_and_values(rng):
     logits = device(_rand(rng, (5, 4)) * 3)
     labels = device(np.array([0, 3, 1, 1, 2]))
-    loss = lambda: float(layers.softmax_cross_entropy(logits, labels)[0])  # noqa: E731
+    loss = lambda: _softmax_cross_entropy(logits, labels)[0]  # noqa: E731
     dlogits = device(np.zeros((5, 4)))
     layers.softmax_cross_entropy_backward(logits, labels, dlogits, scale=2.0)
     assert relative_error(host(dlogits), 2 * numerical_gradient(loss, logits)) < 1e-8
-    l, accuracy = layers.softmax_cross_entropy(logits, labels)
-    z = host(logits)
-    p = np.exp(z - z.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    assert np.isclose(float(l), -np.log(p[np.arange(5), host(labels)]).mean())
-    assert float(accuracy) == np.mean(z.argmax(1) == host(labels))
+    np.testing.assert_allclose(host(dlogits), layers.softmax_cross_entropy_backward_ref(host(logits), host(labels),
+                                                                                       scale=2.0), rtol=1e-12)
+    assert np.allclose(_softmax_cross_entropy(logits, labels), layers.softmax_cross_entropy_ref(host(logits),
+                                                                                                host(labels)))
+
+
+def test_softmax_cross_entropy_sums_its_passes_and_takes_the_first_maximum():
+    """loss[1] adds each pass's (loss, accuracy), a step's sums over its sub-batches; a tie, or a NaN, counts as
+    NumPy's argmax counts it (the first maximum, the first NaN)."""
+    logits = device(np.array([[1, 3, 3], [2, 2, 0], [0, np.nan, 5]], np.float32))
+    labels = device(np.array([2, 0, 2]))
+    loss, rows = device(np.zeros((2, 2))), device(np.zeros((3, 2), np.float32))
+    for _ in range(2):
+        layers.softmax_cross_entropy(logits, labels, rows=rows, loss=loss)
+    assert host(rows)[:, 1].tolist() == [0, 1, 0]
+    assert host(loss)[0, 1] == 1 / 3 and host(loss)[1, 1] == 2 / 3 and np.isnan(host(loss)[0, 0])
 
 
 def test_labels_are_checked():

@@ -1,6 +1,6 @@
-"""The training step: eager execution equals the hand-written loop; graph mode (GPU) replays the
-same step and gives the same losses; on the CPU it falls back to eager execution. The optimizer's step takes the
-run's iteration (AdamW's bias correction), and AdamW runs eagerly only."""
+"""The training step: eager execution equals the hand-written loop; the replayed step (graph=True: a CUDA graph on a
+GPU, its stand-in on the CPU) equals eager steps bit for bit on the CPU, whatever the optimizer and rounding. The
+optimizer's step takes the run's iteration (AdamW's bias correction)."""
 import numpy as np
 import pytest
 
@@ -26,7 +26,7 @@ def batches(rng, count, n):
 def test_an_eager_step_is_the_hand_written_loop(rng):
     data = batches(rng, 4, 8)
     net, opt = net_and_opt()
-    step = TrainStep(net, opt, split=2)
+    step = TrainStep(net, opt, sub_batches=2)
     results = []
     for images, labels in data:
         step.run(images, labels, lr=0.05)
@@ -51,19 +51,41 @@ def needs_graphs():
         pytest.skip(f"this CuPy cannot capture a step as a CUDA graph: {graph_capture_refused()}")
 
 
-def test_graph_mode_falls_back_to_eager_off_the_gpu(rng):
+def _stores(net):
+    """Every unit's store, windows and statistics, as host bytes."""
+    return {name: host(view).copy() for name, view in net.arena.views.items() if name.endswith((".store", ".windows",
+                                                                                                 ".stats"))}
+
+
+@pytest.mark.parametrize("optimizer,rounding,sub_batches", [("sgd", "nearest", 1), ("sgd-clip", "stochastic", 2),
+                                                           ("adamw", "nearest", 2), ("adamw", "stochastic", 1)])
+def test_a_replayed_step_is_the_eager_step_bit_for_bit(rng, optimizer, rounding, sub_batches):
+    """The whole step recorded once and replayed (graph=True: a CUDA graph on a GPU, on the CPU its stand-in)
+    gives eager steps' losses, weights, optimizer state, running statistics and stores, bit for bit, through a
+    learning-rate change, AdamW's bias corrections and stochastic rounding's draws, all read on the device."""
     needs_graphs()
-    data = batches(rng, 3, 4)
+    data = batches(rng, 4, 4 * sub_batches)
     finals = []
     for graph in (False, True):
-        net, opt = net_and_opt()
-        step = TrainStep(net, opt, graph=graph)
-        assert step.graph == (graph and backend.device == "gpu")
-        for lr, (images, labels) in zip((0.05, 0.05, 0.01), data):
-            step.run(images, labels, lr=lr)
-        finals.append((host(net.params).copy(), step.result()))
+        net = tiny_resnet(classes=3).compile(batch=4, bits=2 if rounding == "stochastic" else 4, rounding=rounding,
+                                             seed=1, optimizer="adamw" if optimizer == "adamw" else "sgd",
+                                             grad_norm=optimizer != "sgd")
+        opt = AdamW(net, clip_norm=0.5) if optimizer == "adamw" else SGD(net, clip_norm=0.5 if optimizer == "sgd-clip"
+                                                                          else None)
+        step = TrainStep(net, opt, sub_batches=sub_batches, graph=graph)
+        assert step.replay == graph and step.graph == (graph and backend.device == "gpu")
+        losses = []
+        for iteration, (images, labels) in enumerate(data, start=3):
+            step.run(images, labels, lr=0.05 if iteration < 5 else 0.01, iteration=iteration)
+            losses.append(step.result())
+        finals.append((losses, net.state(), _stores(net), opt.last_grad_norm))
+    (losses, state, stores, norm), (losses_r, state_r, stores_r, norm_r) = finals
     if backend.device == "cpu":
-        assert np.array_equal(finals[0][0], finals[1][0]) and finals[0][1] == finals[1][1]
+        assert losses == losses_r and norm == norm_r
+        assert all(np.array_equal(state[k], state_r[k]) for k in state)
+        assert all(np.array_equal(stores[k], stores_r[k]) for k in stores)
+    else:
+        np.testing.assert_allclose(losses_r, losses, rtol=1e-5)
 
 
 @pytest.mark.gpu
@@ -78,7 +100,7 @@ def test_graph_mode_is_refused_in_one_line_where_this_cupy_cannot_capture_a_step
 def test_a_step_refuses_a_batch_of_the_wrong_size(rng):
     net, opt = net_and_opt()
     with pytest.raises(ValueError, match="2 x 4 images"):
-        TrainStep(net, opt, split=2).run(*batches(rng, 1, 4)[0], lr=0.1)
+        TrainStep(net, opt, sub_batches=2).run(*batches(rng, 1, 4)[0], lr=0.1)
 
 
 def test_forward_without_sync_leaves_the_loss_on_the_device(rng):
@@ -109,7 +131,7 @@ def test_graph_replay_gives_the_losses_of_eager_execution(rng, split):
     losses = {}
     for graph in (False, True):
         net, opt = net_and_opt()
-        step = TrainStep(net, opt, split=split, graph=graph)
+        step = TrainStep(net, opt, sub_batches=split, graph=graph)
         losses[graph] = []
         for i, (images, labels) in enumerate(data):
             step.run(images, labels, lr=0.05 if i < 10 else 0.01)
@@ -126,7 +148,7 @@ def adamw_net_and_opt(batch=4, seed=1):
 def test_an_adamw_step_takes_the_runs_iteration(rng):
     data = batches(rng, 3, 8)
     net, opt = adamw_net_and_opt()
-    step = TrainStep(net, opt, split=2)
+    step = TrainStep(net, opt, sub_batches=2)
     for iteration, (images, labels) in enumerate(data, start=5):  # a run resumed at iteration 5
         step.run(images, labels, lr=1e-3, iteration=iteration)
     ref, ref_opt = adamw_net_and_opt()
@@ -144,18 +166,18 @@ def test_an_adamw_step_without_its_iteration_is_refused_before_it_runs(rng):
     net, opt = adamw_net_and_opt()
     before = net.state()
     with pytest.raises(ValueError, match=r"AdamW needs run\(..., iteration=\)"):
-        TrainStep(net, opt, split=2).run(*batches(rng, 1, 8)[0], lr=1e-3)
+        TrainStep(net, opt, sub_batches=2).run(*batches(rng, 1, 8)[0], lr=1e-3)
     after = net.state()
     assert all(np.array_equal(before[k], after[k]) for k in before)
 
 
-def test_adamw_runs_eagerly_only(rng):
-    net, opt = adamw_net_and_opt()
-    if backend.device == "gpu":  # its bias correction, a kernel argument, would be frozen in the graph
-        with pytest.raises(ValueError, match="AdamW does not run in a CUDA graph"):
-            TrainStep(net, opt, graph=True)
-    else:
-        assert not TrainStep(net, opt, graph=True).graph
+def test_the_default_replays_where_a_gpu_can_capture_and_ranks_step_eagerly():
+    net, opt = net_and_opt()
+    default = TrainStep(net, opt)
+    assert default.graph == default.replay == (backend.device == "gpu" and not graph_capture_refused())
+    assert not TrainStep(net, opt, graph=False).replay
+    with pytest.raises(TypeError, match="graph must be True, False or None"):
+        TrainStep(net, opt, graph="yes")
 
 
 @pytest.mark.gpu

@@ -93,20 +93,27 @@ def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fi
     rows = x.size // C
     stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
     windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32))
+    stochastic = rounding_key is not None
     if mean is None:
         partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
-        extremes = layers.batchnorm_statistics(device(x), stats, partial=partial, window=window)
-        if extremes is not None:
-            assert np.array_equal(host(extremes), _extremes(x, window, per=layers.STATS_CHUNK))
-    else:
-        stats[0], stats[1] = device(mean), device(var)
-        extremes = None if window == "fixed" else device(_extremes(x, window, per=layers.STATS_CHUNK))
-    layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5 if mean is None else 0.0, bits=bits,
-                                  window=window, extremes=extremes, windows=windows, stochastic=rounding_key is not None)
+        part = layers.batchnorm_statistics(device(x), partial=partial, window=window)
+        if window != "fixed":
+            assert np.array_equal(host(part[3:]), _extremes(x, window, per=layers.STATS_CHUNK))
+        layers.batchnorm_finish(device(gamma), device(beta), stats, eps=1e-5, part=part, rows=rows, bits=bits,
+                                window=window, windows=windows, stochastic=stochastic)
+    else:  # the given statistics, as an evaluation reads the running ones; the windows from the batch's extremes
+        running = device(np.stack([mean, var]).astype(np.float32))
+        fixed = window == "fixed"
+        layers.batchnorm_finish(device(gamma), device(beta), stats, eps=0.0, running=running, bits=bits if fixed else 0,
+                                windows=windows if fixed else None, stochastic=stochastic)
+        if not fixed:
+            layers.code_windows(stats, device(_extremes(x, window, per=layers.STATS_CHUNK)), windows, bits=bits,
+                                window=window, stochastic=stochastic)
     a = device(np.zeros(x.shape, np.float32))
     codes = device(np.zeros(x.size * bits // 8, np.uint8))
+    key = None if rounding_key is None else device(np.array([rounding_key], np.int64))
     layers.batchnorm_relu_forward(device(x), stats, device(beta), a, bits=bits, naive=naive, codes=codes,
-                                  windows=windows, stochastic=rounding_key is not None, rounding_key=rounding_key)
+                                  windows=windows, stochastic=stochastic, rounding_key=key)
     return stats, a, codes, windows
 
 

@@ -51,10 +51,10 @@ def test_the_block_window_fits_each_block_of_rows():
     for window in ("range", "block"):
         stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
         windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32))
-        extremes = layers.batchnorm_statistics(device(x), stats, partial=device(np.zeros(4 * rows * C, np.float32)),
+        part = layers.batchnorm_statistics(device(x), partial=device(np.zeros(4 * rows * C, np.float32)),
                                                window=window)
-        layers.batchnorm_coefficients(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window,
-                                      extremes=extremes, windows=windows)
+        layers.batchnorm_finish(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window,
+                                part=part, rows=rows, windows=windows)
         codes = device(np.zeros(rows * C * bits // 8, np.uint8))
         layers.batchnorm_relu_forward(device(x), stats, device(beta), device(np.zeros((rows, C), np.float32)),
                                       bits=bits, codes=codes, windows=windows)
@@ -121,12 +121,12 @@ def test_a_clip_of_its_own_is_the_default_clips_when_equal_and_is_coded_through(
     x[rng.choice(rows, 6, replace=False)] *= 15
     stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
     windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32))
-    extremes = layers.batchnorm_statistics(device(x), stats, partial=device(np.zeros(4 * rows * C, np.float32)),
+    part = layers.batchnorm_statistics(device(x), partial=device(np.zeros(4 * rows * C, np.float32)),
                                            window=window)
     blocks = x.reshape(quant.blocks(rows) if window == "block" else 1, -1, C)  # the rows each window spans
-    layers.batchnorm_coefficients(device(np.ones(C, np.float32)), device(np.zeros(C, np.float32)), stats, eps=1e-5,
-                                  bits=bits, window=window, extremes=extremes, windows=windows,
-                                  stochastic=rounding == "stochastic", clip=1.5)
+    layers.batchnorm_finish(device(np.ones(C, np.float32)), device(np.zeros(C, np.float32)), stats, eps=1e-5,
+                            bits=bits, window=window, part=part, rows=rows, windows=windows,
+                            stochastic=rounding == "stochastic", clip=1.5)
     s = host(stats)
     v = lambda t: ((t - s[0]) / s[1] + s[3]).astype(np.float32)  # noqa: E731 (xhat + b: mean, sigma, gamma, b)
     table = quant.window_ref(s[3], bits=bits, kind="block", lo=v(blocks.min(axis=1)), hi=v(blocks.max(axis=1)),

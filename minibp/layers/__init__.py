@@ -16,11 +16,13 @@ nothing else of size.
 
 The *_ref functions are plain NumPy statements of what each kernel computes (for readers and tests).
 """
-from .bn import (GAMMA_MIN, ROWS_PER_CHUNK, STATS_CHUNK, STATS_ROWS, BatchNormReLU, batchnorm_coefficients,
-                 batchnorm_relu_backward, batchnorm_relu_backward_ref, batchnorm_relu_forward,
-                 batchnorm_relu_forward_ref, batchnorm_relu_restore, batchnorm_statistics, reduction_chunks,
-                 update_running)
+from .bn import (GAMMA_MIN, ROWS_PER_CHUNK, STATS_CHUNK, STATS_ROWS, BatchNormReLU, add_and_keep_grad, add_and_save,
+                 batchnorm_finish,
+                 batchnorm_finish_ref, batchnorm_relu_backward, batchnorm_relu_backward_ref, batchnorm_relu_forward,
+                 batchnorm_relu_forward_ref, batchnorm_relu_restore, batchnorm_statistics, batchnorm_statistics_ref,
+                 code_windows, reduction_chunks, rounding_keys, update_running)
 from .conv import COL_ELEMENTS, CONV_PATHS, Conv2D, ConvPath, GemmPath, col2im_ref, im2col_ref
 from .launch import CPU_BLOCKS, GPU_BLOCK, GPU_MAX_BLOCKS, launch, output_size
-from .loss import softmax_cross_entropy, softmax_cross_entropy_backward
+from .loss import (softmax_cross_entropy, softmax_cross_entropy_backward, softmax_cross_entropy_backward_ref,
+                   softmax_cross_entropy_ref)
 from .pool import AvgPool, GlobalAvgPool, MaxPool, ParameterFreeShortcut, maxpool_backward_ref, pool_ref

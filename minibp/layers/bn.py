@@ -12,13 +12,15 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .. import backend, kernels, quant
+from .. import kernels, program, quant
 from ..constants import GAMMA_MIN  # gamma is clamped to at least this (docs/method.md, "The unit")
 from ..params import Own, elements
 from ..quant import check_window
 from .launch import launch
 
-ROWS_PER_CHUNK = 16      # rows a reduction sums in order into one row of partial sums, which xp adds up
+ROWS_PER_CHUNK = 16      # rows the backward's reduction sums in order into one row of partial sums
+STATS_CHUNK = 64         # rows a chunk of the statistics' sums, about its own shift; a block window's block: whole chunks
+STATS_VALUES = {False: 3, True: 5}  # the statistics' partial rows (kernels/bn.cu PartialRow): with the extremes, 5
 
 # stats is a unit's (4, C) statistics: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma
 # (kernels/bn.cu). The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b
@@ -28,31 +30,23 @@ ROWS_PER_CHUNK = 16      # rows a reduction sums in order into one row of partia
 #
 # The kernels' layout (kernels/bn.cu): launch.py.
 
-SHIFT_ROWS = 32        # rows, spread over the batch, whose mean is the statistics' shift
 STATS_ROWS = 4         # a unit's statistics: (4, C), as above (bn_walk.cuh's STATS_ROWS)
-STATS_CHUNK = 2 * ROWS_PER_CHUNK  # rows a chunk of the statistics' sums; a block window's block is whole chunks
 assert quant.BLOCK_ROWS % STATS_CHUNK == 0
 
 
 def reduction_chunks(rows):
-    """The scratch `partial` of a reduction over `rows` rows holds 2 * reduction_chunks(rows) * C values:
-    the backward's two sums over chunks of ROWS_PER_CHUNK rows, or the statistics' four (two sums and
-    the range windows' least and largest x) over chunks twice as long (STATS_CHUNK), their count rounded
-    up to an even one so that the four fit where two do."""
-    return 2 * -(-rows // STATS_CHUNK)
+    """The scratch `partial` of a unit's reductions over `rows` rows holds 2 * reduction_chunks(rows) * C values: the
+    backward's two sums over chunks of ROWS_PER_CHUNK rows, or the statistics' three or five (the sums, each chunk's
+    shift, the range windows' least and largest x) over chunks of STATS_CHUNK rows, whichever is more."""
+    return max(-(-rows // ROWS_PER_CHUNK), -(-STATS_VALUES[True] * -(-rows // STATS_CHUNK) // 2))
 
 
-def _chunk_sums(kernel, *, rows, C, rows_per_chunk, partial, out=None, values=2, **arguments):
-    """The (2, C) sums of a reduction kernel, which writes `values` values per chunk of rows_per_chunk rows
-    into partial as (values, chunks, C), two sums first, for xp to add up; and the (values, chunks, C) view."""
-    chunks = -(-rows // rows_per_chunk)
+def _partial(partial, *, values, chunks, C, who):
+    """The (values, chunks, C) view of a reduction's scratch, refused in one line when it is too small."""
     if partial.size < values * chunks * C:
-        raise ValueError(f"partial holds {partial.size} values; {kernel.name} over {rows} rows of {C} channels "
-                         f"needs {values * chunks * C}")
-    part = partial[: values * chunks * C].reshape(values, chunks, C)
-    kernel(rows=rows, C=C, partial=part, **arguments,
-           **launch(rows, C, bits=arguments.get("bits", 0), rows_per_chunk=rows_per_chunk))
-    return backend.xp.sum(part[:2], axis=1, out=out), part
+        raise ValueError(f"partial holds {partial.size} values; {who} over {chunks} chunks of {C} channels needs "
+                         f"{values * chunks * C}")
+    return partial[: values * chunks * C].reshape(values, chunks, C)
 
 
 def _check_stats(stats, C):
@@ -60,55 +54,87 @@ def _check_stats(stats, C):
         raise ValueError(f"stats must be ({STATS_ROWS}, {C}), got {stats.shape}")
 
 
-def batchnorm_statistics(x, stats, *, partial, window="fixed"):
-    """Batch mean and (biased) variance of x (..., C) into stats[0], stats[1]; partial is
-    (>= 2 * reduction_chunks(rows) * C,) scratch. Returns the extremes a window is taken from, the least and
-    largest x per channel of each chunk of STATS_CHUNK rows as (2, chunks, C), a view of partial to be read
-    before partial is used again (range and block), or None (fixed).
-
-    One pass over x: the sums of d = x - s and d^2, with s the mean of SHIFT_ROWS rows spread over the
-    batch (other images: a shift near the mean), so that var = mean(d^2) - mean(d)^2 keeps its digits.
-    """
-    xp = backend.xp
+def batchnorm_statistics(x, *, partial, window="fixed", residual=None, saved=None):
+    """The first pass of a training forward over x (..., C): the partial sums of its statistics, one kernel.
+    Returns the view of partial it wrote, (values, chunks, C), for batchnorm_finish: for each chunk of STATS_CHUNK
+    rows the sums of d = x - s and d^2 about s, the chunk's first x (a shift near its rows' mean, so that the
+    variance keeps its digits whatever the mean), s itself, and (range and block windows, values = 5) the least and
+    largest x. residual (..., C), when given, is added to x first, in place (a residual block's shortcut), and
+    saved, when given, receives x (a residual block's input, kept). partial is (>= 2 * reduction_chunks(rows) *
+    C,) scratch. batchnorm_statistics_ref states it in NumPy."""
     C = x.shape[-1]
     rows = x.size // C
-    _check_stats(stats, C)
     extremes = check_window(window) != "fixed"
-    xp.mean(x.reshape(rows, C)[:: -(-rows // SHIFT_ROWS)], axis=0, out=stats[0])
-    moments, part = _chunk_sums(kernels.load("bn.cu", x.dtype).channel_sums, rows=rows, C=C, rows_per_chunk=STATS_CHUNK,
-                                partial=partial, values=4 if extremes else 2, extremes=extremes, x=x, shift=stats[0])
-    moments /= rows  # mean(d), mean(d^2)
-    stats[0] += moments[0]
-    xp.maximum(moments[1] - moments[0] * moments[0], 0, out=stats[1])
-    return part[2:4] if extremes else None
+    part = _partial(partial, values=STATS_VALUES[extremes], chunks=-(-rows // STATS_CHUNK), C=C,
+                    who="batchnorm_statistics")
+    kernels.load("bn.cu", x.dtype).batchnorm_statistics(
+        rows=rows, C=C, extremes=extremes, x=x, residual=residual, saved=saved, partial=part,
+        **launch(rows, C, rows_per_chunk=STATS_CHUNK))
+    return part
 
 
-def batchnorm_coefficients(gamma, beta, stats, *, eps, bits, window="fixed", extremes=None, windows=None,
-                           stochastic=False, clip=None):
-    """Turn stats[1] from the variance into sigma = sqrt(var + eps) and fill stats[2:4], gamma clamped
-    to >= 1e-8 and b = beta / gamma, and at k bits the code's windows (blocks, 3, C), fixed or from the
-    extremes that batchnorm_statistics returned: the range window's one block spans all their chunks, the
-    block window's each quant.BLOCK_ROWS rows of them (stochastic: windows for levels on the bins' edges,
-    quant.window_ref). clip: the range or block window's, in standard deviations (None: quant.clip_of's). A
-    kernel for the coefficients, and at k bits one for the windows, a thread per block and channel."""
+FINISH_WINDOW = {None: 0, "fixed": 1, "range": 2}  # kernels/bn.cu's FinishWindow: the windows the finish takes
+
+
+def batchnorm_finish(gamma, beta, stats, *, eps, part=None, rows=None, running=None, offset=0, momentum=0.9,
+                     running_before=None, increments=None, bits=0, window="fixed", windows=None, stochastic=False,
+                     clip=None):
+    """The second pass, a kernel a channel and at k bits through the block window one more, a thread per block and
+    channel. Training (part: batchnorm_statistics's, over `rows` rows): the batch's mean and variance, and the
+    running statistics (2, S), this unit's channels from offset, updated as update_running does (their values
+    kept in running_before (2, S) first), or their increments written to increments (2, S) instead
+    (Net.defer_running), or (running None) neither. Evaluation (part None): the running statistics. Then stats
+    holds the mean, sigma =
+    sqrt(var + eps), gamma clamped to >= GAMMA_MIN and b = beta / gamma, and at k bits the windows (blocks, 3, C)
+    the codes go through: fixed, or the range or block window of part's extremes (stochastic: for levels on the
+    bins' edges; clip: the range or block window's, None: quant.clip_of's). batchnorm_finish_ref states it."""
     C = gamma.shape[0]
     _check_stats(stats, C)
-    module = kernels.load("bn.cu", gamma.dtype)
+    window = check_window(window)
+    chunks = 0 if part is None else part.shape[1]
+    if part is not None and window != "fixed" and part.shape[0] != STATS_VALUES[True]:
+        raise ValueError(f"the {window} window reads the extremes of batchnorm_statistics(window={window!r})")
+    if part is None and window != "fixed" and bits:
+        raise ValueError(f"the {window} window is the batch's: an evaluation codes through the fixed one")
     if bits:
         windows = _windows(stats, windows)
-        chunks = 0 if extremes is None else extremes.shape[1]  # (2, chunks, C): a block is per_block chunks
-        per_block = quant.BLOCK_ROWS // STATS_CHUNK if window == "block" else max(chunks, 1)
-        blocks = windows.shape[0]
-        if check_window(window) != "fixed" and (extremes is None or extremes.shape != (2, chunks, C)
-                                                or -(-chunks // per_block) != blocks):
-            raise ValueError(f"the {window} window needs the extremes of {blocks} block(s) of {C} channels "
-                             f"(batchnorm_statistics), got {getattr(extremes, 'shape', None)}")
-    module.batchnorm_coefficients(C=C, eps=eps, gamma=gamma, beta=beta, stats=stats, threads=C)
-    if bits:
-        module.code_windows(C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits,
-                            range=window != "fixed", clip=quant.clip_of(window, bits) if clip is None else clip,
-                            below_weight=quant.BELOW_WEIGHT, stochastic=stochastic, stats=stats, extremes=extremes,
-                            windows=windows, threads=blocks * C)
+        blocks = quant.blocks(rows) if window == "block" else 1
+        if windows.shape[0] != blocks:
+            raise ValueError(f"the {window} window over {rows} rows takes {blocks} block(s), got {windows.shape[0]}")
+    clip = (quant.clip_of(window, bits) if clip is None else clip) if bits and window != "fixed" else 0.0
+    if part is None and running is None:
+        raise ValueError("an evaluation's statistics are the running ones: give running (2, S)")
+    S = C if running is None else running.shape[1]
+    if running is not None and (running.shape != (2, S) or not 0 <= offset <= S - C):
+        raise ValueError(f"running must be (2, S) with this unit's {C} channels from offset {offset}, got "
+                         f"{running.shape}")
+    kernels.load("bn.cu", gamma.dtype).batchnorm_finish(
+        rows=rows or 1, C=C, chunks=chunks, rows_per_chunk=STATS_CHUNK, eps=eps, momentum=momentum,
+        mean_weight=1 - momentum,
+        variance_weight=(1 - momentum) * (rows or 1) / max((rows or 1) - 1, 1), S=S, offset=offset, bits=bits,
+        window=FINISH_WINDOW[None if window == "block" else window], clip=clip, below_weight=quant.BELOW_WEIGHT,
+        stochastic=stochastic, gamma=gamma, beta=beta, partial=part, running=running,
+        running_before=running_before if chunks and increments is None else None, increments=increments,
+        stats=stats, windows=windows if bits else None, threads=C)
+    if bits and window == "block":
+        code_windows(stats, part[3:], windows, bits=bits, window=window, stochastic=stochastic, clip=clip)
+
+
+def code_windows(stats, extremes, windows, *, bits, window, stochastic=False, clip=None):
+    """The range or block window's windows (blocks, 3, C) from stats (batchnorm_finish's) and extremes (2, chunks, C),
+    each chunk's least and largest x (batchnorm_statistics's part[3:]): one block of all the chunks (range), or
+    one each quant.BLOCK_ROWS rows (block). A kernel, a thread per block and channel."""
+    C, chunks = stats.shape[1], extremes.shape[1]
+    per_block = quant.BLOCK_ROWS // STATS_CHUNK if check_window(window) == "block" else chunks
+    blocks = -(-chunks // per_block)
+    if window == "fixed" or extremes.shape != (2, chunks, C) or _windows(stats, windows).shape[0] != blocks:
+        raise ValueError(f"the {window} window's {blocks} block(s) of {C} channels come from extremes (2, chunks, "
+                         f"{C}), got {extremes.shape} for windows {windows.shape}")
+    clip = quant.clip_of(window, bits) if clip is None else clip
+    kernels.load("bn.cu", stats.dtype).code_windows(
+        C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits, clip=clip,
+        below_weight=quant.BELOW_WEIGHT, stochastic=stochastic, stats=stats, extremes=extremes, windows=windows,
+        threads=blocks * C)
 
 
 def _windows(stats, windows):
@@ -121,17 +147,26 @@ def _windows(stats, windows):
     return windows
 
 
-def _window_args(stats, windows, rows):
-    """windows and block_rows for a kernel over `rows` rows: one block, or quant.BLOCK_ROWS rows a block;
-    none in exact mode (its kernels read no window)."""
+def _store_args(stats, rows, *, bits=0, stochastic=False, x_copy=None, codes=None, windows=None):
+    """The store's arguments, in the one order every kernel of bn.cu takes them: bits, stochastic, x_copy (exact),
+    codes (k bits), windows and block_rows (one block, or quant.BLOCK_ROWS rows a block), then the stats."""
     if windows is None:
-        return dict(windows=None, block_rows=max(rows, 1))
-    windows = _windows(stats, windows)
-    if windows.shape[0] == 1:
-        return dict(windows=windows, block_rows=max(rows, 1))
-    if windows.shape[0] != quant.blocks(rows):
-        raise ValueError(f"{rows} rows take {quant.blocks(rows)} block windows, got {windows.shape[0]}")
-    return dict(windows=windows, block_rows=quant.BLOCK_ROWS)
+        block_rows = max(rows, 1)
+    else:
+        windows = _windows(stats, windows)
+        if windows.shape[0] not in (1, quant.blocks(rows)):
+            raise ValueError(f"{rows} rows take {quant.blocks(rows)} block windows, got {windows.shape[0]}")
+        block_rows = max(rows, 1) if windows.shape[0] == 1 else quant.BLOCK_ROWS
+    return dict(bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes, windows=windows, block_rows=block_rows,
+                stats=stats)
+
+
+def rounding_keys(keys, draw, *, seed):
+    """keys (units,) int64 = each unit's stochastic-rounding key in the training forward pass that takes draw[0]
+    (a device (1,) int64), which then counts on to the next pass's (quant.rounding_key states the key): one
+    kernel of one thread, a pass's first."""
+    kernels.load("bn.cu", np.float32).rounding_keys(units=keys.size, seed_hash=quant.seed_hash(seed), draw=draw,
+                                                    keys=keys, grid=(1,), block=(1,))
 
 
 def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=None, codes=None, windows=None,
@@ -139,17 +174,18 @@ def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=Non
     """a = relu(gamma (x - mean) / sigma + beta) for x, a (..., C); writes the store when given
     (x_copy at bits = 0, codes otherwise, through the windows: _windows). naive: a is the restored a~.
     stochastic: the codes are rounded at random to the levels on the bins' edges, element (r, c) by its draw
-    from rounding_key (an int64, quant.rounding_key; quant.uniform_ref); else each value to its bin's midpoint."""
+    from rounding_key, a device int64 (1,) array holding the key (quant.rounding_key; quant.uniform_ref); else
+    each value to its bin's midpoint."""
     C = x.shape[-1]
     rows = x.size // C
     if naive and (bits == 0 or codes is None):
         raise ValueError("naive mode feeds the k-bit codes forward: it needs bits > 0 and a codes buffer")
     if stochastic != (rounding_key is not None):
         raise ValueError("stochastic rounding draws from its rounding_key: give both or neither")
-    kernels.load("bn.cu", x.dtype).batchnorm_relu_forward(rows=rows, C=C, bits=bits, naive=naive,
-                                                 stochastic=stochastic, rounding_key=rounding_key or 0,
-                                                 x=x, stats=stats, beta=beta, a=a, x_copy=x_copy, codes=codes,
-                                                 **_window_args(stats, windows, rows), **launch(rows, C, bits=bits))
+    kernels.load("bn.cu", x.dtype).batchnorm_relu_forward(
+        rows=rows, C=C, **_store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes,
+                                      windows=windows),
+        beta=beta, naive=naive, rounding_key=rounding_key, x=x, a=a, **launch(rows, C, bits=bits))
 
 
 def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None, windows=None, stochastic=False):
@@ -157,30 +193,82 @@ def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None, win
     bins' edges)."""
     C = a.shape[-1]
     rows = a.size // C
-    kernels.load("bn.cu", a.dtype).batchnorm_relu_restore(rows=rows, C=C, bits=bits, x_copy=x_copy, codes=codes, stats=stats,
-                                                 beta=beta, a=a, stochastic=stochastic, **_window_args(stats, windows, rows),
-                                                 **launch(rows, C, bits=bits))
+    kernels.load("bn.cu", a.dtype).batchnorm_relu_restore(
+        rows=rows, C=C, **_store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes,
+                                      windows=windows),
+        beta=beta, a=a, **launch(rows, C, bits=bits))
 
 
 def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=None, windows=None, stochastic=False,
-                            dgamma, dbeta, partial, sums, residual_grad=None):
+                            dgamma, dbeta, partial, sums, residual_grad=None, shortcut_grad=None, restored=None,
+                            accumulate=True):
     """dx = dL/dx of the unit's BN + ReLU from da = dL/da and the store (stochastic: its levels are the bins'
-    edges); dgamma, dbeta accumulate (+=).
+    edges); dgamma, dbeta accumulate (+=), or with accumulate=False are set (=). Three kernels: the partial sums of
+    dbeta and dgamma (and, given
+    restored (..., C), the restored activation batchnorm_relu_restore writes, from the same read of the store),
+    their sums, dx.
 
     partial is (>= 2 * reduction_chunks(rows) * C,) scratch and sums (2, C) receives this batch's dbeta, dgamma.
-    residual_grad, when given, is added to dx (the residual gradient arriving at a block's input).
+    residual_grad, when given, is added to dx (the residual gradient arriving at a block's input); shortcut_grad,
+    when given, receives dx then (the gradient a block's shortcut takes back: it may be residual_grad's buffer).
     """
     C = da.shape[-1]
     rows = da.size // C
     module = kernels.load("bn.cu", da.dtype)
-    store = dict(bits=bits, da=da, x_copy=x_copy, codes=codes, stats=stats, beta=beta, stochastic=stochastic,
-                 **_window_args(stats, windows, rows))
-    _chunk_sums(module.batchnorm_relu_backward_sums, rows=rows, C=C, rows_per_chunk=ROWS_PER_CHUNK,
-                partial=partial, out=sums, **store)
-    dbeta += sums[0]
-    dgamma += sums[1]
-    module.batchnorm_relu_backward_dx(rows=rows, C=C, sums=sums, inv_count=1.0 / rows, residual_grad=residual_grad,
-                                      dx=dx, **store, **launch(rows, C, bits=bits))
+    store = _store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes, windows=windows)
+    part = _partial(partial, values=2, chunks=-(-rows // ROWS_PER_CHUNK), C=C, who="batchnorm_relu_backward_sums")
+    module.batchnorm_relu_backward_sums(rows=rows, C=C, **store, beta=beta, da=da, partial=part, a=restored,
+                                        **launch(rows, C, bits=bits, rows_per_chunk=ROWS_PER_CHUNK))
+    module.batchnorm_backward_finish(C=C, chunks=part.shape[1], accumulate=accumulate, partial=part, sums=sums,
+                                     dbeta=dbeta, dgamma=dgamma, threads=C)
+    module.batchnorm_relu_backward_dx(rows=rows, C=C, **store, beta=beta, da=da, sums=sums, inv_count=1.0 / rows,
+                                      residual_grad=residual_grad, shortcut_grad=shortcut_grad, dx=dx,
+                                      **launch(rows, C, bits=bits))
+
+
+def batchnorm_statistics_ref(x, *, window="fixed"):
+    """part (values, chunks, C) as batchnorm_statistics computes it, in x's dtype: for each chunk of STATS_CHUNK rows
+    the sums, in order, of d = x - s and d^2 about s, its first row, s, and (range, block) its least and largest x."""
+    C = x.shape[-1]
+    x2 = np.asarray(x).reshape(-1, C)
+    chunks = [x2[r:r + STATS_CHUNK] for r in range(0, len(x2), STATS_CHUNK)]
+    part = [[np.add.reduce(c - c[0], axis=0) for c in chunks], [np.add.reduce((c - c[0]) * (c - c[0]), axis=0)
+                                                                   for c in chunks], [c[0] for c in chunks]]
+    if check_window(window) != "fixed":
+        part += [[c.min(axis=0) for c in chunks], [c.max(axis=0) for c in chunks]]
+    return np.array(part, x2.dtype)
+
+
+def batchnorm_finish_ref(gamma, beta, part, *, rows, eps, running, momentum, bits=0, window="fixed",
+                         stochastic=False, clip=None):
+    """(stats (4, C), running (2, C) after the update, windows (blocks, 3, C) or None) as batchnorm_finish computes
+    them from batchnorm_statistics_ref's part over `rows` rows, in its dtype: the chunks combined in order in
+    float64, the mean first, then the squares about it."""
+    t = part.dtype.type
+    n = np.minimum(rows - np.arange(part.shape[1]) * STATS_CHUNK, STATS_CHUNK).astype(np.float64)[:, None]
+    s1, s2, shift = (part[i].astype(np.float64) for i in range(3))
+    mean = np.cumsum(s1 + n * shift, axis=0)[-1] / rows  # (cumsum: in order)
+    off = shift - mean
+    squares = np.cumsum(s2 + 2 * off * s1 + n * off * off, axis=0)[-1]
+    mean, var = mean.astype(part.dtype), np.where(squares > 0, squares / rows, np.where(np.isnan(squares), squares,
+                                                                                        0)).astype(part.dtype)
+    increment = np.array([t(1 - momentum) * mean, t((1 - momentum) * rows / max(rows - 1, 1)) * var])
+    gamma = np.where(gamma < t(GAMMA_MIN), t(GAMMA_MIN), gamma).astype(part.dtype)  # (NaN passes through)
+    stats = np.array([mean, np.sqrt(var + t(eps)), gamma, beta / gamma], part.dtype)
+    windows = None
+    if bits:
+        b = stats[3]
+        v = lambda x: (x - stats[0]) / stats[1] + b  # noqa: E731  (v of an x, as the forward pass computes it)
+        if window == "fixed":
+            windows = quant.window_ref(b, bits=bits)[None]
+        else:
+            per_block = quant.BLOCK_ROWS // STATS_CHUNK if window == "block" else part.shape[1]
+            blocks = [slice(k, k + per_block) for k in range(0, part.shape[1], per_block)]
+            lo = np.array([part[3, k].min(axis=0) for k in blocks])
+            hi = np.array([part[4, k].max(axis=0) for k in blocks])
+            windows = np.moveaxis(quant.window_ref(b, bits=bits, kind=window, lo=v(lo), hi=v(hi), clip=clip,
+                                                   stochastic=stochastic), 0, 1)
+    return stats, np.asarray(running) * t(momentum) + increment, windows
 
 
 def batchnorm_relu_forward_ref(x, gamma, beta, *, eps):
@@ -214,25 +302,26 @@ def update_running(running, increment, *, momentum):
 @dataclass(frozen=True)
 class StoreView:
     """A unit's store at a batch of n, as the kernels take it: the second link of the chain quant.Store (the
-    policy) -> StoreView (this unit's buffers at n) -> Unit and StoreIn / StoreOut (kernels/bn_walk.cuh, one
-    launch's) -> the row a thread is dealt (LaneRow or WideRow). Built once per batch size
-    (BatchNormReLU.view); every pass of the unit reads this one.
+    policy) -> StoreView (this unit's buffers at n) -> the unit's launches, bound once when a pass is recorded
+    (program.py) -> Unit and StoreIn / StoreOut (kernels/bn_walk.cuh) -> the row a thread is dealt (LaneRow or
+    WideRow). Built once per batch size (BatchNormReLU.view); every pass of the unit reads this one. Its fields
+    are the store's arguments, in the order every kernel of bn.cu takes them:
 
         bits        0 (exact: x_copy) or k (codes)
+        stochastic  the codes' levels are the bins' edges (quant.Store.stochastic)
         x_copy      (n, H, W, C) float      exact mode's copy of x
         codes       (n*H*W*C*k/8,) uint8    the packed k-bit codes
         windows     (blocks, 3, C)          k bits: a window per channel, blocks(n*H*W) blocks (block window) or 1
-        stochastic  the codes' levels are the bins' edges (quant.Store.stochastic)
     """
     bits: int = 0
+    stochastic: bool = False
     x_copy: object = None
     codes: object = None
     windows: object = None
-    stochastic: bool = False
 
     def kernel_args(self):
-        """The keywords of the kernels' wrappers below (batchnorm_relu_forward, _restore, _backward)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}  # (no copies)
+        """The keywords of the kernels' wrappers above (batchnorm_relu_forward, _restore, _backward)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # (views: no copies)
 
 
 UNCODED = StoreView()  # an evaluation's forward: no store written, no window taken
@@ -248,7 +337,10 @@ class BatchNormReLU:
         windows  (blocks(N*H*W), 3, C)    k bits, block    a window per channel for each block of rows
                  (1, 3, C)                k bits, else     the fixed or range window per channel
 
-    Each pass is one call, given the net's store (quant.Store: which of these exist, how codes are made)."""
+    A training forward is three or four kernels (the statistics' sums, their finish with the running statistics'
+    update and the fixed or range window, the block window's windows, then a and the store), an evaluation's two,
+    and the backward three (the sums, with a~ restored from the same read; their finish; dx), given the net's
+    store (quant.Store: which of these buffers exist, how codes are made)."""
 
     def __init__(self, in_shape):
         self.in_shape, self.C = tuple(in_shape), in_shape[2]
@@ -268,7 +360,7 @@ class BatchNormReLU:
         return (stores if keep else []) + [Own("stats", (STATS_ROWS, self.C), None, "batch-norm statistics")]
 
     def bind(self, *, own, running):
-        """own: the views of the buffers above by role; running: the unit's (2, C) running mean and variance."""
+        """own: the views of the buffers above by role; running: the unit's params.Running share."""
         self.own, self.running = own, running
         self._views = {}  # (n, store) -> StoreView: a compile binds new buffers
 
@@ -282,47 +374,61 @@ class BatchNormReLU:
                 view = StoreView(x_copy=self.own["store"][:values].reshape((n,) + self.in_shape))
             else:
                 windows = self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2])) if store.block else 1]
-                view = StoreView(bits=store.k, codes=self.own["store"][: values * store.k // 8], windows=windows,
-                                 stochastic=store.stochastic)
+                view = StoreView(bits=store.k, stochastic=store.stochastic,
+                                 codes=self.own["store"][: values * store.k // 8], windows=windows)
             self._views[n, store] = view
         return view
 
-    def forward(self, x, a, *, store, train, gamma, beta, eps, partial=None, momentum=None, deferred=None,
-                rounding_key=None):
-        """a = relu(bn(x)), x and a (n, H, W, C). Training: the batch's statistics, the running ones updated
-        (deferred (2, C): their increment goes there instead, Net.defer_running), the store written (a
-        stochastic store's codes rounded at random by rounding_key's draws). Evaluation: the running statistics, and no
-        store but the naive net's, whose codes go forward."""
+    def forward(self, x, a, *, store, train, gamma, beta, eps, partial=None, momentum=None, running_before=None,
+                increments=None, rounding_key=None, residual=None, saved=None):
+        """a = relu(bn(x)), x and a (n, H, W, C), x += residual first when given (a residual block's shortcut) and
+        saved = x then (a block's input, kept). Training: the batch's statistics (their pass adds and saves), the
+        running ones updated (their values before kept in running_before, the net's (2, S)), or their increments
+        written to increments (2, S) instead (Net.defer_running), and the store written (a stochastic store's codes
+        rounded at random by the draws of rounding_key, a device (1,) int64 array). Evaluation: the running
+        statistics, and no store but the naive net's, whose codes go forward."""
         n, stats = x.shape[0], self.own["stats"]
-        extremes = None
-        if train:
-            extremes = batchnorm_statistics(x, stats, partial=partial, window=store.window)
-            self._update_running(stats, n, momentum=momentum, deferred=deferred)
-        else:
-            stats[0], stats[1] = self.running[0], self.running[1]
         coded = train or store.naive  # (uncoded: no codes, so no window to take)
         view = self.view(n, store) if coded else UNCODED
-        batchnorm_coefficients(gamma, beta, stats, eps=eps, bits=view.bits, window=store.window if coded else "fixed",
-                               extremes=extremes, windows=view.windows, stochastic=view.stochastic,
-                               clip=store.window_clip)
+        if train:
+            part = batchnorm_statistics(x, partial=partial, window=store.window, residual=residual, saved=saved)
+        else:
+            part = None
+            add_and_save(x, residual=residual, saved=saved)
+        batchnorm_finish(gamma, beta, stats, eps=eps, part=part, rows=elements(n, self.in_shape[:2]),
+                         running=self.running.array, offset=self.running.offset, momentum=momentum,
+                         running_before=running_before, increments=increments, bits=view.bits,
+                         window=store.window if train else "fixed", windows=view.windows,
+                         stochastic=view.stochastic, clip=store.window_clip)
         batchnorm_relu_forward(x, stats, beta, a, naive=store.naive, rounding_key=rounding_key, **view.kernel_args())
-
-    def _update_running(self, stats, n, *, momentum, deferred=None):
-        """The running statistics' increment (1 - momentum) * (batch mean, unbiased variance), read before
-        batchnorm_coefficients turns stats[1] into sigma: applied (update_running), or written to deferred."""
-        rows = elements(n, self.in_shape[:2])
-        increment = ((1 - momentum) * stats[0], (1 - momentum) * rows / max(rows - 1, 1) * stats[1])
-        for row in (0, 1):
-            if deferred is not None:
-                deferred[row] = increment[row]
-            else:
-                update_running(self.running[row], increment[row], momentum=momentum)
 
     def restore(self, a, *, store, beta):
         """a (n, H, W, C) from the store: the exact activation (exact mode) or a~."""
         batchnorm_relu_restore(self.own["stats"], beta, a, **self.view(a.shape[0], store).kernel_args())
 
-    def backward(self, da, dx, *, store, beta, dgamma, dbeta, partial, sums, residual_grad=None):
-        """dx = dL/dx [+ residual_grad] from da = dL/da and the store; dgamma, dbeta accumulate (+=)."""
+    def backward(self, da, dx, *, store, beta, dgamma, dbeta, partial, sums, residual_grad=None, shortcut_grad=None,
+                 restored=None, accumulate=True):
+        """dx = dL/dx [+ residual_grad] [and shortcut_grad = dx] from da = dL/da and the store; dgamma, dbeta
+        accumulate (+=, or = without accumulate); restored, when given, receives a (restore's) from the same read of
+        the store."""
         batchnorm_relu_backward(da, self.own["stats"], beta, dx, **self.view(da.shape[0], store).kernel_args(),
-                                dgamma=dgamma, dbeta=dbeta, partial=partial, sums=sums, residual_grad=residual_grad)
+                                dgamma=dgamma, dbeta=dbeta, partial=partial, sums=sums, residual_grad=residual_grad,
+                                shortcut_grad=shortcut_grad, restored=restored, accumulate=accumulate)
+
+
+def add_and_save(x, *, residual=None, saved=None):
+    """x += residual and saved = x, each when given: a residual block's schedule around a unit, as array
+    operations, where no pass of the unit's takes them in (batchnorm_statistics does in a training forward)."""
+    if residual is not None:
+        program.add(x, residual)
+    if saved is not None:
+        program.copy(saved, x)
+
+
+def add_and_keep_grad(dx, *, residual_grad=None, shortcut_grad=None):
+    """dx += residual_grad and shortcut_grad = dx, each when given: the backward's add_and_save, as array
+    operations, where batch norm's backward does not take them in."""
+    if residual_grad is not None:
+        program.add(dx, residual_grad)
+    if shortcut_grad is not None:
+        program.copy(shortcut_grad, dx)

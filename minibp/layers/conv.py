@@ -11,8 +11,11 @@ when it compiles (Net.compile(conv=...), ConvPath below):
 Each keeps one protocol, without the bias (Conv2D adds it, whatever the path):
 
     path.forward(x, w, y, *, col)                                 y = conv(x, w)
-    path.backward(x, w, dy, *, dw, dx, accumulate_dx, col)        dw += dL/dw; dx = (+= with accumulate_dx)
-                                                                  dL/dx, unless dx is None
+    path.backward_data(w, dy, dx, *, accumulate, col)             dx = (+= with accumulate) dL/dx
+    path.backward_weights(x, dy, dw, *, accumulate, col)          dw = (+= with accumulate) dL/dw
+
+Every device call goes through program.issue (kernels, blas.gemm, program's array operations), so a
+recorded pass holds a conv's calls bound.
 
 col is the conv's workspace, planned by Conv2D.workspace_shape for whichever path runs on the device
 (Net.plan has no path to ask: a plan's sizes do not depend on it); a path's net-wide buffers (cuDNN's)
@@ -22,23 +25,16 @@ import warnings
 
 import numpy as np
 
-from .. import backend, kernels
+from .. import backend, blas, kernels, program
 from . import conv_cudnn, conv_direct
 from ..checks import positive_int
 from .launch import output_size
 
-CONV_PATHS = ("auto", "gemm", "direct", "cudnn")
+CONV_PATHS = ("auto", "gemm", "direct", "cudnn", "cudnn-tf32")
+# The names of the device calls a conv issues, whatever its path (bench/speed.py times them)
+CONV_CALLS = ("gemm", "im2col", "col2im", "subsample", "bias_grad", "conv_direct", "conv weights", "conv_weight_grad",
+              "conv_weight_grad_finish", "cudnn fprop", "cudnn dgrad", "cudnn wgrad")
 COL_ELEMENTS = 1 << 20         # CPU: values a chunk of the im2col matrix holds (4 MiB of float32, cache-sized)
-
-
-def _add_weight_grad(dw, dy2, cols):
-    """dw (Cout, ...) += dy2^T @ cols, computed as the GEMM whose output has the longer side as rows (OpenBLAS
-    runs these thin products up to 2x faster so)."""
-    dw2 = dw.reshape(dy2.shape[1], cols.shape[1])
-    if cols.shape[1] > dy2.shape[1]:
-        dw2 += (cols.T @ dy2).T
-    else:
-        dw2 += dy2.T @ cols
 
 
 class Conv2D:
@@ -108,27 +104,39 @@ class Conv2D:
                     pad_top=self.pad_top, pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
 
     def forward(self, x, w, bias, y, *, col):
-        """y (N, Ho, Wo, Cout) = conv(x (N, H, W, Cin)); col is the workspace (workspace_shape)."""
+        """y (N, Ho, Wo, Cout) = conv(x (N, H, W, Cin)) [+ bias]; col is the workspace (workspace_shape)."""
         self.path.forward(x, w, y, col=col)
         if self.has_bias:
-            y2 = y.reshape(-1, self.cout)
-            y2 += bias
+            program.add(y.reshape(-1, self.cout), bias)
 
     def backward(self, x, w, dy, *, dw, dbias=None, dx=None, accumulate_dx=False, col):
-        """dw += dL/dw (and dbias); dx = dL/dx (+= with accumulate_dx) if dx is given. Reads x, the
-        forward input."""
+        """Both gradients: dx = dL/dx (+= with accumulate_dx) if dx is given, then dw += dL/dw (and dbias)."""
+        if dx is not None:
+            self.backward_data(w, dy, dx, accumulate=accumulate_dx, col=col)
+        self.backward_weights(x, dy, dw=dw, dbias=dbias, col=col)
+
+    def backward_data(self, w, dy, dx, *, accumulate=False, col):
+        """dx = dL/dx (+= with accumulate) from dy = dL/dy."""
+        self.path.backward_data(w, dy, dx, accumulate=accumulate, col=col)
+
+    def backward_weights(self, x, dy, *, dw, dbias=None, accumulate=True, col):
+        """dw += dL/dw (and dbias += dL/dbias), from x, the forward input, and dy; accumulate=False: dw = (and
+        dbias =) them, a step's first sub-batch's, which needs no zeroed gradients before it."""
         if self.has_bias:
-            dbias += dy.reshape(-1, self.cout).sum(axis=0)
-        self.path.backward(x, w, dy, dw=dw, dx=dx, accumulate_dx=accumulate_dx, col=col)
+            rows = dy.size // self.cout
+            kernels.load("conv.cu", dy.dtype).bias_grad(rows=rows, C=self.cout, accumulate=accumulate, dy=dy,
+                                                        dbias=dbias, threads=self.cout)
+        self.path.backward_weights(x, dy, dw, accumulate=accumulate, col=col)
 
 
 class GemmPath:
     """im2col + GEMM for one Conv2D, any device and dtype. An unstrided 1x1 conv is one GEMM of x itself;
     the rest go through the workspace a chunk of images at a time: the whole batch on the GPU (one GEMM, as
-    cuBLAS likes it), COL_ELEMENTS on the CPU; col2im takes the data gradient."""
+    cuBLAS likes it), COL_ELEMENTS on the CPU; col2im takes the data gradient. cublas: the net's binding on the
+    GPU (blas.Cublas, with the arena's workspace: ConvPath.attach gives it), else None."""
 
-    def __init__(self, conv):
-        self.conv = conv
+    def __init__(self, conv, *, cublas=None):
+        self.conv, self.cublas = conv, cublas
 
     def _columns(self, x, col):
         """The (n*Ho*Wo, kh*kw*Cin) matrix the GEMM reads for the n images of x: x itself, a subsampled
@@ -139,7 +147,7 @@ class GemmPath:
             return x.reshape(rows, cols)
         out = c._workspace(col, (rows, cols))
         if c.is_pointwise:  # strided 1x1: subsample
-            backend.xp.copyto(out.reshape(n, c.Ho, c.Wo, c.cin), x[:, ::c.stride, ::c.stride, :])
+            program.copy(out.reshape(n, c.Ho, c.Wo, c.cin), x[:, ::c.stride, ::c.stride, :], name="subsample")
         else:
             kernels.load("conv.cu", x.dtype).im2col(**c._geometry(n), x=x, col=out, threads=rows * c.kh * c.kw)
         return out
@@ -148,57 +156,53 @@ class GemmPath:
         """dx = (or += with accumulate) the adjoint of _columns applied to dcol, for the images of dx."""
         c, n = self.conv, dx.shape[0]
         if c.is_pointwise and c.stride == 1:
-            if accumulate:
-                dx += dcol.reshape(dx.shape)
-            else:
-                backend.xp.copyto(dx, dcol.reshape(dx.shape))
+            (program.add if accumulate else program.copy)(dx, dcol.reshape(dx.shape))
         elif c.is_pointwise:  # strided 1x1: the subsampled positions get the gradient, the rest 0
             if not accumulate:
-                dx[...] = 0
-            dx[:, ::c.stride, ::c.stride, :] += dcol.reshape(n, c.Ho, c.Wo, c.cin)
+                program.fill(dx, 0)
+            program.add(dx[:, ::c.stride, ::c.stride, :], dcol.reshape(n, c.Ho, c.Wo, c.cin))
         else:
             kernels.load("conv.cu", dx.dtype).col2im(**c._geometry(n), accumulate=accumulate, col=dcol, dx=dx,
                                                      threads=n * c.H * c.W)
 
-    def _chunks(self, n):
-        """(first, end) images of each im2col chunk."""
-        step = self.conv._images_per_chunk(n)
+    def _chunks(self, n, *, columns=True):
+        """(first, end) images of each chunk the workspace holds; columns: of _columns, which an unstrided 1x1
+        conv reads in place, all n at once."""
+        c = self.conv
+        step = n if columns and c.is_pointwise and c.stride == 1 else c._images_per_chunk(n)
         return [(first, min(n, first + step)) for first in range(0, n, step)]
 
     def forward(self, x, w, y, *, col):
-        xp, c, n = backend.xp, self.conv, x.shape[0]
-        y2 = y.reshape(n * c.Ho * c.Wo, c.cout)
-        w2 = w.reshape(c.cout, -1)
-        if c.is_pointwise and c.stride == 1:
-            xp.matmul(x.reshape(-1, c.cin), w2.T, out=y2)
-        else:
-            pixels = c.Ho * c.Wo
-            for first, end in self._chunks(n):
-                xp.matmul(self._columns(x[first:end], col), w2.T, out=y2[first * pixels:end * pixels])
-
-    def backward(self, x, w, dy, *, dw, dx, accumulate_dx, col):
-        """What a plain GEMM does not cover goes through im2col chunks: in each, the weight gradient first,
-        then the data gradient in the same workspace."""
-        xp, c, n = backend.xp, self.conv, x.shape[0]
-        pixels = c.Ho * c.Wo
-        dy2 = dy.reshape(n * pixels, c.cout)
-        w2 = w.reshape(c.cout, -1)  # (Cout, kh*kw*Cin)
-        dw_left = not (c.is_pointwise and c.stride == 1)
-        if not dw_left:
-            _add_weight_grad(dw, dy2, x.reshape(n * pixels, c.cin))
-            if dx is not None and not accumulate_dx:
-                xp.matmul(dy2, w2, out=dx.reshape(n * pixels, c.cin))
-                dx = None
-        if not dw_left and dx is None:
-            return
+        c, n = self.conv, x.shape[0]
+        pixels, w2 = c.Ho * c.Wo, w.reshape(c.cout, -1)  # (Cout, kh*kw*Cin)
+        y2 = y.reshape(n * pixels, c.cout)
         for first, end in self._chunks(n):
-            rows = slice(first * pixels, end * pixels)
-            if dw_left:
-                _add_weight_grad(dw, dy2[rows], self._columns(x[first:end], col))
-            if dx is not None:
-                dcol = c._workspace(col, (end * pixels - first * pixels, w2.shape[1]))
-                xp.matmul(dy2[rows], w2, out=dcol)
-                self._add_columns(dcol, dx[first:end], accumulate=accumulate_dx)
+            blas.gemm(self._columns(x[first:end], col), w2, y2[first * pixels:end * pixels], trans_b=True,
+                      cublas=self.cublas)
+
+    def backward_data(self, w, dy, dx, *, accumulate, col):
+        """The data gradient: an unstrided 1x1 conv's is one GEMM into dx (unless added in); the rest go through
+        the workspace, a chunk of images at a time, and col2im."""
+        c, n = self.conv, dy.shape[0]
+        pixels, w2 = c.Ho * c.Wo, w.reshape(c.cout, -1)
+        dy2 = dy.reshape(n * pixels, c.cout)
+        if c.is_pointwise and c.stride == 1 and not accumulate:
+            blas.gemm(dy2, w2, dx.reshape(n * pixels, c.cin), cublas=self.cublas)
+            return
+        for first, end in self._chunks(n, columns=False):
+            dcol = c._workspace(col, ((end - first) * pixels, w2.shape[1]))
+            blas.gemm(dy2[first * pixels:end * pixels], w2, dcol, cublas=self.cublas)
+            self._add_columns(dcol, dx[first:end], accumulate=accumulate)
+
+    def backward_weights(self, x, dy, dw, *, accumulate, col):
+        """dw (Cout, kh*kw*Cin) = (or += with accumulate) dy^T @ columns, added in the GEMM (beta = 1), a chunk of
+        images at a time."""
+        c, n = self.conv, x.shape[0]
+        pixels = c.Ho * c.Wo
+        dy2, dw2 = dy.reshape(n * pixels, c.cout), dw.reshape(c.cout, -1)
+        for i, (first, end) in enumerate(self._chunks(n)):
+            blas.gemm(dy2[first * pixels:end * pixels], self._columns(x[first:end], col), dw2, trans_a=True,
+                      accumulate=accumulate or i > 0, cublas=self.cublas)
 
 
 def im2col_ref(x, kh, kw, stride, pad_top, pad_left, Ho, Wo):
@@ -222,16 +226,18 @@ def col2im_ref(col, x_shape, kh, kw, stride, pad_top, pad_left, Ho, Wo):
 class ConvPath:
     """Which path runs each of a net's convolutions, chosen once when it compiles (Net.compile(conv=...)):
 
-        "auto"    the default: DirectPath where conv_direct.applies (the CPU, float32), else GemmPath
-        "gemm"    GemmPath for every conv, both devices
-        "direct"  DirectPath for every conv: the CPU in float32 only (the kernels take every shape), a
-                  ValueError elsewhere
-        "cudnn"   GPU: CudnnPath for every conv but the classifier's, through graphs built for the compiled
-                  batch (conv_cudnn.py); the classifier, a forward at another batch (with a warning) and a
-                  data gradient added into another take "auto"'s path
+        "auto"        the default: DirectPath where conv_direct.applies (the CPU, float32), else GemmPath
+        "gemm"        GemmPath for every conv, both devices
+        "direct"      DirectPath for every conv: the CPU in float32 only (the kernels take every shape), a
+                      ValueError elsewhere
+        "cudnn"       GPU: CudnnPath for every conv but the classifier's, through graphs built for the compiled
+                      batch, float32 plans only (conv_cudnn.py); the classifier, a forward at another batch (with
+                      a warning) and a data gradient added into another take "auto"'s path
+        "cudnn-tf32"  "cudnn" with TF32 plans allowed: faster, and 10-bit mantissas in the convolutions
 
     The net asks it for the buffers its plan needs, has it give each conv its path once the arena exists,
-    and shows it each forward's batch; it knows nothing else of the net."""
+    and shows it each forward's batch; it knows nothing else of the net. On the GPU the GEMM paths compute
+    through one cuBLAS binding of the net's (blas.Cublas), whose workspace the plan holds."""
 
     def __init__(self, kind, units, *, batch, dtype):
         if kind not in CONV_PATHS:
@@ -240,20 +246,26 @@ class ConvPath:
         if kind == "direct" and not direct:
             raise ValueError(f"conv='direct' runs on the CPU in float32 only, not on the {backend.device} in "
                              f"{np.dtype(dtype).name}: use conv='auto' or 'gemm'")
-        own = conv_direct.DirectPath if direct and kind != "gemm" else GemmPath
+        self.own = conv_direct.DirectPath if direct and kind != "gemm" else GemmPath
         self.kind, self.batch = kind, batch
-        self.paths = {c: own(c) for u in units for c in u.convs()}  # {Conv2D: its path, but cuDNN's}
+        self.convs = [c for u in units for c in u.convs()]
         # {Conv2D: its built conv_cudnn.ConvGraphs}; the classifier's conv keeps its own path
-        self.graphs = conv_cudnn.net_graphs(units, batch=batch, dtype=dtype) if kind == "cudnn" else {}
+        self.graphs = conv_cudnn.net_graphs(units, batch=batch, dtype=dtype, tf32=kind == "cudnn-tf32") \
+            if kind.startswith("cudnn") else {}
 
     def plan_buffers(self, plan, *, dtype):
-        """Add this path's buffers to a step's plan: none but cuDNN's workspace and weight scratch."""
+        """Add this path's buffers to a step's plan: cuBLAS's workspace on the GPU, cuDNN's workspace and weight
+        scratch."""
+        if backend.device == "gpu":
+            plan.add("cublas_workspace", (blas.WORKSPACE_BYTES,), np.uint8, "workspace")
         if self.graphs:
             conv_cudnn.plan_buffers(plan, self.graphs, dtype=dtype)
 
     def attach(self, arena):
-        """Give every conv its path, the cuDNN ones with the arena's buffers."""
-        for conv, path in self.paths.items():
+        """Give every conv its path, the cuDNN ones with the arena's buffers, the GEMM ones the net's cuBLAS."""
+        cublas = blas.Cublas.loaded(workspace=arena["cublas_workspace"]) if backend.device == "gpu" else None
+        for conv in self.convs:
+            path = self.own(conv) if self.own is not GemmPath else GemmPath(conv, cublas=cublas)
             if conv in self.graphs:
                 path = conv_cudnn.CudnnPath(self.graphs[conv], fallback=path, workspace=arena["cudnn_workspace"],
                                             dw_scratch=arena["cudnn_dw"])

@@ -9,10 +9,19 @@ current stream. The GEMM path (conv.GemmPath) stays the reference: the GPU tests
 A net's convs come here through conv.ConvPath (Net.compile(conv="cudnn")), which calls the functions at the
 end of this file and gives each conv with graphs a CudnnPath.
 
-Status: the graph descriptions are built and checked on the CPU in CI (tests/test_cudnn.py). On an H200
-(docs/gpu.md) the plans built and ran, and a step's memory was its plan; but the 4-bit gradients of a
-small net differed from the GEMM path's by 12.5% (tests/test_gpu.py), not yet explained: GEMM stays the
-default.
+Float32 as the GEMMs compute it: cuDNN runs float32 convolutions on TF32 tensor cores unless told not to, so
+after the heuristics propose their plans, those whose numerical notes say TENSOR_CORE or DOWN_CONVERT_INPUTS
+(TF32's 10-bit mantissa), or REDUCED_PRECISION_REDUCTION, are dropped; so are the NONDETERMINISTIC ones, so
+that a replayed step equals an eager one. TF32 is a named opt-in, Net.compile(conv="cudnn-tf32"). (On an H200
+the 4-bit gradients through cuDNN differed from the GEMM path's by 12.5%: TF32's rounding of the forward moves
+some 4-bit codes across their bin edges, docs/gpu.md.)
+
+An execute goes through program.issue, so a recorded pass holds it, with the tensors' addresses bound once;
+the handle follows CuPy's current stream at each call, as minibp's cuBLAS binding does (blas.py), so a CUDA
+graph captures it on the capturing stream.
+
+Status: the graph descriptions and the plan filter are checked on the CPU in CI (tests/test_cudnn.py); the
+float32-only plans have not run on a GPU yet (docs/gpu.md). GEMM stays the GPU's default until they have.
 
     graphs = ConvGraphs(conv, batch=128)      # descriptions only: no device needed
     graphs.build(handle)                      # on the GPU: plans, and graphs.workspace_bytes
@@ -20,7 +29,11 @@ default.
 """
 import numpy as np
 
-from .. import backend
+from .. import backend, program
+
+# The numerical notes of the plans a float32 conv refuses (REFUSED_NOTES), and with conv="cudnn-tf32" (TF32_NOTES).
+TF32_NOTES = ("REDUCED_PRECISION_REDUCTION", "NONDETERMINISTIC")
+REFUSED_NOTES = ("TENSOR_CORE", "DOWN_CONVERT_INPUTS") + TF32_NOTES
 
 
 def import_cudnn():
@@ -44,11 +57,11 @@ def krsc(k, r, s, c):
 
 
 class ConvGraphs:
-    """The fprop, dgrad and wgrad graphs of one convolution at one batch size."""
+    """The fprop, dgrad and wgrad graphs of one convolution at one batch size; tf32: allow TF32 plans."""
 
-    def __init__(self, conv, *, batch):
+    def __init__(self, conv, *, batch, tf32=False):
         cudnn = import_cudnn()
-        self.conv, self.batch = conv, int(batch)
+        self.conv, self.batch, self.tf32 = conv, int(batch), bool(tf32)
         f32 = cudnn.data_type.FLOAT
         c = conv
         x_dims = nhwc(self.batch, c.H, c.W, c.cin)
@@ -77,13 +90,20 @@ class ConvGraphs:
         self.handle = None
         self.workspace_bytes = 0
 
+    def refused_notes(self):
+        """The numerical notes (cudnn.numerical_note members) of the plans this conv drops."""
+        cudnn = import_cudnn()
+        return [getattr(cudnn.numerical_note, name) for name in (TF32_NOTES if self.tf32 else REFUSED_NOTES)]
+
     def build(self, handle):
-        """Validate the graphs and build their execution plans (GPU); sets workspace_bytes."""
+        """Validate the graphs and build their execution plans (GPU), the refused ones dropped after the
+        heuristics propose them; sets workspace_bytes."""
         cudnn = import_cudnn()
         for name, (g, _) in self.graphs.items():
             g.validate()
             g.build_operation_graph()
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            g.deselect_numeric_notes(self.refused_notes())
             g.check_support()
             g.build_plans()
             self.workspace_bytes = max(self.workspace_bytes, int(g.get_workspace_size()))
@@ -92,7 +112,12 @@ class ConvGraphs:
     def _run(self, name, buffers, workspace):
         g, tensors = self.graphs[name]
         pointers = {tensors[key]: array.data.ptr for key, array in buffers.items()}
-        g.execute(pointers, workspace.data.ptr if workspace is not None else None, handle=self.handle)
+        workspace = workspace.data.ptr if workspace is not None else None
+        program.issue(f"cudnn {name}", self._execute, g, pointers, workspace, keep=tuple(buffers.values()))
+
+    def _execute(self, g, pointers, workspace):
+        self.handle.follow_stream()
+        g.execute(pointers, workspace, handle=self.handle.handle)
 
     def forward(self, x, w, y, *, workspace):
         self._run("fprop", dict(x=x, w=w, y=y), workspace)
@@ -119,31 +144,46 @@ class CudnnPath:
             return
         self.graphs.forward(x, w, y, workspace=self.workspace)
 
-    def backward(self, x, w, dy, *, dw, dx, accumulate_dx, col):
-        if x.shape[0] != self.batch or accumulate_dx:
-            self.fallback.backward(x, w, dy, dw=dw, dx=dx, accumulate_dx=accumulate_dx, col=col)
+    def backward_data(self, w, dy, dx, *, accumulate, col):
+        if dy.shape[0] != self.batch or accumulate:
+            self.fallback.backward_data(w, dy, dx, accumulate=accumulate, col=col)
+            return
+        self.graphs.backward_data(dy, w, dx, workspace=self.workspace)
+
+    def backward_weights(self, x, dy, dw, *, accumulate, col):
+        """wgrad writes dw itself (a step's first sub-batch), or (accumulate) its scratch, then added in."""
+        if x.shape[0] != self.batch:
+            self.fallback.backward_weights(x, dy, dw, accumulate=accumulate, col=col)
+            return
+        if not accumulate:
+            self.graphs.backward_weights(x, dy, dw, workspace=self.workspace)
             return
         scratch = self.dw_scratch[: dw.size].reshape(dw.shape)
         self.graphs.backward_weights(x, dy, scratch, workspace=self.workspace)
-        dw += scratch
-        if dx is not None:
-            self.graphs.backward_data(dy, w, dx, workspace=self.workspace)
+        program.add(dw, scratch)
 
 
-def make_handle():
-    """A cuDNN handle bound to CuPy's current stream."""
-    cudnn = import_cudnn()
-    if backend.device != "gpu":
-        raise RuntimeError("cuDNN convolutions run on the GPU only (MINIBP_DEVICE=gpu)")
-    handle = cudnn.create_handle()
-    cudnn.set_stream(handle=handle, stream=backend.xp.cuda.get_current_stream().ptr)
-    return handle
+class Handle:
+    """A cuDNN handle that runs on CuPy's current stream: follow_stream() binds it to the stream of the call."""
+
+    def __init__(self):
+        cudnn = import_cudnn()
+        if backend.device != "gpu":
+            raise RuntimeError("cuDNN convolutions run on the GPU only (MINIBP_DEVICE=gpu)")
+        self.handle, self.stream = cudnn.create_handle(), None
+        self.follow_stream()
+
+    def follow_stream(self):
+        stream = backend.xp.cuda.get_current_stream().ptr
+        if stream != self.stream:
+            import_cudnn().set_stream(handle=self.handle, stream=stream)
+            self.stream = stream
 
 
-def build_graphs(convs, *, batch):
+def build_graphs(convs, *, batch, tf32=False):
     """{conv layer: its ConvGraphs, built} for these convs at this batch (GPU only)."""
-    handle = make_handle()
-    graphs = {conv: ConvGraphs(conv, batch=batch) for conv in convs}
+    handle = Handle()
+    graphs = {conv: ConvGraphs(conv, batch=batch, tf32=tf32) for conv in convs}
     for g in graphs.values():
         g.build(handle)
     return graphs
@@ -151,13 +191,13 @@ def build_graphs(convs, *, batch):
 
 # ----------------------------------------------------------------------------- a net's convs (Net.compile)
 
-def net_graphs(units, *, batch, dtype):
+def net_graphs(units, *, batch, dtype, tf32=False):
     """{conv layer: its ConvGraphs, built} for every conv of these units but the classifier's, and their
-    projections, at the compiled batch (GPU, float32)."""
+    projections, at the compiled batch (GPU, float32; tf32: TF32 plans allowed)."""
     if dtype != np.float32:
         raise ValueError("the cuDNN path is float32 only")
     convs = [c for u in units if not u.is_classifier for c in u.convs()]
-    return build_graphs(convs, batch=batch)
+    return build_graphs(convs, batch=batch, tf32=tf32)
 
 
 def plan_buffers(plan, graphs, *, dtype):

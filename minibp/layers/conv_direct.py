@@ -13,7 +13,7 @@ import functools
 
 import numpy as np
 
-from .. import backend, build, kernels
+from .. import backend, build, kernels, program
 
 GRAD_CHUNK_ELEMENTS = 1 << 18  # values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
 
@@ -31,7 +31,8 @@ class Geometry:
 @functools.lru_cache(maxsize=None)
 def geometry():
     values = np.zeros(5, np.int32)
-    kernels.load("conv_direct.cu").conv_direct_geometry(geometry=values, grid=(1,), block=(1,))
+    with program.paused():  # (asked while a pass is recorded: the answer is needed now)
+        kernels.load("conv_direct.cu").conv_direct_geometry(geometry=values, grid=(1,), block=(1,))
     return Geometry(*(int(v) for v in values))
 
 
@@ -72,7 +73,8 @@ def _tasks(count):
 def _convolve(conv, x, wt, y, *, accumulate, transposed=False):
     """y = (or +=) the direct convolution of x with wt (kh, kw, in channels, out channels). transposed:
     the data gradient, x = dy and y = dx: the stride-1 convolution of dy dilated by the stride (zeros
-    between its pixels) with the flipped kernel, whose padding is the rest of the window."""
+    between its pixels) with the flipped kernel, whose padding is the rest of the window; wt is then the conv's
+    own weights w (Cout, kh, kw, Cin), which the kernel reads flipped in place."""
     if transposed:
         shape = dict(H=conv.Ho, W=conv.Wo, C=conv.cout, stride=1, dilation=conv.stride,
                      pad_top=conv.kh - 1 - conv.pad_top, pad_left=conv.kw - 1 - conv.pad_left, Ho=conv.H,
@@ -84,32 +86,44 @@ def _convolve(conv, x, wt, y, *, accumulate, transposed=False):
     vectors = min(g.tile_vectors, -(-shape["Cout"] // g.lanes))  # no tile wider than the output channels
     tiles = n * shape["Ho"] * -(-shape["Wo"] // g.tile_pixels) * -(-shape["Cout"] // (vectors * g.lanes))
     kernels.load("conv_direct.cu", x.dtype).conv_direct(
-        N=n, kh=conv.kh, kw=conv.kw, **shape, vectors=vectors, accumulate=accumulate, x=x, wt=wt, y=y,
-        **_tasks(tiles))
+        N=n, kh=conv.kh, kw=conv.kw, **shape, vectors=vectors, accumulate=accumulate, flipped=transposed, x=x, wt=wt,
+        y=y, **_tasks(tiles))
 
 
 class DirectPath:
-    """conv_direct.cu's kernels for one Conv2D (the CPU, float32): the protocol of conv.py's paths."""
+    """conv_direct.cu's kernels for one Conv2D (the CPU, float32): the protocol of conv.py's paths. The forward reads
+    the weights as (kh*kw*Cin, Cout), copied into the conv's workspace col first (workspace_rows leaves room for
+    them); the data gradient reads w itself, flipped."""
 
     def __init__(self, conv):
         self.conv = conv
 
     def forward(self, x, w, y, *, col):
-        """y = conv(x), w (Cout, kh, kw, Cin); no workspace."""
+        """y = conv(x), w (Cout, kh, kw, Cin)."""
         c = self.conv
-        _convolve(c, x, backend.xp.ascontiguousarray(w.reshape(c.cout, -1).T), y, accumulate=False)
+        wt = c._workspace(col, (c.kh * c.kw * c.cin, c.cout))
+        program.copy(wt, w.reshape(c.cout, -1).T, name="conv weights")
+        _convolve(c, x, wt, y, accumulate=False)
 
-    def backward(self, x, w, dy, *, dw, dx, accumulate_dx, col):
-        """dw += dL/dw: conv_weight_grad's partial sums over chunks of images (in col, L2-sized chunks), then
-        their sum; dx = (or += with accumulate_dx) dL/dx when dx is given."""
+    def backward_data(self, w, dy, dx, *, accumulate, col):
+        """dx = (or += with accumulate) dL/dx: conv_direct of dy with the flipped kernel."""
+        _convolve(self.conv, dy, w, dx, accumulate=accumulate, transposed=True)
+
+    def backward_weights(self, x, dy, dw, *, accumulate, col):
+        """dw = (+= with accumulate) dL/dw: conv_weight_grad's partial sums over chunks of images (in col, L2-sized
+        chunks), then conv_weight_grad_finish adds them up, in order, into dw."""
         c, n = self.conv, x.shape[0]
         chunks, images = grad_chunks(c, n)
         partial = c._workspace(col, (chunks, c.kh * c.kw * c.cin, c.cout))
         g = geometry()
         tasks = chunks * c.kh * c.kw * -(-c.cin // g.grad_inputs) * -(-c.cout // g.grad_outputs)
-        kernels.load("conv_direct.cu", x.dtype).conv_weight_grad(
-            **c._geometry(n), Cout=c.cout, images_per_chunk=images, x=x, dy=dy, partial=partial, **_tasks(tasks))
-        dw += partial.sum(axis=0).T.reshape(dw.shape)
-        if dx is not None:
-            flipped = backend.xp.ascontiguousarray(w[:, ::-1, ::-1, :].transpose(1, 2, 0, 3))  # (kh, kw, Cout, Cin)
-            _convolve(c, dy, flipped, dx, accumulate=accumulate_dx, transposed=True)
+        module = kernels.load("conv_direct.cu", x.dtype)
+        module.conv_weight_grad(**c._geometry(n), Cout=c.cout, images_per_chunk=images, x=x, dy=dy, partial=partial,
+                                **_tasks(tasks))
+        module.conv_weight_grad_finish(chunks=chunks, K=c.kh * c.kw * c.cin, Cout=c.cout, accumulate=accumulate,
+                                       partial=partial, dw=dw, threads=dw.size)
+
+
+def conv_weight_grad_finish_ref(partial, dw):
+    """dw (Cout, kh, kw, Cin) + the sum over chunks of partial (chunks, kh*kw*Cin, Cout), added in order."""
+    return dw + np.cumsum(partial, axis=0, dtype=partial.dtype)[-1].T.reshape(dw.shape)

@@ -1,14 +1,14 @@
 """Pooling and the parameter-free shortcut over NHWC activations, beside kernels/pool.cu.
 
     MaxPool, AvgPool        a size x size region at a stride, "same" (TensorFlow's) or "valid" padding
-    GlobalAvgPool           the mean over space (a reduction: through xp)
+    GlobalAvgPool           the mean over space
     ParameterFreeShortcut   the reference's residual shortcut: average-pool by the stride, zero-pad channels
 
 pool_ref and maxpool_backward_ref state the kernels in NumPy.
 """
 import numpy as np
 
-from .. import backend, kernels
+from .. import kernels, program
 from .launch import launch, output_size
 
 
@@ -78,7 +78,7 @@ class AvgPool(Pool):
 
 
 class GlobalAvgPool:
-    """(N, H, W, C) -> (N, 1, 1, C), the mean over space (a reduction: through xp)."""
+    """(N, H, W, C) -> (N, 1, 1, C), the mean over space (kernels/pool.cu: a thread per image and channel)."""
 
     def __init__(self, in_shape):
         self.H, self.W, self.C = in_shape
@@ -88,12 +88,15 @@ class GlobalAvgPool:
         return (1, 1, self.C)
 
     def forward(self, x, y):
-        n = x.shape[0]
-        backend.xp.mean(x.reshape(n, self.H * self.W, self.C), axis=1, out=y.reshape(n, self.C))
+        kernels.load("pool.cu", x.dtype).global_avgpool_forward(N=x.shape[0], HW=self.H * self.W, C=self.C, x=x, y=y,
+                                                               threads=x.shape[0] * self.C)
 
     def backward(self, x, dy, dx):
+        """dx = dL/dx (x is not read: the same signature as the other pools)."""
         n = dx.shape[0]
-        dx.reshape(n, self.H * self.W, self.C)[...] = dy.reshape(n, 1, self.C) * (1.0 / (self.H * self.W))
+        kernels.load("pool.cu", dx.dtype).global_avgpool_backward(N=n, HW=self.H * self.W, C=self.C,
+                                                                 scale=1.0 / (self.H * self.W), dy=dy, dx=dx,
+                                                                 threads=dx.size)
 
 
 def maxpool_backward_ref(x, dy, size, stride, pad_top, pad_left):
@@ -141,13 +144,13 @@ class ParameterFreeShortcut:
     def add(self, residual, x):
         """x += shortcut(residual)."""
         if self.is_identity:
-            x += residual
+            program.add(x, residual)
         else:
             self.pool.forward(residual, x, accumulate=True)
 
     def backward(self, dx, dresidual):
         """dresidual = shortcut^T(dx)."""
         if self.is_identity:
-            backend.xp.copyto(dresidual, dx)
+            program.copy(dresidual, dx)
         else:
             self.pool.backward_into(dx, dresidual)

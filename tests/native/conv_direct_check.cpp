@@ -17,7 +17,7 @@ static int check(int N, int H, int W, int C, int Cout, int k, int stride, int pa
     for (auto* v : {&x, &wt, &dy})
         for (float& f : *v) f = normal(gen);
     std::vector<double> xd(x.begin(), x.end()), wtd(wt.begin(), wt.end()), dyd(dy.begin(), dy.end());
-    const ConvShape s{N, H, W, C, k, k, stride, 1, pad, pad, Ho, Wo, Cout};
+    const ConvShape s{N, H, W, C, k, k, stride, 1, pad, pad, Ho, Wo, Cout, (long long)C * Cout, Cout, false};
 
     // the forward pass: vector tiles of 1 and 2 vectors against the plain loop's tiles, in double
     for (int vectors = 1; vectors <= TILE_VECTORS; ++vectors) {
@@ -26,7 +26,7 @@ static int check(int N, int H, int W, int C, int Cout, int k, int stride, int pa
         const long long tiles = (long long)N * Ho * ((Wo + TILE_PIXELS - 1) / TILE_PIXELS) *
                                 ((Cout + vectors * LANES - 1) / (vectors * LANES));
         minibp_shim::launch<&conv_direct>(dim3(3), dim3(2), N, H, W, C, k, k, stride, 1, pad, pad, Ho, Wo, Cout,
-                                          vectors, 0, x.data(), wt.data(), y.data());
+                                          vectors, 0, 0, x.data(), wt.data(), y.data());
         for (long long t = 0; t < tiles; ++t) direct_tile_plain<double>(s, vectors * LANES, 0, xd.data(), wtd.data(), yd.data(), t);
         for (size_t i = 0; i < y.size(); ++i)
             if (std::fabs(y[i] - yd[i]) > 1e-4 * (1 + std::fabs(yd[i]))) {
