@@ -9,8 +9,8 @@ alternate round by round, so drift of the machine touches them alike. Prints the
 of each, the ratio of each median to exact's, and the convolution work's GFLOP/s (forward, data and
 weight gradients: 3x the forward multiply-adds x 2) beside a float32 GEMM measured here and now: per
 iteration ("a step"), and per second spent inside the convolutions ("in convs", timed in one more
-iteration with every conv layer's forward and backward wrapped). It names the CPU, the instruction
-set minibp's kernels and NumPy's BLAS were limited to, and the convolutions' path (direct at which vector
+iteration with every device call timed: program.timed, the convolutions' calls summed). It names the CPU, the
+instruction set minibp's kernels and NumPy's BLAS were limited to, and the convolutions' path (direct at which vector
 width, or im2col + BLAS).
 """
 import argparse
@@ -24,8 +24,9 @@ import numpy as np
 
 from gradients import store_options
 from options import NARROWER_CPU, cpu_model, cpu_option, limit_cpu, modes_option, net_options
-from minibp import backend, build, kernels, models
+from minibp import backend, build, models, program
 from minibp.layers import conv_direct
+from minibp.layers.conv import CONV_CALLS
 from minibp.optim import SGD
 from minibp.models import DATA_SHAPES
 
@@ -63,50 +64,21 @@ def conv_flops(net, batch):
     return 3 * batch * sum(layer.flops_per_image for layer in conv_layers(net))
 
 
-def conv_seconds(net, iteration):
-    """Seconds spent inside the net's conv layers (forward and backward) during iteration(): each is
-    wrapped with a timer (and a device synchronisation) for that one call, then unwrapped."""
-    spent = [0.0]
-
-    def timed(method):
-        def call(*args, **kwargs):
-            backend.synchronize()
-            start = time.perf_counter()
-            method(*args, **kwargs)
-            backend.synchronize()
-            spent[0] += time.perf_counter() - start
-        return call
-
-    layers = conv_layers(net)
-    for layer in layers:
-        layer.forward, layer.backward = timed(layer.forward), timed(layer.backward)
-    try:
+def conv_seconds(iteration):
+    """Seconds spent in the convolutions' device calls (layers.conv.CONV_CALLS) during iteration(), each call timed
+    (program.timed: waited for on the GPU)."""
+    with program.timed() as spent:
         iteration()
-    finally:
-        for layer in layers:
-            del layer.forward, layer.backward  # back to the class's methods
-    return spent[0]
+    return sum(spent.get(name, 0.0) for name in CONV_CALLS)
 
 
 def kernel_seconds(iteration, steps=2):
-    """{kernel name: seconds a step} over `steps` calls of iteration(): every kernel launch timed (the CPU
-    runs a launch to its end before returning; on the GPU each is synchronised)."""
+    """{device call name: seconds a step} over `steps` calls of iteration(): every call timed (program.timed)."""
     spent = collections.Counter()
-    launch = kernels.Kernel.__call__
-
-    def timed(self, *args, **kwargs):
-        backend.synchronize()
-        start = time.perf_counter()
-        launch(self, *args, **kwargs)
-        backend.synchronize()
-        spent[self.name] += (time.perf_counter() - start) / steps
-
-    kernels.Kernel.__call__ = timed
-    try:
-        for _ in range(steps):
+    for _ in range(steps):
+        with program.timed() as one:
             iteration()
-    finally:
-        kernels.Kernel.__call__ = launch
+        spent.update({name: seconds / steps for name, seconds in one.items()})
     return spent
 
 
@@ -154,7 +126,7 @@ def main(argv=None):
             times[mode].append(iteration(mode))
         print(f"  round {round_ + 1}: " + "  ".join(f"{m} {times[m][-1]:.3f}s" for m in modes), flush=True)
     flops = conv_flops(nets[modes[0]], args.batch)
-    in_convs = {mode: conv_seconds(nets[mode], lambda: iteration(mode)) for mode in modes}
+    in_convs = {mode: conv_seconds(lambda: iteration(mode)) for mode in modes}
     peak = gemm_gflops()
     base = statistics.median(times[modes[0]])
     print(f"\n{'mode':>6}  {'median s':>8}  {'min':>7}  {'max':>7}  {'vs ' + modes[0]:>9}  {'conv s':>7}  "
@@ -168,10 +140,10 @@ def main(argv=None):
     if args.kernels:
         spent = {mode: kernel_seconds(lambda: iteration(mode)) for mode in modes}
         names = sorted(set().union(*spent.values()), key=lambda n: -spent[modes[0]].get(n, 0))
-        print(f"\nseconds a step in each kernel (2 steps a mode, each launch timed)\n{'kernel':>28}  "
+        print(f"\nseconds a step in each device call (2 steps a mode, each call timed)\n{'call':>28}  "
               + "  ".join(f"{m:>9}" for m in modes))
-        for name in names + ["all kernels"]:
-            row = [sum(spent[m].values()) if name == "all kernels" else spent[m].get(name, 0.0) for m in modes]
+        for name in names + ["all calls"]:
+            row = [sum(spent[m].values()) if name == "all calls" else spent[m].get(name, 0.0) for m in modes]
             print(f"{name:>28}  " + "  ".join(f"{v:9.3f}" for v in row))
     return 0
 

@@ -144,7 +144,7 @@ def minibp_child(args, bits, shape, classes, rng):
     np.ones((1024, 1024), np.float32) @ np.ones((1024, 1024), np.float32)  # BLAS's buffers
     step_baseline = resident_bytes("VmRSS")
     net, step = trainer(args.model, args.batch, shape[0])
-    return step, step_baseline, lambda: conv_seconds(net, step)
+    return step, step_baseline, lambda: conv_seconds(step)
 
 
 def child(args, config):
