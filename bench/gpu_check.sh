@@ -1,32 +1,34 @@
 #!/usr/bin/env bash
-# The GPU check, prepared to run in one call on a machine with one H200 and no network, within
-# 10 minutes. Parts (all by default, in this order; name some to run those, in the order named):
-#   smoke    the device, CuPy, cuDNN's frontend; one 4-bit training step of a small net
-#   tests    the suite on CuPy in 14 processes (pytest-xdist), less test_hosts.py (it needs network
-#            namespaces): tests/test_gpu.py (GPU vs CPU losses, cuDNN vs GEMM, no host synchronisation,
-#            the pool against the plan), test_step.py (graph vs eager) and every kernel and layer on CuPy
-#   cudnn    cuDNN against GEMM gradients twice: as is, and with TF32 off (NVIDIA_TF32_OVERRIDE=0), to
-#            tell whether TF32 is why they differed on the first H200 (docs/gpu.md)
-#   bench    bench/gpu.py: ResNet-164 and ResNet-1001 at batch 128, exact/8/4, eager and graph
-#            ($STEPS), GEMM convolutions, PyTorch's exact step beside them; ResNet-164 with cuDNN's
-# Each part has its own time limit and goes on after a failure; logs go to ${OUT:-bench/results}/
-# (gpu_check.log: everything but the tests' lines; gpu_tests.log: those; gpu_failures.log: each failing
-# test's report as it fails, kept when the time limit cuts the suite off). Installs nothing from the
-# network: wheels carried in .whl/ (the cuDNN frontend) are installed from there if present, and minibp
-# itself editable (pip install -e ., as the README's venv has it). Budgets: $TESTS_SECONDS, $BENCH_SECONDS.
+# The GPU check, prepared to run in one call of at most 10 minutes on a machine with one H100 or H200 and no
+# network (docs/gpu.md says what it found). Parts, all by default in this order; name some to run those:
+#   smoke   the device, CuPy, cuDNN's frontend; a replayed (CUDA graph) 4-bit step of a small net
+#   tests   the suite on CuPy in 14 processes (pytest-xdist), less test_hosts.py (network namespaces): every kernel
+#           and layer on CuPy against the NumPy references, tests/test_gpu.py (20 steps against the CPU, cuDNN
+#           against GEMM exact and 4-bit, the pool against the plan), tests/test_step.py (the replayed step
+#           against the eager one); every skip listed with its reason
+#   bench   bench/gpu.py --pytorch --parity: ResNet-164 and ResNet-1001 at batch 128, exact and 4 bits replayed,
+#           4 bits eager, 4 bits through cuDNN; PyTorch's exact step with TF32 allowed and off; the replayed step
+#           against the eager one, bit for bit
+#   fit     bench/gpu.py --fit 11GiB: the paper's GPU, ResNet-1001's largest batch at 4 bits and exact, run, and
+#           PyTorch's
+#   dist    2 ranks on the one GPU (NCCL through CuPy, OpenMPI's root switches) against --sub-batches 2 (only when
+#           named: time allowing)
+# Each part has its own time limit ($SMOKE_SECONDS, $TESTS_SECONDS, $BENCH_SECONDS, $FIT_SECONDS) and the next
+# goes on after a failure; logs go to ${OUT:-bench/results}/ (gpu_check.log: all but the tests' lines;
+# gpu_tests.log: those; gpu_failures.log: each failing test's report as it fails). Installs nothing from the network:
+# wheels carried in .whl/ (the cuDNN frontend) go to /tmp/site, and minibp itself is installed editable.
 #
-#   bash bench/gpu_check.sh                 # everything
-#   bash bench/gpu_check.sh smoke tests     # some parts
+#   bash bench/gpu_check.sh                 # smoke tests bench fit: about 9 minutes
+#   bash bench/gpu_check.sh smoke bench     # some parts
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${OUT:-bench/results}
 mkdir -p "$results"
 log="$results/gpu_check.log"
-parts=${*:-smoke cudnn tests bench}
+parts=${*:-smoke tests bench fit}
 export MINIBP_DEVICE=gpu PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:${PYTHONPATH:-}"
 # The GPU machines run commands as root, which OpenMPI's mpirun refuses unless told (the MPI tests start it).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-# Some tests run scripts from other folders: minibp must import there too (offline: no build isolation).
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 ||
     echo "minibp could not be installed (pip install -e .): tests that run scripts from other folders will fail"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -35,7 +37,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 smoke() {
     echo "== smoke"
-    timeout 120 python3 - <<'EOF'
+    timeout "${SMOKE_SECONDS:-45}" python3 - <<'EOF'
 import time, numpy as np, cupy
 print("cupy", cupy.__version__, "CUDA runtime", cupy.cuda.runtime.runtimeGetVersion(),
       "driver", cupy.cuda.runtime.driverGetVersion())
@@ -44,49 +46,53 @@ try:
     print("cudnn frontend", cudnn.__version__, "backend", cudnn.backend_version())
 except Exception as e:
     print("cudnn frontend: not usable:", type(e).__name__, e)
-from minibp import backend, models
+from minibp import backend, models, step
 from minibp.optim import SGD
-print("minibp device", backend.device)
+print("minibp device", backend.device, "; graph capture:", step.graph_capture_refused() or "possible")
 rng = np.random.default_rng(0)
 x = rng.standard_normal((16, 16, 16, 3)).astype(np.float32); y = rng.integers(0, 10, 16)
 net = models.preact_resnet(20, input_shape=(16, 16, 3)).compile(batch=16, bits="4", seed=0)
-opt = SGD(net)
+train = step.TrainStep(net, SGD(net))
 start = time.perf_counter()
-for i in range(3):
-    net.zero_grad(); loss = net.forward(x, y)[0]; net.backward(); opt.step(lr=0.05)
-    print(f"step {i}: loss {loss:.5f}")
-print(f"3 steps in {time.perf_counter() - start:.2f} s (kernels compiled in the first)")
+for i in range(4):
+    train.run(x, y, lr=0.05, iteration=i)
+    print(f"step {i}: loss {train.result()[0]:.5f} (replayed as a CUDA graph: {train.graph})")
+print(f"4 steps in {time.perf_counter() - start:.2f} s (kernels compiled in the first, the graph captured in the "
+      "second)")
 EOF
     echo "== smoke exit $?"
 }
 tests() {
     echo "== tests on the GPU (log: gpu_tests.log)"
-    FAILURES_LOG="$results/gpu_failures.log" PYTHONPATH="$PYTHONPATH:$PWD/bench" timeout ${TESTS_SECONDS:-220} \
-        python3 -m pytest -q -p no:cacheprovider -p pytest_failures -n 14 --dist loadfile --timeout 150 -rfE \
+    FAILURES_LOG="$results/gpu_failures.log" PYTHONPATH="$PYTHONPATH:$PWD/bench" timeout "${TESTS_SECONDS:-230}" \
+        python3 -m pytest -q -p no:cacheprovider -p pytest_failures -n 14 --dist loadfile --timeout 150 -rfEs \
         tests --ignore=tests/test_hosts.py > "$results/gpu_tests.log" 2>&1
     echo "== tests exit $?"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$results/gpu_tests.log" | tail -5
+    grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$results/gpu_tests.log" | cut -c1-200 | tail -60
     grep "^==== " "$results/gpu_failures.log" 2>/dev/null | sed 's/^==== //' | cut -c1-150
 }
-cudnn() {
-    for tf32 in "" 0; do
-        echo "== cuDNN against GEMM, NVIDIA_TF32_OVERRIDE=${tf32:-unset}"
-        env ${tf32:+NVIDIA_TF32_OVERRIDE=$tf32} timeout 120 python3 -m pytest -q -p no:cacheprovider \
-            tests/test_gpu.py::test_cudnn_and_gemm_convolutions_agree 2>&1 | grep -E "^E |passed|failed" | head -5
-    done
-}
 bench() {
-    echo "== bench/gpu.py (GEMM convolutions; eager and graph)"
-    timeout ${BENCH_SECONDS:-180} python3 bench/gpu.py --rounds 3 --stores ${STORES:-exact,8,4} --steps ${STEPS:-eager,graph} --pytorch --profile 15
+    echo "== bench/gpu.py: replayed and eager, GEMM and cuDNN, beside PyTorch; the replay against eager"
+    timeout "${BENCH_SECONDS:-200}" python3 bench/gpu.py --rounds 5 --pytorch --parity
     echo "== bench exit $?"
-    echo "== bench/gpu.py (cuDNN convolutions)"
-    timeout 60 python3 bench/gpu.py --rounds 3 --models resnet164 --conv cudnn --steps ${STEPS:-eager,graph}
-    echo "== bench exit $?"
+}
+fit() {
+    echo "== bench/gpu.py --fit 11GiB: the paper's GPU"
+    timeout "${FIT_SECONDS:-90}" python3 bench/gpu.py --models '' --fit 11GiB
+    echo "== fit exit $?"
+}
+dist() {
+    echo "== 2 ranks on one GPU against --sub-batches 2"
+    timeout 60 python3 -m pytest -q -p no:cacheprovider -x tests/test_dist.py -k "as_one_process" 2>&1 | tail -5
+    echo "== dist exit $?"
 }
 {
     echo "== $(date -u) $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
     echo "== parts: $parts; $(python3 --version); $(nproc) cores"
     for name in $parts; do
-        case $name in smoke|cudnn|tests|bench) $name ;; *) echo "no part $name (smoke, cudnn, tests, bench)" ;; esac
+        case $name in
+            smoke|tests|bench|fit|dist) $name ;;
+            *) echo "no part $name (smoke, tests, bench, fit, dist)" ;;
+        esac
     done
 } 2>&1 | tee -a "$log"
