@@ -138,22 +138,24 @@ __device__ __forceinline__ void channel_window(const LaneRow& w, int c, bool ran
     win[SHIFT * w.C + c] = shift, win[BELOW * w.C + c] = below, win[ABOVE * w.C + c] = above;
 }
 
-// The windows batchnorm_finish takes itself (the fixed and range windows: one block) and those code_windows takes
-// after it (the block window's, a block each BLOCK_ROWS rows).
-enum FinishWindow { NO_WINDOW = 0, FIXED_WINDOW = 1, RANGE_WINDOW = 2 };
+// The windows batchnorm_finish takes itself: none (exact; or the block window's, many blocks, which code_windows
+// takes after it, a thread a block and channel), the fixed or range window (one block), or the block window's
+// when its blocks are few (a loop of them a channel: layers/bn.py's FINISH_BLOCKS), saving that launch.
+enum FinishWindow { NO_WINDOW = 0, FIXED_WINDOW = 1, RANGE_WINDOW = 2, BLOCK_WINDOWS = 3 };
 
 // The second pass, one thread a channel. Training (chunks > 0): the batch's mean and (biased) variance from
 // batchnorm_statistics's partial sums (chunks of rows_per_chunk rows), combined in order in double; the running
-// statistics' increments (mean_weight * mean, variance_weight * var: the unbiased variance's share, layers/bn.py) written to increments when given (Net.defer_running), else applied,
-// running = momentum * running + increment, after their values are kept in running_before. Evaluation (chunks =
-// 0): the running statistics. Then sigma = sqrt(var + eps), the clamped gamma and b = beta / gamma in stats, and
-// at k bits the fixed or range window (window: FinishWindow). running, running_before and increments are (2, S),
-// this unit's channels from offset (running may be null in training: the batch's statistics alone); partial (5 or
-// 3, chunks, C); windows (1, 3, C).
+// statistics' increments (mean_weight * mean, variance_weight * var: the unbiased variance's share, layers/bn.py)
+// written to increments when given (Net.defer_running), else applied, running = momentum * running + increment,
+// after their values are kept in running_before. Evaluation (chunks = 0): the running statistics. Then sigma =
+// sqrt(var + eps), the clamped gamma and b = beta / gamma in stats, and at k bits the windows that window names
+// (FinishWindow; blocks of chunks_per_block chunks). running, running_before and increments are (2, S), this
+// unit's channels from offset (running may be null in training: the batch's statistics alone); partial (5 or 3,
+// chunks, C); windows (blocks, 3, C).
 extern "C" __global__ void batchnorm_finish(long long rows, int C, long long chunks, int rows_per_chunk, real_t eps,
-                                            real_t momentum,
-                                            real_t mean_weight, real_t variance_weight, int S, int offset, int bits,
-                                            int window, float clip, float below_weight, int stochastic,
+                                            real_t momentum, real_t mean_weight, real_t variance_weight, int S,
+                                            int offset, int bits, int window, int chunks_per_block, float clip,
+                                            float below_weight, int stochastic,
                                             const real_t* __restrict__ gamma, const real_t* __restrict__ beta,
                                             const real_t* __restrict__ partial, real_t* __restrict__ running,
                                             real_t* __restrict__ running_before, real_t* __restrict__ increments,
@@ -199,9 +201,15 @@ extern "C" __global__ void batchnorm_finish(long long rows, int C, long long chu
         const real_t g = gamma[c] < (real_t)GAMMA_MIN ? (real_t)GAMMA_MIN : gamma[c];  // (NaN passes through)
         stats[GAMMA * C + c] = g;
         stats[B * C + c] = beta[c] / g;
-        if (bits && window != NO_WINDOW)
-            channel_window(w, c, window == RANGE_WINDOW, partial + LEAST * chunks * C, chunks, 0, chunks, bits, clip,
-                           below_weight, stochastic != 0, windows);
+        if (!bits || window == NO_WINDOW) continue;
+        const real_t* __restrict__ extremes = partial + LEAST * chunks * C;
+        if (window != BLOCK_WINDOWS)
+            channel_window(w, c, window == RANGE_WINDOW, extremes, chunks, 0, chunks, bits, clip, below_weight,
+                           stochastic != 0, windows);
+        else
+            for (long long first = 0, block = 0; first < chunks; first += chunks_per_block, ++block)
+                channel_window(w, c, true, extremes, chunks, first, min_ll(first + chunks_per_block, chunks), bits,
+                               clip, below_weight, stochastic != 0, windows + block * 3 * C);
     }
 }
 

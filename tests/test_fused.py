@@ -52,7 +52,7 @@ def test_statistics_add_a_residual_in_place_and_save_the_sum():
 
 @pytest.mark.parametrize("bits,window", [(0, "fixed"), (4, "fixed"), (4, "range"), (4, "block"), (2, "block"),
                                          (8, "range")])
-@pytest.mark.parametrize("rows,C", SHAPES[1:])
+@pytest.mark.parametrize("rows,C", SHAPES[1:] + [(9000, 8)])  # 36 blocks: the block windows in a kernel apart
 def test_the_finish_is_the_reference_bit_for_bit(rows, C, bits, window):
     """Training: mean, sigma, the clamped gamma, b, the running statistics' update (and their values kept), the
     windows; all as batchnorm_finish_ref computes them."""
@@ -176,4 +176,4 @@ def test_statistics_refuse_a_scratch_too_small_or_windows_of_another_size():
         layers.batchnorm_finish(device(np.ones(8, np.float32)), device(np.zeros(8, np.float32)), stats, eps=1e-5,
                                 part=part, rows=100, bits=4, window="block",
                                 windows=device(np.zeros((2, 3, 8), np.float32)))
-    assert bn.FINISH_WINDOW == {None: 0, "fixed": 1, "range": 2}  # kernels/bn.cu's FinishWindow
+    assert bn.FINISH_WINDOW == {None: 0, "fixed": 1, "range": 2, "block": 3}  # kernels/bn.cu's FinishWindow

@@ -73,7 +73,8 @@ def batchnorm_statistics(x, *, partial, window="fixed", residual=None, saved=Non
     return part
 
 
-FINISH_WINDOW = {None: 0, "fixed": 1, "range": 2}  # kernels/bn.cu's FinishWindow: the windows the finish takes
+FINISH_WINDOW = {None: 0, "fixed": 1, "range": 2, "block": 3}  # kernels/bn.cu's FinishWindow
+FINISH_BLOCKS = 32  # block windows a channel the finish takes itself (a short loop); more go to code_windows
 
 
 def batchnorm_finish(gamma, beta, stats, *, eps, part=None, rows=None, running=None, offset=0, momentum=0.9,
@@ -84,10 +85,10 @@ def batchnorm_finish(gamma, beta, stats, *, eps, part=None, rows=None, running=N
     running statistics (2, S), this unit's channels from offset, updated as update_running does (their values
     kept in running_before (2, S) first), or their increments written to increments (2, S) instead
     (Net.defer_running), or (running None) neither. Evaluation (part None): the running statistics. Then stats
-    holds the mean, sigma =
-    sqrt(var + eps), gamma clamped to >= GAMMA_MIN and b = beta / gamma, and at k bits the windows (blocks, 3, C)
-    the codes go through: fixed, or the range or block window of part's extremes (stochastic: for levels on the
-    bins' edges; clip: the range or block window's, None: quant.clip_of's). batchnorm_finish_ref states it."""
+    holds the mean, sigma = sqrt(var + eps), gamma clamped to >= GAMMA_MIN and b = beta / gamma, and at k bits the
+    windows (blocks, 3, C) the codes go through: fixed, or the range or block window of part's extremes
+    (stochastic: for levels on the bins' edges; clip: the range or block window's, None: quant.clip_of's); more
+    block windows than FINISH_BLOCKS go to code_windows, one more kernel. batchnorm_finish_ref states it."""
     C = gamma.shape[0]
     _check_stats(stats, C)
     window = check_window(window)
@@ -108,15 +109,16 @@ def batchnorm_finish(gamma, beta, stats, *, eps, part=None, rows=None, running=N
     if running is not None and (running.shape != (2, S) or not 0 <= offset <= S - C):
         raise ValueError(f"running must be (2, S) with this unit's {C} channels from offset {offset}, got "
                          f"{running.shape}")
+    apart = bits and window == "block" and windows.shape[0] > FINISH_BLOCKS  # the block windows in a kernel of their own
     kernels.load("bn.cu", gamma.dtype).batchnorm_finish(
         rows=rows or 1, C=C, chunks=chunks, rows_per_chunk=STATS_CHUNK, eps=eps, momentum=momentum,
-        mean_weight=1 - momentum,
-        variance_weight=(1 - momentum) * (rows or 1) / max((rows or 1) - 1, 1), S=S, offset=offset, bits=bits,
-        window=FINISH_WINDOW[None if window == "block" else window], clip=clip, below_weight=quant.BELOW_WEIGHT,
+        mean_weight=1 - momentum, variance_weight=(1 - momentum) * (rows or 1) / max((rows or 1) - 1, 1), S=S,
+        offset=offset, bits=bits, window=FINISH_WINDOW[None if apart else window],
+        chunks_per_block=quant.BLOCK_ROWS // STATS_CHUNK, clip=clip, below_weight=quant.BELOW_WEIGHT,
         stochastic=stochastic, gamma=gamma, beta=beta, partial=part, running=running,
         running_before=running_before if chunks and increments is None else None, increments=increments,
         stats=stats, windows=windows if bits else None, threads=C)
-    if bits and window == "block":
+    if apart:
         code_windows(stats, part[3:], windows, bits=bits, window=window, stochastic=stochastic, clip=clip)
 
 
