@@ -28,13 +28,15 @@ extern "C" __global__ void softmax_xent_rows(int N, int K, const real_t* __restr
 }
 
 // loss (2, 2), float64: loss[0] = the means over the N rows of rows (N, 2) (the loss, the accuracy), added in order;
-// loss[1] += loss[0], the sums over a step's sub-batches (step.py zeroes them). One thread (one block of one).
-extern "C" __global__ void softmax_xent_mean(int N, const real_t* __restrict__ rows, double* __restrict__ loss) {
+// loss[1] = (+= with accumulate) loss[0], the sums over a step's sub-batches. One thread (one block of one).
+extern "C" __global__ void softmax_xent_mean(int N, int accumulate, const real_t* __restrict__ rows,
+                                             double* __restrict__ loss) {
     if (blockIdx.x == 0 && threadIdx.x == 0) {
         double sum = 0, correct = 0;
         for (int i = 0; i < N; ++i) sum += (double)rows[2 * i], correct += (double)rows[2 * i + 1];
         loss[0] = sum / N, loss[1] = correct / N;
-        loss[2] += loss[0], loss[3] += loss[1];
+        loss[2] = (accumulate ? loss[2] : 0.0) + loss[0];
+        loss[3] = (accumulate ? loss[3] : 0.0) + loss[1];
     }
 }
 

@@ -222,7 +222,7 @@ class Net(Chain):
         if train and self.store.stochastic and draw is not None:
             self.arena["draw"][...] = checks.index(draw, "draw")
         self.program("forward" if train else "evaluate", n).run()
-        self.program("loss", n).run()
+        self.program("loss", n, accumulate=False).run()
         self._n = n if train else 0
         loss = self.arena["loss"][0]  # (loss, accuracy) of this pass
         if not sync:
@@ -263,19 +263,22 @@ class Net(Chain):
     def program(self, kind, n, *, loss_scale=1.0, accumulate=True):
         """The Program (program.py) of one pass over the first n images of the input buffers: "forward" (a training
         forward: the statistics, the running ones, the stores), "evaluate" (the running statistics), "loss" (the
-        loss of the logits into arena["loss"]) or "backward" (the loss's gradient, scaled by loss_scale, and every
-        unit's, reading the stores; the gradients added to, or with accumulate=False set). Recorded at its first
+        loss of the logits into arena["loss"], its sums over a step's sub-batches added to with accumulate) or
+        "backward" (the loss's gradient, scaled by loss_scale, and every unit's, reading the stores; the gradients
+        added to, or with accumulate=False set). Recorded at its first
         use (every call's arguments checked then), replayed after; a compile, or defer_running, records anew."""
         if kind not in self.PASSES:
             raise ValueError(f"a pass is one of {', '.join(self.PASSES)}, got {kind!r}")
         self._check_compiled()
-        key = (kind, n, (loss_scale, accumulate) if kind == "backward" else None, id(self.deferred_running))
+        key = (kind, n, (loss_scale, accumulate) if kind == "backward" else accumulate if kind == "loss" else None,
+               id(self.deferred_running))
         recorded = self._programs.get(key)
         if recorded is None:
             self.conv_path.check_batch(n)
             with program.record() as recorded:
                 {"forward": lambda: self._forward(n, train=True), "evaluate": lambda: self._forward(n, train=False),
-                 "loss": lambda: self._loss(n), "backward": lambda: self._backward(n, loss_scale, accumulate)}[kind]()
+                 "loss": lambda: self._loss(n, accumulate),
+                 "backward": lambda: self._backward(n, loss_scale, accumulate)}[kind]()
             self._programs[key] = recorded
         return recorded
 
@@ -301,9 +304,9 @@ class Net(Chain):
             u.forward(x, out, step, residual=residual, saved=saved)
             x = out
 
-    def _loss(self, n):
+    def _loss(self, n, accumulate):
         layers.softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n],
-                                     rows=self.arena["loss_rows"][:n], loss=self.arena["loss"])
+                                     rows=self.arena["loss_rows"][:n], loss=self.arena["loss"], accumulate=accumulate)
 
     def _backward(self, n, loss_scale, accumulate):
         """The backward schedule: the loss's gradient, then every unit in reverse, reading only its store."""

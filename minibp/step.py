@@ -11,9 +11,10 @@ them), then opt.step: each pass is a
 recorded program replayed (program.py), and the loss comes back to the host after every forward, so a loss
 that is not finite raises FloatingPointError at once (and leaves the running statistics as they were).
 
-Replayed (graph=True): the whole step is one program, recorded once from the passes' programs: zero the
-loss sums; for each sub-batch, copy its images and labels from fixed staging buffers into
-the net's input buffers, then the forward, loss and backward passes; then the optimizer's step. What changes
+Replayed (graph=True): the whole step is one program, recorded once from the passes' programs: for each
+sub-batch, copy its images and labels from fixed staging buffers into the net's input buffers, then the
+forward, loss and backward passes (the first sub-batch's set the loss sums and the gradients, the others add
+to them); then the optimizer's step. What changes
 from step to step lives on the device and is written before each replay: the batch (staged on the host),
 the learning rate and AdamW's bias corrections (arena["scalars"]) and stochastic rounding's first draw
 (arena["draw"], which each forward counts on). So one program serves a whole run: any schedule, AdamW,
@@ -151,14 +152,11 @@ class TrainStep:
         if self._program is None:
             net, n = self.net, self.net.batch
             step = program.Program()
-            with program.record() as head:
-                program.fill(net.arena["loss"][1], 0)  # the sums of the sub-batches' losses
-            step.extend(head)
             for s in range(self.sub_batches):
                 with program.record() as load:
                     program.upload(net.arena["input"], self._images[s * n:(s + 1) * n])
                     program.upload(net.arena["labels"], self._labels[s * n:(s + 1) * n])
-                for part in (load, net.program("forward", n), net.program("loss", n),  # (the first sets the gradients)
+                for part in (load, net.program("forward", n), net.program("loss", n, accumulate=s > 0),
                              net.program("backward", n, loss_scale=self.loss_scale, accumulate=s > 0)):
                     step.extend(part)
             self._program = step.extend(self.opt.program())

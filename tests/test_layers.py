@@ -273,13 +273,13 @@ def test_softmax_cross_entropy_gradient_and_values(rng):
 
 
 def test_softmax_cross_entropy_sums_its_passes_and_takes_the_first_maximum():
-    """loss[1] adds each pass's (loss, accuracy), a step's sums over its sub-batches; a tie, or a NaN, counts as
-    NumPy's argmax counts it (the first maximum, the first NaN)."""
+    """loss[1] takes the first pass's (loss, accuracy), whatever it held, and adds the others': a step's sums over
+    its sub-batches; a tie, or a NaN, counts as NumPy's argmax counts it (the first maximum, the first NaN)."""
     logits = device(np.array([[1, 3, 3], [2, 2, 0], [0, np.nan, 5]], np.float32))
     labels = device(np.array([2, 0, 2]))
-    loss, rows = device(np.zeros((2, 2))), device(np.zeros((3, 2), np.float32))
-    for _ in range(2):
-        layers.softmax_cross_entropy(logits, labels, rows=rows, loss=loss)
+    loss, rows = device(np.full((2, 2), 7.0)), device(np.zeros((3, 2), np.float32))
+    for accumulate in (False, True):
+        layers.softmax_cross_entropy(logits, labels, rows=rows, loss=loss, accumulate=accumulate)
     assert host(rows)[:, 1].tolist() == [0, 1, 0]
     assert host(loss)[0, 1] == 1 / 3 and host(loss)[1, 1] == 2 / 3 and np.isnan(host(loss)[0, 0])
 

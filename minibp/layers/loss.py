@@ -4,14 +4,14 @@ import numpy as np
 from .. import kernels
 
 
-def softmax_cross_entropy(logits, labels, *, rows, loss):
+def softmax_cross_entropy(logits, labels, *, rows, loss, accumulate=False):
     """The mean softmax cross-entropy and accuracy of logits (N, K) against labels (N,) int64: into loss (2, 2)
-    float64, loss[0] = (loss, accuracy), loss[1] += them (a step's sums over its sub-batches); rows (N, 2) is
-    scratch of logits' dtype (each image's loss and whether it was right)."""
+    float64, loss[0] = (loss, accuracy), loss[1] = them (+= with accumulate: a step's sums over its sub-batches);
+    rows (N, 2) is scratch of logits' dtype (each image's loss and whether it was right)."""
     N, K = logits.shape
     module = kernels.load("loss.cu", logits.dtype)
     module.softmax_xent_rows(N=N, K=K, logits=logits, labels=labels, rows=rows, threads=N)
-    module.softmax_xent_mean(N=N, rows=rows, loss=loss, grid=(1,), block=(1,))
+    module.softmax_xent_mean(N=N, accumulate=accumulate, rows=rows, loss=loss, grid=(1,), block=(1,))
 
 
 def softmax_cross_entropy_backward(logits, labels, dlogits, *, scale=1.0):
