@@ -86,7 +86,7 @@ def _net(rounding):
 
 
 def _steps(net, iterations, *, split=2):
-    step = TrainStep(net, SGD(net, momentum=0.9), split=split)
+    step = TrainStep(net, SGD(net, momentum=0.9), sub_batches=split)
     rng = np.random.default_rng(0)
     for it in range(iterations.stop):
         images = rng.standard_normal((4 * split, 8, 8, 3)).astype(np.float32)

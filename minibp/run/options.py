@@ -223,9 +223,9 @@ class RunOptions:
                                                       "(default 1)")
     graph: bool = _option(None, kind=CHANGEABLE, group=STORE, type=bool, negatable=True, before=False,
                           check=lambda v: v is None or isinstance(v, bool), must_be="true, false or null",
-                          help="--graph replays each training step as one CUDA graph, --no-graph runs it eagerly; "
-                               "default: the device's choice (the graph on a GPU where CuPy can capture the step, "
-                               "eagerly elsewhere)")
+                          help="--graph replays each training step, recorded once (one CUDA graph on a GPU; on the "
+                               "CPU its stand-in, the same results), --no-graph runs it eagerly; default: the "
+                               "device's choice (the graph on a GPU that can capture one, eagerly elsewhere)")
     # schedule
     iters: int = _option(64000, kind=CHANGEABLE, group=SCHEDULE, type=int, metavar="N", check=whole(1),
                          must_be=POSITIVE, help="iterations in all (default 64000; 640000 on imagenet)")

@@ -125,7 +125,7 @@ def make_step(net, config, *, ranks, group=None):
                           optimizer=config.optimizer, grad_norm=clip is not None)
     opt = (AdamW(net, weight_decay=config.weight_decay, clip_norm=clip) if config.optimizer == "adamw"
            else SGD(net, momentum=config.momentum, weight_decay=config.weight_decay, clip_norm=clip))
-    return TrainStep(net, opt, split=config.sub_batches // ranks, graph=config.graph, group=group)
+    return TrainStep(net, opt, sub_batches=config.sub_batches // ranks, graph=config.graph, group=group)
 
 
 def started(started_from, why):
@@ -148,7 +148,8 @@ def header(config, net, step, run_data, *, ranks, started_from=None, why=None):
     lines = [f"{modelspec.describe(config.model, config.model_args)} ({len(net.units)} units, "
              f"{net.num_parameters:,} parameters) on {config.data} ({len(run_data.train.labels):,} training images), "
              f"{config.store}, batch {config.batch}{in_sub_batches}, device {backend.device}"
-             f"{', one CUDA graph a step' if step.graph else ''}", training(config)]
+             f"{', one CUDA graph a step' if step.graph else ', the step replayed' if step.replay else ''}",
+             training(config)]
     if why is not None:
         lines.append(started(started_from, why))
     lines += [f"augment {config.augment}; validates on {run_data.validates_on}",
