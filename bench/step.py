@@ -4,6 +4,7 @@ time to issue the step beside the step's whole time; eager steps and the replaye
     python3 bench/step.py                                   # resnet164 and resnet1001, batch 128, 4 bits
     python3 bench/step.py --models resnet164 --batch 16 --conv gemm --rounds 1
     python3 bench/step.py --quick                           # resnet11, batch 8 (the tests' smoke run)
+    python3 bench/step.py --gpu-paths                       # the calls a unit of the GPU's convolution paths
 
 Each model is compiled once a mode (same weights), warmed up by one step, then timed over --rounds steps, the
 modes alternating round by round. For each it prints:
@@ -17,8 +18,13 @@ modes alternating round by round. For each it prints:
   step. On a GPU the calls cannot be timed so; bench/gpu.py times the host and the device there.
 Then it checks that the replayed step equals the eager one bit for bit (CPU): the losses, the weights and the
 stores after the same steps from the same weights.
+
+--gpu-paths counts, without running them, the device calls of the step a GPU records: the GEMM path with the GPU's
+chunking (a whole batch a GEMM) and the cuDNN path with a stand-in for each conv's graphs that issues one call an
+execute, as cuDNN's does (building real graphs needs a GPU). The counts are the recorded programs' lengths.
 """
 import argparse
+import collections
 import cProfile
 import pstats
 import statistics
@@ -99,6 +105,39 @@ def measure(model, args, rng):
     return rows, steps
 
 
+def gpu_path_calls(model, args):
+    """{conv path: (calls a step, units, {call name: calls})} of the replayed step recorded as a GPU records it."""
+    from minibp.layers import conv, conv_cudnn
+
+    class StandIn:  # a conv's three cuDNN graphs: one issued call an execute
+        workspace_bytes = 1
+
+        def __init__(self, batch):
+            self.batch = batch
+
+        def _execute(self, name):
+            program.issue(f"cudnn {name}", lambda: None)
+
+        forward = lambda self, *a, **k: self._execute("fprop")            # noqa: E731
+        backward_data = lambda self, *a, **k: self._execute("dgrad")      # noqa: E731
+        backward_weights = lambda self, *a, **k: self._execute("wgrad")   # noqa: E731
+
+    saved = conv.Conv2D._images_per_chunk, conv_cudnn.net_graphs
+    conv.Conv2D._images_per_chunk = lambda self, n: n  # the GPU's: one chunk, one GEMM
+    conv_cudnn.net_graphs = lambda units, *, batch, dtype, tf32: {
+        c: StandIn(batch) for u in units if not u.is_classifier for c in u.convs()}
+    counts = {}
+    try:
+        for path in ("gemm", "cudnn"):
+            _, step = build(model, batch=args.batch, bits=args.bits, conv=path)
+            step._images[...] = 0
+            recorded = step._step_program()
+            counts[path] = (len(recorded), len(step.net.units), collections.Counter(recorded.names))
+    finally:
+        conv.Conv2D._images_per_chunk, conv_cudnn.net_graphs = saved
+    return counts
+
+
 def same_steps(steps):
     """Whether the replayed net's state and stores equal the eager one's (both took the same steps)."""
     eager, replayed = (steps[mode].net for mode in MODES)
@@ -120,9 +159,18 @@ def main(argv=None):
     parser.add_argument("--conv", default="auto", help="the convolutions' path (default auto)")
     parser.add_argument("--rounds", type=int, default=2, help="timed steps a mode (default 2)")
     parser.add_argument("--quick", action="store_true", help="resnet11, batch 8, 1 round")
+    parser.add_argument("--gpu-paths", action="store_true", help="count the calls of the GPU's recorded steps")
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.batch, args.rounds = "resnet11", 8, 1
+    if args.gpu_paths:
+        print(f"bench/step.py --gpu-paths, {time.strftime('%Y-%m-%d')}: the replayed step as a GPU records it (not "
+              f"run), batch {args.batch}, bits {args.bits}")
+        for model in args.models.split(","):
+            for path, (calls, units, names) in gpu_path_calls(model, args).items():
+                top = ", ".join(f"{name} {n / units:.2f}" for name, n in names.most_common(8))
+                print(f"{model:<11} {path:<6} {calls:>6,} device calls, {calls / units:.2f} a unit: {top}")
+        return
     print(f"bench/step.py, {time.strftime('%Y-%m-%d')}: {backend.device}, {cpu_model()}; batch {args.batch}, bits "
           f"{args.bits}, conv {args.conv}, {args.rounds} rounds")
     print(f"{'model':<11} {'mode':<9} {'device calls':>12} {'a unit':>7} {'Python calls':>12} {'step ms':>9} "
