@@ -89,6 +89,12 @@ class Cublas:
         self._scalars = {np.float32: (ctypes.c_float(1), ctypes.c_float(0)),
                          np.float64: (ctypes.c_double(1), ctypes.c_double(0))}
 
+    def __del__(self):
+        try:  # a net's binding goes with its arena (a recompile makes another)
+            self.library.cublasDestroy_v2(self.handle)
+        except Exception:  # (at the interpreter's exit the library may be gone first)
+            pass
+
     @classmethod
     def loaded(cls, *, workspace):
         """A binding on the libcublas that CuPy loaded (GPU only)."""

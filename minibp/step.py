@@ -54,9 +54,11 @@ def graph_capture_refused():
     if backend.device != "gpu":
         return "CUDA graphs need a GPU"
     xp = backend.xp
+    pool = xp.cuda.MemoryPool()  # its own: what the question allocates goes with it, not into the net's pool
     try:
-        stream, a = xp.cuda.Stream(non_blocking=True), xp.ones((2, 2), np.float32)
-        out, workspace = xp.empty_like(a), xp.empty(blas.WORKSPACE_BYTES, np.uint8)
+        with xp.cuda.using_allocator(pool.malloc):
+            stream, a = xp.cuda.Stream(non_blocking=True), xp.ones((2, 2), np.float32)
+            out, workspace = xp.empty_like(a), xp.empty(blas.WORKSPACE_BYTES, np.uint8)
         binding = blas.Cublas.loaded(workspace=workspace)
     except Exception as e:
         return f"{type(e).__name__}: {e}"
@@ -130,6 +132,8 @@ class TrainStep:
         if not self.replay:
             return self._eager(images, labels, lr, first_draw)
         checks.check_labels(np.asarray(labels), len(labels), self.net.classes)  # on the host: no device sync
+        if self.graph:  # the last step's graph may still be copying from the staging buffers
+            self.stream.synchronize()
         self._images[...] = backend.to_host(images)
         self._labels[...] = backend.to_host(labels)
         if self.graph:

@@ -15,6 +15,7 @@ backward(dy, dx, step) reads dy = dL/dout, accumulates its parameter gradients (
 accumulate is False) and writes dx = dL/dx (dx None: not wanted). `step` carries the batch size, the mode, and
 views of the shared buffers (Step.shared).
 """
+import functools
 import math
 
 import numpy as np
@@ -247,14 +248,14 @@ class ReluConvUnit(Unit):
         if s.train:
             program.copy(self.own["store"][: x.size].reshape(x.shape), x)
         a = s.shared("a", self.in_shape)
-        program.issue("relu", xp.maximum, x, 0, a)
+        program.issue("relu", functools.partial(xp.maximum, out=a), x, 0)
         self.conv.forward(a, self.p["w"], self.p["bias"], out, col=s.shared("col"))
 
     def backward(self, dy, dx, s, *, residual_grad=None, shortcut_grad=None):
         xp = backend.xp
         x = self.own["store"][: elements(s.n, self.in_shape)].reshape((s.n,) + self.in_shape)
         a = s.shared("a", self.in_shape)
-        program.issue("relu", xp.maximum, x, 0, a)
+        program.issue("relu", functools.partial(xp.maximum, out=a), x, 0)
         if dx is not None:
             da = s.shared("da", self.in_shape)
             self.conv.backward_data(self.p["w"], dy, da, col=s.shared("col"))

@@ -63,6 +63,9 @@ class ColumnMajorBlas:
     def cublasCreate_v2(self, handle):
         return 0
 
+    def cublasDestroy_v2(self, handle):
+        return 0
+
     def cublasSetStream_v2(self, handle, stream):
         self.calls.append(("stream", stream.value))
         return 0
