@@ -302,3 +302,10 @@ def test_the_gpu_bench_says_it_needs_a_gpu():
     done = subprocess.run([sys.executable, "bench/gpu.py", "--models", "resnet11"], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "MINIBP_DEVICE": "cpu"})
     assert done.returncode == 2 and "needs a GPU" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_tf32_bench_emulates_the_rounding():
+    out = run("bench/tf32.py")
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("exact", "4 "))]
+    assert len(rows) == 4 and all(float(row[-1]) > 0 for row in rows)
