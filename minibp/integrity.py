@@ -5,15 +5,25 @@
     file_digest(path, "md5")            # of a file, read in blocks
     write_atomic(path, data)            # bytes or text, published whole
     with atomic_file(path) as tmp: ...  # the block writes the file named tmp; published whole when it ends
+    fd, made = open_own(path, os.O_RDWR, create=True)   # a file of minibp's own, never through a link
 
 A file is published whole: written under a temporary name beside it (`<name>.<random>.tmp`), fsync'd,
-given the mode of the file it replaces (a new file: the one the umask gives) and renamed over it, so an
+given the mode of the file it replaces (a new file: the one the umask gives, never writable by others) and
+renamed over it, so an
 interruption or a full disk at any moment leaves either the old file or the new one. A failed write
 removes its temporary file; one that a killed writer left behind is found by stale_temporaries.
+
+minibp never reads or writes a file of its own through a symbolic link, nor one that is not a regular file
+(a FIFO, a folder) or that has other names (a hard link): another user who can write a shared folder could
+plant one to make a trainer run as root write elsewhere. Such a file is refused (NotOwnFile, one line naming
+it); a new file is made with O_EXCL, and a temporary one is written through the descriptor that made it
+(/proc/self/fd/N), so a name swapped under the writer is never written through.
 """
 import contextlib
+import errno
 import hashlib
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -23,6 +33,14 @@ import numpy as np
 # RuntimeError where it has no closer one (NotImplementedError among them). MemoryError and KeyboardInterrupt
 # are none of them, and pass.
 HDF5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError)
+
+
+def stored_outside(dataset):
+    """Whether an HDF5 dataset's values live in other files (external or virtual storage), which reading it would
+    open: whatever file the reader may read, named by the file's writer. minibp reads no such dataset."""
+    from h5py import h5d
+    plist = dataset.id.get_create_plist()
+    return plist.get_layout() == h5d.VIRTUAL or plist.get_external_count() > 0
 
 
 def sha256_bytes(*parts):
@@ -47,6 +65,91 @@ def file_digest(path, algorithm="sha256"):
     return digest.hexdigest()
 
 
+class NotOwnFile(OSError, ValueError):
+    """A symbolic link, a file of other names (a hard link) or something other than a regular file (a FIFO, a
+    folder) where minibp reads or writes a file of its own: refused, never followed. Its str is one line. An
+    OSError (a write that fails on it fails as writes do) and a ValueError (a bad input found before any write:
+    the commands' exit status 2)."""
+
+    def __init__(self, path, what):
+        super().__init__(errno.ELOOP if what == LINK else errno.EINVAL,
+                         f"{path} is {what}, where minibp keeps a file of its own: it reads and writes no file through "
+                         f"a link, another name or anything but a regular file; remove it (rm {_quoted(path)})",
+                         str(path))
+
+    def __str__(self):
+        return self.strerror
+
+
+LINK = "a symbolic link"
+
+
+def _quoted(path):
+    text = str(path)
+    return text if all(c.isalnum() or c in "/._-+:@%" for c in text) else "'" + text.replace("'", "'\\''") + "'"
+
+
+def check_own(path, *, written=False):
+    """NotOwnFile unless nothing is at path or a regular file (looked at without following a link); written: to
+    be written in place, of one name too."""
+    try:
+        status = os.lstat(path)
+    except FileNotFoundError:
+        return
+    _check_status(path, status, written=written)
+
+
+def _check_status(path, status, *, written):
+    """written: the file is to be written in place, which a second name (a hard link) would see too."""
+    if stat.S_ISLNK(status.st_mode):
+        raise NotOwnFile(path, LINK)
+    if not stat.S_ISREG(status.st_mode):
+        raise NotOwnFile(path, "a folder" if stat.S_ISDIR(status.st_mode) else "not a regular file")
+    if written and status.st_nlink > 1:
+        others = status.st_nlink - 1
+        raise NotOwnFile(path, f"a file with {others} other name{'s' * (others > 1)} (a hard link)")
+
+
+def open_own(path, flags, *, create=False):
+    """(descriptor, made) of the regular file at path opened with flags (os.O_RDONLY, os.O_RDWR, ...), never
+    through a symbolic link and without waiting on a FIFO; create: a missing file is made (O_EXCL: by this
+    call, made=True; its mode new_file_mode's). NotOwnFile for anything but a regular file, or for writing,
+    one of other names too."""
+    flags |= os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    made = False
+    try:
+        if create:
+            try:
+                fd, made = os.open(path, flags | os.O_CREAT | os.O_EXCL, new_file_mode()), True
+            except FileExistsError:  # (a link is there too: O_EXCL never follows one)
+                fd = os.open(path, flags)
+        else:
+            fd = os.open(path, flags)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):  # a link; a folder; a FIFO without a reader
+            check_own(path)
+        raise
+    try:
+        _check_status(path, os.fstat(fd), written=bool(flags & (os.O_WRONLY | os.O_RDWR)))
+    except NotOwnFile:
+        os.close(fd)
+        raise
+    return fd, made
+
+
+def new_file_mode():
+    """The mode of a file minibp makes: the umask's, never writable by others (whatever the umask)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask & ~0o002
+
+
+def descriptor_path(fd, name):
+    """A path that opens the very file descriptor fd has open, whatever is at its name now (/proc/self/fd/N); the
+    name itself where there is no /proc."""
+    return f"/proc/self/fd/{fd}" if os.path.isdir("/proc/self/fd") else str(name)
+
+
 def stale_temporaries(path):
     """Temporary files that interrupted writes of `path` left behind (atomic_file's naming)."""
     path = Path(path)
@@ -54,28 +157,44 @@ def stale_temporaries(path):
 
 
 @contextlib.contextmanager
-def atomic_file(path):
-    """The name of a temporary file beside path (in a folder that exists) for the block to write; renamed
-    to path when the block ends without error, with path's mode (a new file: the one the umask gives),
-    removed otherwise."""
+def atomic_file(path, *, replace=True):
+    """A path for the block to write that opens a new temporary file beside path (in a folder that exists), the
+    very file made whatever is at its name meanwhile (descriptor_path); renamed to path when the block ends
+    without error, with path's mode (a new file: the one the umask gives), removed otherwise. NotOwnFile where
+    path is a link or not a regular file of one name; replace=False: FileExistsError where path is there (the
+    publication itself checks it: a file that appears meanwhile is never replaced)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    os.close(fd)
+    check_own(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")  # O_EXCL, mode 0600
+    made = os.fstat(fd)
     try:
-        yield tmp
-        with open(tmp, "rb") as written:  # on disk before the rename, so a crash cannot publish a hole
-            os.fsync(written.fileno())
+        yield descriptor_path(fd, tmp)
+        os.fsync(fd)  # on disk before the rename, so a crash cannot publish a hole
         try:
-            mode = os.stat(path).st_mode & 0o7777
+            mode = os.lstat(path).st_mode & 0o7777
         except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)  # mkstemp makes the file private
-        os.replace(tmp, path)
+            mode = new_file_mode()
+        os.fchmod(fd, mode)  # mkstemp makes the file private
+        if not _same_file(tmp, made):  # another's file at the temporary name: never published as ours
+            raise OSError(errno.ESTALE, "its temporary file was replaced while it was written", tmp)
+        check_own(path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # FileExistsError where path is there, whenever it appeared
     finally:
-        if os.path.exists(tmp):
+        if _same_file(tmp, made):  # only the file made: whatever else is at its name stays
             os.unlink(tmp)
+        os.close(fd)
+
+
+def _same_file(name, status):
+    """Whether the name holds the file of os.stat_result status (not following a link)."""
+    try:
+        now = os.lstat(name)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (status.st_dev, status.st_ino)
 
 
 def write_atomic(path, data):

@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+from .integrity import atomic_file
 from .run.options import add_option
 from .run.folder import numbered_records
 
@@ -119,13 +120,14 @@ def curves_figure(runs, *, labels=None):
 
 
 def save(fig, out):
-    """Write fig to out, with room for a legend outside its axes, and close it; the path written. Its
-    format is out's suffix's; out without one gets .png (as matplotlib would, but said here, so that the
-    path returned and printed is the file's)."""
+    """Write fig to out whole (integrity.atomic_file), with room for a legend outside its axes, and close it;
+    the path written. Its format is out's suffix's; out without one gets .png (as matplotlib would, but said
+    here, so that the path returned and printed is the file's)."""
     if not os.path.splitext(out)[1][1:]:
         out = Path(os.fspath(out).rstrip(".") + ".png")
-    try:
-        fig.savefig(out, dpi=90, bbox_inches="tight")
+    try:  # whole, never through a link (a run folder may be shared)
+        with atomic_file(out) as tmp, open(tmp, "wb") as f:
+            fig.savefig(f, format=os.path.splitext(out)[1][1:].lower(), dpi=90, bbox_inches="tight")
     finally:
         _pyplot().close(fig)
     return out

@@ -227,3 +227,33 @@ def test_an_old_format_checkpoint_not_in_its_flat_layout_is_named(tmp_path):
     with pytest.raises(ValueError, match="^" + re.escape(f"{path} is damaged: its params (")
                        + r"\d+,\), velocity \(\d+,\) and running \(\d+,\) are not the flat layout's"):
         checkpoint.restore(tiny_net().compile(batch=4, bits=4), checkpoint.load(path))
+
+
+@pytest.mark.parametrize("name", ["checkpoint.h5", "best.h5"])
+def test_a_checkpoint_is_never_read_through_a_link(tmp_path, data_dir, capsys, name):
+    # A link in a run folder to another checkpoint (another user's, or one the reader may read and its owner not)
+    assert train.main(base_args(tmp_path, iters=2, val_every=2, checkpoint_every=2)) == 0
+    assert train.main(base_args(tmp_path, out="other", iters=2, val_every=2, checkpoint_every=2)) == 0
+    path = tmp_path / "run" / name
+    path.unlink()
+    path.symlink_to(tmp_path / "other" / name)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        checkpoint.load(path)
+    capsys.readouterr()
+    assert evaluate.main([str(tmp_path / "run"), "--which", "last" if name == "checkpoint.h5" else "best"]) == 2
+    assert f"{path} is a symbolic link" in one_line_error(capsys.readouterr().err)
+
+
+def test_a_checkpoint_whose_arrays_live_in_another_file_is_refused(tmp_path, data_dir):
+    # HDF5's external storage reads any file the reader may; the oldest format has no checksum to stop it
+    assert train.main(base_args(tmp_path, iters=2, val_every=2, checkpoint_every=2)) == 0
+    path = tmp_path / "run" / "checkpoint.h5"
+    secret = tmp_path / "secret.raw"
+    with h5py.File(path, "r+") as f:
+        order = f["data_order"][...]
+        secret.write_bytes(order.tobytes())
+        del f["data_order"]
+        f.create_dataset("data_order", shape=order.shape, dtype=order.dtype, external=[(str(secret), 0, order.nbytes)])
+        f["data_order"].attrs["sha256"] = checkpoint.sha256(order)
+    with pytest.raises(ValueError, match="data_order is stored outside the file"):
+        checkpoint.load(path)

@@ -6,6 +6,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from minibp import backend, integrity, train
 from minibp.run import checkpoint
 from minibp.run.folder import MAX_LINE, MetricsLog
 from minibp.run.folder import read_metrics as read_metrics_file
+from minibp.run.session import Session
 from runs import ROOT, base_args, one_line_error, read_metrics, start_trainer, wait_for_lines
 
 
@@ -276,15 +278,15 @@ def test_read_metrics_refuses_an_overlong_line_without_reading_it_whole(tmp_path
         read_metrics_file(path)
 
 
-def test_a_resume_reads_an_endless_metrics_file_in_bounded_memory(tmp_path, data_dir, capsys):
-    # /dev/full reads as zeros without end: read whole, it grew the process until the kernel killed it.
+def test_a_resume_reads_a_huge_metrics_file_in_bounded_memory(tmp_path, data_dir, capsys):
+    # A terabyte of zeros (a sparse file): read whole, it grew the process until the kernel killed it.
     assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
     metrics = tmp_path / "run" / "metrics.jsonl"
-    metrics.unlink()
-    metrics.symlink_to("/dev/full")
+    lines = metrics.read_text().count("\n")
+    os.truncate(metrics, 1 << 40)
     capsys.readouterr()
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
-    assert f"{metrics}:1 is longer than {MAX_LINE} bytes" in one_line_error(capsys.readouterr().err)
+    assert f"{metrics}:{lines + 1} is longer than {MAX_LINE} bytes" in one_line_error(capsys.readouterr().err)
 
 
 def test_a_torn_last_line_is_still_dropped_when_blank_lines_follow(tmp_path, capsys):
@@ -292,3 +294,133 @@ def test_a_torn_last_line_is_still_dropped_when_blank_lines_follow(tmp_path, cap
     path.write_text('{"iter": 1}\n{"iter": 2, "lo\n\n')
     assert read_metrics_file(path) == [{"iter": 1}]
     assert f"{path}:2: dropping a torn last line" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- links and files of others
+
+# What another user who can write a shared run folder may put where minibp's own files go (issue 56): a link to
+# a victim file, a link to a file not there yet (open would create it), a second name of the victim (a hard
+# link), a FIFO (an open that would hang) or a folder.
+PLANTS = ("link", "dangling link", "hard link", "fifo", "folder")
+
+
+def plant(where, how, victim):
+    """Put `how` at the path `where` (removed first), aimed at the file `victim` (made with known bytes)."""
+    if where.is_dir() and not where.is_symlink():
+        shutil.rmtree(where)
+    elif os.path.lexists(where):
+        where.unlink()
+    if how != "dangling link":
+        victim.write_bytes(b"the victim's own bytes\n")
+    if how in ("link", "dangling link"):
+        where.symlink_to(victim)
+    elif how == "hard link":
+        os.link(victim, where)
+    elif how == "fifo":
+        os.mkfifo(where)
+    else:
+        where.mkdir()
+
+
+def untouched(victim, how):
+    return not victim.exists() if how == "dangling link" else victim.read_bytes() == b"the victim's own bytes\n"
+
+
+@pytest.mark.parametrize("name", ["lock", "checkpoint.h5", "best.h5", "metrics.jsonl"])
+@pytest.mark.parametrize("how", PLANTS)
+def test_a_resume_refuses_a_link_or_other_file_where_its_own_goes(tmp_path, data_dir, capsys, name, how):
+    # As seen: rm RUN/lock; ln -s /tmp/victim.txt RUN/lock; --resume exited 0 with the trainer's pid in the victim.
+    assert train.main(base_args(tmp_path, iters=2, val_every=2, checkpoint_every=2)) == 0
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    plant(run / name, how, victim)
+    capsys.readouterr()
+    code = run_with_timeout(["--out", str(run), "--resume", "--iters", "4"])
+    if how != "hard link" or name in ("lock", "metrics.jsonl"):  # (the others are renamed over, never written in)
+        assert code == 2
+        line = one_line_error(capsys.readouterr().err)
+        assert str(run / name) in line and ("symbolic link" in line or "not a regular file" in line
+                                            or "a folder" in line or "other name" in line), line
+    assert untouched(victim, how)
+
+
+@pytest.mark.parametrize("how", PLANTS)
+def test_a_fresh_run_refuses_a_link_or_other_file_where_its_lock_goes(tmp_path, data_dir, capsys, how):
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    run.mkdir()
+    plant(run / "lock", how, victim)
+    assert run_with_timeout(base_args(tmp_path, iters=2, val_every=2)) == 2
+    assert str(run / "lock") in one_line_error(capsys.readouterr().err)
+    assert untouched(victim, how)
+
+
+def run_with_timeout(argv, seconds=60):
+    """train.main(argv), failed by SIGALRM if it hangs (an open of a FIFO waits for a writer for ever)."""
+    def hung(*_):
+        raise AssertionError(f"the trainer hung: {argv}")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        return train.main(argv)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("how", ["link", "hard link", "fifo"])
+def test_a_file_planted_while_the_run_trains_is_refused_and_never_written_through(tmp_path, data_dir, capsys,
+                                                                                    monkeypatch, how):
+    # After the start's checks: each write of the checkpoint and the metrics refuses what is at its name then.
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    real = Session.save
+
+    def save(session, **kwargs):
+        if session.iteration == 4:
+            plant(run / "checkpoint.h5", how, victim)
+        return real(session, **kwargs)
+    monkeypatch.setattr(Session, "save", save)
+    code = run_with_timeout(base_args(tmp_path, iters=6, val_every=100, checkpoint_every=2))
+    if how == "hard link":  # renamed over: the other name keeps the victim's bytes
+        assert code == 0
+    else:
+        assert code == 1
+        line = one_line_error(capsys.readouterr().err)
+        assert f"cannot write {run / 'checkpoint.h5'}" in line and "previous checkpoint (iteration 2) is kept" in line
+    assert untouched(victim, how)
+
+
+@pytest.mark.parametrize("how", ["link", "dangling link", "hard link", "fifo"])
+def test_the_metrics_log_never_writes_through_a_link(tmp_path, how):
+    path, victim = tmp_path / "metrics.jsonl", tmp_path / "victim.txt"
+    plant(path, how, victim)
+    with pytest.raises(OSError, match="symbolic link|not a regular file|other name"):
+        run_with_timeout_call(lambda: MetricsLog(path).write(kind="train", iter=1))
+    assert untouched(victim, how)
+
+
+def run_with_timeout_call(call, seconds=30):
+    def hung(*_):
+        raise AssertionError("hung")
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        return call()
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_temporary_file_is_written_through_the_file_made_whatever_its_name_holds_later(tmp_path):
+    # Another user who can write the folder swaps the temporary name for a link between its creation and the
+    # write: the write (and the chmod that follows it) still goes to the file made, never through the link.
+    path, victim = tmp_path / "checkpoint.h5", tmp_path / "victim.txt"
+    victim.write_bytes(b"the victim's own bytes\n")
+    os.chmod(victim, 0o600)
+    with pytest.raises(OSError):  # the name it would publish is no longer its file: nothing published
+        with integrity.atomic_file(path) as tmp:
+            made = integrity.stale_temporaries(path)[0]
+            made.unlink()
+            made.symlink_to(victim)
+            with open(tmp, "wb") as f:
+                f.write(b"minibp's bytes")
+    assert victim.read_bytes() == b"the victim's own bytes\n" and victim.stat().st_mode & 0o777 == 0o600
+    assert not path.exists() and made.is_symlink()  # what another put at the name is not removed either

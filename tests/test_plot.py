@@ -122,3 +122,17 @@ def test_a_failed_validation_has_no_point_and_does_not_stop_the_plot(tmp_path):
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert [r["iter"] for r in plot.curve_records(run / "metrics.jsonl")] == [1, 1]
     assert plot.plot_runs([run], out=tmp_path / "c.png") == tmp_path / "c.png"
+
+
+def test_a_plot_is_written_whole_and_never_through_a_link(tmp_path, capsys):
+    _fake_run(tmp_path / "a", [2.0, 1.5])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the victim's own\n")
+    (tmp_path / "a" / "curves.png").symlink_to(victim)
+    assert plot.main([str(tmp_path / "a")]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'a' / 'curves.png'} is a symbolic link" in err and err.count("\n") == 1
+    assert victim.read_text() == "the victim's own\n"
+    (tmp_path / "a" / "curves.png").unlink()
+    assert plot.main([str(tmp_path / "a")]) == 0
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["curves.png", "metrics.jsonl"]

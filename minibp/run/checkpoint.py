@@ -28,6 +28,7 @@ key) checked for type and shape, not only for its checksum.
 """
 import io
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,8 @@ import h5py
 import numpy as np
 
 from ..io.imagenet import READER
-from ..integrity import HDF5_ERRORS, sha256_array as sha256, sha256_bytes, write_atomic
+from ..integrity import (HDF5_ERRORS, NotOwnFile, descriptor_path, open_own, sha256_array as sha256, sha256_bytes,
+                         stored_outside, write_atomic)
 
 FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read
@@ -203,12 +205,34 @@ def save(path, net, *, iteration, config, data_state, class_names=None, data=Non
 
 
 def load(path):
-    """The Checkpoint at path, validated; a ValueError naming the file and the fault otherwise."""
+    """The Checkpoint at path, validated; a ValueError naming the file and the fault otherwise (NotOwnFile for a
+    link or anything but a regular file there: never read through)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
     try:
-        f = h5py.File(path, "r")
+        fd, _ = open_own(path, os.O_RDONLY)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no checkpoint at {path}") from None
+    except NotOwnFile:
+        raise
+    except OSError as e:
+        raise ValueError(f"{path} is not a readable minibp checkpoint ({e.strerror})") from None
+    try:
+        fmt, arrays, attrs = _read(path, descriptor_path(fd, path))  # the file opened, whatever its name holds now
+    finally:
+        os.close(fd)
+    try:
+        checkpoint = _validated(arrays, attrs, fmt=fmt)
+    except ValueError as e:
+        raise ValueError(f"{path} is damaged: {e}") from None
+    checkpoint.path = str(path)
+    return checkpoint
+
+
+def _read(path, name):
+    """(format, {name: (array, its sha256 attribute)}, attributes) of the checkpoint file opened at name, its
+    structure checked; path: the file's, for messages."""
+    try:
+        f = h5py.File(name, "r")
     except OSError as e:  # not HDF5, truncated, or not ours to read
         raise ValueError(f"{path} is not a readable minibp checkpoint ({e})") from None
     except HDF5_ERRORS as e:
@@ -228,20 +252,20 @@ def load(path):
             missing += [n for n in ATTRS + (("attrs_sha256",) if fmt == FORMAT else ()) if n not in f.attrs]
             if missing:
                 raise _Refused(f"lacks {', '.join(missing)}")
-            arrays = {}
-            f.visititems(lambda name, item: arrays.__setitem__(name, (item[...], item.attrs.get("sha256")))
-                         if isinstance(item, h5py.Dataset) else None)
+            datasets = {}
+            f.visititems(lambda name, item: datasets.__setitem__(name, item) if isinstance(item, h5py.Dataset)
+                         else None)
+            outside = [name for name, item in datasets.items() if stored_outside(item)]
+            if outside:
+                raise _Refused(f"is damaged: {outside[0]} is stored outside the file (HDF5 external or virtual "
+                               "storage), which minibp does not read")
+            arrays = {name: (item[...], item.attrs.get("sha256")) for name, item in datasets.items()}
             attrs = {k: f.attrs[k] for k in f.attrs}
     except _Refused as e:
         raise ValueError(f"{path} {e}") from None
     except HDF5_ERRORS as e:  # an open file whose insides HDF5 cannot parse (a zeroed block: RuntimeError)
         raise ValueError(f"{path} is damaged: HDF5 cannot read it ({e})") from None
-    try:
-        checkpoint = _validated(arrays, attrs, fmt=fmt)
-    except ValueError as e:
-        raise ValueError(f"{path} is damaged: {e}") from None
-    checkpoint.path = str(path)
-    return checkpoint
+    return fmt, arrays, attrs
 
 
 class _Refused(ValueError):

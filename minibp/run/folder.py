@@ -16,7 +16,13 @@
 flock locks the lock file's inode, not the folder: a lock file deleted (or the whole folder) lets another
 trainer lock a new one. So the owner checks, before every write, that OUT/lock is still the file it
 locked, and stops writing when it is not.
+
+A run folder may be shared (a lab's box, root training beside other users): every file here is opened without
+following a link, the lock and the metrics, written in place, made with O_EXCL where they are new, and a link,
+a FIFO or a hard link where one of them goes is refused in one line (integrity.open_own), at the start for all
+of them and at each write for the one written.
 """
+import contextlib
 import fcntl
 import json
 import os
@@ -24,9 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..integrity import stale_temporaries, write_atomic
+from ..integrity import NotOwnFile, check_own, open_own, stale_temporaries, write_atomic
 
 LOCK, CHECKPOINT, BEST, METRICS = "lock", "checkpoint.h5", "best.h5", "metrics.jsonl"
+HOLDER_BYTES = 1 << 16  # what is read of a lock file: a pid and a newline (anything longer is not a trainer's)
 
 
 class FolderLost(Exception):
@@ -47,32 +54,41 @@ class RunDir:
     def claim(cls, path, *, fresh, overwrite=False):
         """Lock the folder for this process. fresh: a new run, refused where a run already is unless
         overwrite (which removes its checkpoint and metrics). Stale temporary files of writers that died
-        are removed: under the lock no writer of this folder is alive."""
+        are removed: under the lock no writer of this folder is alive. A link or another file where one of
+        the run's files goes is refused (ValueError)."""
         path = Path(path)
-        made_folders = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
-        made_lock = not (path / LOCK).exists()
+        made_folders = [p for p in (path, *path.parents) if not os.path.lexists(p)]  # deepest first
         try:
-            path.mkdir(parents=True, exist_ok=True)
-            lock_file = open(path / LOCK, "a+")
+            for folder in reversed(made_folders):
+                os.mkdir(folder, 0o775)  # (the umask applies too): never writable by others
+            lock_fd, made_lock = open_own(path / LOCK, os.O_RDWR, create=True)
+        except NotOwnFile:
+            raise
         except OSError as e:
             raise ValueError(f"cannot use {path} as a run folder ({e.strerror})") from None
+        lock_file = open(lock_fd, "r+b", buffering=0)
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            lock_file.seek(0)
-            holder = lock_file.read().strip() or "unknown"
+            holder = os.pread(lock_fd, HOLDER_BYTES, 0).decode(errors="replace").strip()
             lock_file.close()
-            raise ValueError(f"{path} is in use by another trainer (pid {holder}); wait for it or choose "
+            raise ValueError(f"{path} is in use by another trainer ({_holder(holder)}); wait for it or choose "
                              "another --out") from None
-        old_lock = None if made_lock else (path / LOCK).read_bytes()
+        old_lock = None if made_lock else os.pread(lock_fd, HOLDER_BYTES, 0)
         run = cls(path, lock_file, made_folders=made_folders, made_lock=made_lock, old_lock=old_lock)
         try:
-            os.ftruncate(lock_file.fileno(), 0)  # unbuffered: a failed write leaves nothing for close to fail on
-            os.write(lock_file.fileno(), f"{os.getpid()}\n".encode())
+            os.ftruncate(lock_fd, 0)  # unbuffered: a failed write leaves nothing for close to fail on
+            os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
         except OSError as e:  # a full disk at the start: nothing of a run was written yet
             run.release()
             raise OSError(e.errno, f"cannot write {path / LOCK} ({e.strerror})") from None
-        for tmp in stale_temporaries(run.checkpoint_path) + stale_temporaries(run.metrics_path):
+        try:
+            for name in (CHECKPOINT, BEST, METRICS):
+                check_own(path / name, written=name == METRICS)
+        except NotOwnFile:
+            run.release()
+            raise
+        for tmp in [t for own in (CHECKPOINT, BEST, METRICS) for t in stale_temporaries(path / own)]:
             tmp.unlink()
         others = sorted(p.name for p in path.iterdir() if p.name != LOCK)
         if fresh and others:
@@ -90,8 +106,8 @@ class RunDir:
         self._wrote = True
         if self._overwrite:
             for path in (self.checkpoint_path, self.best_path, self.metrics_path):
-                if path.exists():
-                    path.unlink()
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()  # (a link itself, never what it points to)
             self._overwrite = False
 
     def check(self):
@@ -99,7 +115,7 @@ class RunDir:
         replaced (the folder deleted, or only the lock), another trainer may hold the folder."""
         held = os.fstat(self._lock_file.fileno())
         try:
-            now = os.stat(self.path / LOCK)
+            now = os.lstat(self.path / LOCK)
         except OSError:
             now = None
         if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
@@ -120,10 +136,24 @@ class RunDir:
                     folder.rmdir()  # refuses a folder that is not empty
             elif self._old_lock is not None:
                 os.ftruncate(self._lock_file.fileno(), 0)
-                os.write(self._lock_file.fileno(), self._old_lock)
+                os.pwrite(self._lock_file.fileno(), self._old_lock, 0)
         except (FolderLost, OSError):  # not ours any more, or no longer empty: left as it is
             pass
         self._lock_file.close()  # closing drops the flock
+
+
+def _holder(text):
+    """The lock's holder as a refusal names it: the pid the lock file holds, and where that process is gone,
+    that a process it started holds the lock still."""
+    if not text.isdigit() or len(text) > 10:
+        return f"pid {text[:20] or 'unknown'}"
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return f"pid {text}, which has exited: a process it started holds the lock still"
+    except OSError:  # another user's process: it is there
+        pass
+    return f"pid {text}"
 
 
 class MetricsLog:
@@ -138,8 +168,9 @@ class MetricsLog:
             kept = [r for r in read_metrics(self.path) if r.get("iter", 0) <= keep_through]
             self._check()
             write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-        self.file = open(self.path, "ab", buffering=0)
-        self._watched = self.path != Path(os.devnull)
+        self._watched = self.path != Path(os.devnull)  # (the ranks but rank 0 write there)
+        self.file = open(open_own(self.path, os.O_WRONLY | os.O_APPEND, create=True)[0] if self._watched
+                         else os.devnull, "ab", buffering=0)
 
     def write(self, **record):
         """Append a record, stamped with the wall-clock time (Unix seconds) as its field "time". An OSError
@@ -148,7 +179,7 @@ class MetricsLog:
         if self._watched:
             held = os.fstat(self.file.fileno())
             try:
-                now = os.stat(self.path)
+                now = os.lstat(self.path)
             except OSError:
                 now = None
             if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
@@ -170,13 +201,13 @@ def read_metrics(path):
 
 
 def numbered_records(path):
-    """(line number, record) of each record of a metrics file, read a line at a time (a file of any size,
-    even an endless one, is read in bounded memory). A torn last line (a crash or a full disk mid-write) is
+    """(line number, record) of each record of a metrics file, read a line at a time (a file of any size is
+    read in bounded memory; NotOwnFile for a link, a FIFO or a device). A torn last line (a crash or a full disk mid-write) is
     dropped with a warning; damage anywhere else, or a line longer than MAX_LINE bytes, is a ValueError
     naming the file and the line."""
     path = Path(path)
     records, torn = [], None  # torn: the number of a line that did not parse, kept until a later line shows
-    with open(path, "rb") as f:  # it was not the last
+    with open(open_own(path, os.O_RDONLY)[0], "rb") as f:  # it was not the last
         for number, line in enumerate(iter(lambda: f.readline(MAX_LINE + 1), b""), 1):
             if len(line) > MAX_LINE:
                 raise ValueError(f"{path}:{number} is longer than {MAX_LINE} bytes: the metrics file is damaged")

@@ -239,7 +239,7 @@ class Session:
     def best_so_far(self):
         """The validation accuracy of the run's best.h5 (None: none yet, or a fresh run). A best.h5 that
         cannot be read is replaced by the next validation, with a warning."""
-        if self.saved is None or not self.run.best_path.exists():
+        if self.saved is None or not os.path.lexists(self.run.best_path):
             return None
         try:
             best = checkpoint.load(self.run.best_path)

@@ -12,6 +12,7 @@ training images' mean (/preprocess/mean). Preprocessing is the trainer's, and on
 predict refuses images that are not raw (another dtype than uint8, or another (H, W, C) than the run's), so
 a net is never silently fed images prepared another way; net.predict takes images already normalised.
 """
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,10 +70,11 @@ def checkpoint_path(run, which=None):
     if which not in (None, "best", "last"):
         raise ValueError(f"which is 'best', 'last' or None, got {which!r}")
     best, last = run / "best.h5", run / "checkpoint.h5"
-    if which == "best" and not best.is_file():
+    has_best = os.path.lexists(best)  # (a link there too: load refuses it, never reads through it)
+    if which == "best" and not has_best:
         raise FileNotFoundError(f"{run} has no best.h5: it is written at each validation that beats the run's "
                                 "best so far (which='last', --which last: its last checkpoint)")
-    return best if which == "best" or (which is None and best.is_file()) else last
+    return best if which == "best" or (which is None and has_best) else last
 
 
 def load(run, *, which=None, batch=256):
