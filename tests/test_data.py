@@ -156,6 +156,133 @@ def test_a_file_without_checksums_loads_with_one_warning(clean, capsys):
     assert len(train.images) == 6 and len(test.images) == 4
 
 
+def strip_root_checksum(f):
+    del f.attrs["sha256"]
+
+
+def strip_root_checksum_and_add_a_class(f):  # an 11-class edit of a 10-class file (here 5 -> 6)
+    del f.attrs["sha256"]
+    f.attrs["classes"] = 6
+
+
+def strip_a_split_checksum(f):
+    del f.attrs["sha256"], f["test"].attrs["labels_sha256"]
+
+
+def strip_every_split_checksum_but_one(f):
+    del f.attrs["sha256"]
+    for split, key in (("train", "images_sha256"), ("train", "labels_sha256"), ("test", "images_sha256")):
+        del f[split].attrs[key]
+
+
+@pytest.mark.parametrize("damage", [strip_root_checksum, strip_root_checksum_and_add_a_class, strip_a_split_checksum,
+                                    strip_every_split_checksum_but_one])
+def test_a_file_missing_some_of_its_checksums_is_damaged_not_older(clean, capsys, damage):
+    # data.write always writes every checksum: one missing where others are is damage, not an older format
+    with h5py.File(clean, "r+") as f:
+        damage(f)
+    for load in (data.load_dataset, lambda path: data.load_split(path, "train")):
+        with pytest.raises(ValueError, match=r"checksum.* missing.*damaged") as error:
+            load(clean)
+        assert str(error.value).startswith(f"{clean} (cifar10)") and "\n" not in str(error.value)
+
+
+def names_attr(value):
+    def damage(f):
+        f.attrs["class_names"] = value
+        reseal(f)
+    return damage
+
+
+@pytest.mark.parametrize("value, message", [
+    (np.array(["a", "b", "c"], dtype=h5py.string_dtype()), r"class_names has 3 names for 5 classes"),
+    (np.arange(5), r"class_names\[0\] is .*not a string"),
+    ("abcde", r"class_names must be a list of names, one per class"),
+    (np.array(["a", "b", "c", "d", "\0e"], dtype="S2"), r"class_names\[4\] holds a NUL character"),
+    (np.array([b"a", b"b", b"c", b"d", b"\xff"], dtype="S1"), r"class_names\[4\] is not valid UTF-8"),
+    (np.array([["a", "b", "c", "d", "e"]], dtype=h5py.string_dtype()), r"class_names must be a list of names"),
+])
+def test_the_reader_checks_class_names_as_the_writer_does(clean, value, message):
+    # 3 names for 10 classes, integers or the string 'abc' trained with exit 0 and a wrong minibp.load(...).class_names
+    with h5py.File(clean, "r+") as f:
+        names_attr(value)(f)
+    with pytest.raises(ValueError, match=message) as error:
+        data.load_dataset(clean)
+    assert str(error.value).startswith(f"{clean} (cifar10)") and "\n" not in str(error.value)
+
+
+def test_class_names_a_hand_written_file_stores_as_bytes_load(clean):
+    with h5py.File(clean, "r+") as f:
+        names_attr(np.array([b"a", b"b", b"c", b"d", b"e"]))(f)
+    assert data.load_split(clean, "test").class_names == ("a", "b", "c", "d", "e")
+
+
+def declared_not_stored(f):
+    """The train split declares a million images and stores none (a file of kilobytes)."""
+    for key, shape, chunks in (("images", (10**6, 8, 8, 3), (256, 8, 8, 3)), ("labels", (10**6,), (4096,))):
+        del f["train"][key]
+        f["train"].create_dataset(key, shape=shape, dtype=np.uint8 if key == "images" else np.int64, chunks=chunks)
+
+
+def partly_stored(f):
+    images = f["train/images"][...]
+    del f["train/images"], f["train/labels"]
+    f["train"].create_dataset("images", shape=(6000,) + images.shape[1:], dtype=np.uint8, chunks=(6,) + images.shape[1:])
+    f["train/images"][:6] = images  # one chunk of a thousand: the rest reads as zeros, never written
+    f["train/labels"] = np.zeros(6000, np.int64)
+
+
+def stored_outside(f):
+    """The train images read from another file (HDF5's external storage): never read."""
+    images = f["train/images"][...]
+    other = f.filename + ".raw"
+    with open(other, "wb") as raw:
+        raw.write(images.tobytes())
+    del f["train/images"]
+    f["train"].create_dataset("images", shape=images.shape, dtype=np.uint8, external=[(other, 0, images.nbytes)])
+
+
+@pytest.mark.parametrize("damage, message", [
+    (declared_not_stored, r"train images declare 1,000,000 images .* but the file stores"),
+    (partly_stored, r"train images declare 6,000 images .* but the file stores"),
+    (stored_outside, r"train images are stored outside the file"),
+])
+def test_a_split_the_file_does_not_hold_is_refused_before_it_is_read(clean, damage, message, monkeypatch):
+    with h5py.File(clean, "r+") as f:
+        damage(f)
+    monkeypatch.setattr(h5py.Dataset, "read_direct", lambda *a, **k: pytest.fail("read before the check"))
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", lambda *a, **k: pytest.fail("read before the check"))
+    with pytest.raises(ValueError, match=message) as error:
+        data.load_dataset(clean)
+    assert "\n" not in str(error.value)
+
+
+def test_a_split_larger_than_the_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    # compressed zeros: a small file whose splits are large in memory
+    path = make_file(tmp_path / "cifar10.h5")
+    monkeypatch.setattr(data, "host_memory", lambda: 500)  # bytes: the test split takes 800
+    with pytest.raises(ValueError, match=r"its train and test splits take .* in memory, more than the .* available"):
+        data.load_dataset(path)
+    with pytest.raises(ValueError, match=r"its test split takes .* in memory, more than the .* available"):
+        data.load_split(path, "test")
+
+
+def test_a_large_split_is_read_in_chunks_and_checked_whole(tmp_path, monkeypatch):
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (300, 8, 8, 3), dtype=np.uint8)
+    path = data.write(tmp_path / "mine.h5", train=(images, rng.integers(0, 3, 300)), test=(images[:4], [0, 1, 2, 0]),
+                      classes=3)
+    monkeypatch.setattr(data, "READ_BYTES", 1000)  # a few images a read
+    reads = []
+    real = h5py.Dataset.read_direct
+    monkeypatch.setattr(h5py.Dataset, "read_direct", lambda *a, **k: reads.append(1) or real(*a, **k))
+    assert np.array_equal(data.load_split(path, "train").images, images) and len(reads) > 40
+    with h5py.File(path, "r+") as f:
+        f["train/images"][299, 7, 7, 2] ^= 1  # in the last chunk read
+    with pytest.raises(ValueError, match="train images fail their SHA-256 check"):
+        data.load_split(path, "train")
+
+
 def test_write_stores_the_checksums_of_what_it_writes(clean):
     with h5py.File(clean, "r") as f:
         for split in ("train", "test"):
@@ -331,3 +458,16 @@ def test_the_old_import_keeps_working_for_a_release_with_a_deprecation_warning()
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "DeprecationWarning: minibp.data is now minibp.io.data (from minibp.io import data)" in done.stderr
+
+
+def test_the_docs_way_of_writing_a_file_by_hand_loads_checked_and_without_a_warning(tmp_path, monkeypatch, capsys):
+    text = (ROOT / "docs" / "data.md").read_text()
+    code = text.split("## Writing one by hand", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    rng = np.random.default_rng(0)
+    arrays = dict(train_images=rng.integers(0, 256, (6, 8, 8, 3), dtype=np.uint8), train_labels=rng.integers(0, 10, 6),
+                  test_images=rng.integers(0, 256, (4, 8, 8, 3), dtype=np.uint8), test_labels=rng.integers(0, 10, 4))
+    (tmp_path / "mydata").mkdir()
+    monkeypatch.chdir(tmp_path)
+    exec(code, dict(arrays))
+    train, test = data.load_dataset(tmp_path / "mydata" / "cifar10.h5")
+    assert train.sha256 and np.array_equal(test.images, arrays["test_images"]) and capsys.readouterr().err == ""

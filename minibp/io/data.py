@@ -25,6 +25,7 @@ window of the original size; flip, horizontally with probability 1/2. The order 
 from one seeded generator whose state is part of `state()`, so a resumed run sees exactly the batches an
 uninterrupted one would.
 """
+import hashlib
 import io
 import json
 import os
@@ -37,7 +38,8 @@ import h5py
 import numpy as np
 
 from .. import backend
-from ..integrity import atomic_file, sha256_array
+from ..arena import format_bytes
+from ..integrity import atomic_file, sha256_array, stored_outside
 from . import images as image_files
 
 PREPARE = "python3 -m minibp.prepare"
@@ -334,6 +336,18 @@ def has_split(path, split):
 
 
 _unverifiable_warned = set()  # files already reported as carrying no checksums
+READ_BYTES = 64 << 20  # the most of a split read at once, its checksum summed as it comes
+CHECKSUMS = ("images_sha256", "labels_sha256")  # a split's
+
+
+def host_memory():
+    """Bytes the host can allocate now (MemAvailable), or None where the system does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
 
 
 def _load(path, splits):
@@ -349,47 +363,130 @@ def _load(path, splits):
             name = _text(f.attrs.get("name", path.stem))
             where = f"{path} ({name})"
             bad = lambda problem: ValueError(f"{where}: {problem}: {again}")  # noqa: E731
-            if "classes" not in f.attrs:
-                raise bad("no 'classes' attribute")
-            classes = f.attrs["classes"]
-            present = [split for split in SPLITS if split != "val" or "val" in f]
-            problem = _format_problem(classes, {split: _datasets(f, split, bad) for split in present})
+            present = _structure(f, splits, where, bad)
+            root = {k: f.attrs[k] for k in f.attrs}
+            classes, verified = int(root["classes"]), _checked_root(f, root, present, bad)
+            class_names, problem = _class_names(root.get("class_names"), classes)
+            problem = problem or next(filter(None, (_stored_problem(f"{split} {key}", f[split][key])
+                                                    for split in splits for key in ("images", "labels"))), None)
             if problem:
                 raise bad(problem)
-            if "val" in splits and "val" not in present:
-                raise ValueError(f"{where} has no val split (it holds {', '.join(present)}): write one with "
-                                 "minibp.io.data.write(..., val=...), or hold one out with --val-split")
-            result, unverified = [], []
-            root = {k: f.attrs[k] for k in f.attrs}
-            if "sha256" not in root:
-                unverified.append("attributes")
-            elif _text(root["sha256"]) != root_sha256(root, {s: {k: _text(f[s].attrs.get(k, "")) for k in (
-                    "images_sha256", "labels_sha256")} for s in present}):
-                raise bad("its attributes (classes, names, checksums) fail their SHA-256 check (the file is damaged)")
-            class_names = tuple(_text(n) for n in root["class_names"]) if "class_names" in root else None
-            for split in splits:
-                group = f[split]
-                images, labels = group["images"][...], group["labels"][...]
-                for key, digest in split_checksums(images, labels).items():
-                    array = key.removesuffix("_sha256")
-                    if key not in group.attrs:
-                        unverified.append(f"{split} {array}")
-                    elif _text(group.attrs[key]) != digest:
-                        raise bad(f"{split} {array} fail their SHA-256 check (the file is damaged)")
-                problem = _labels_problem(split, labels, classes)
-                if problem:
-                    raise bad(problem)
-                sha = _text(root["sha256"]) if "sha256" in root else None
-                result.append(Split(images, labels.astype(np.int64), int(classes), name, part=split,
-                                    class_names=class_names, sha256=sha))
+            _check_memory(where, [f[split] for split in splits])
+            sha = _text(root["sha256"]) if verified else None
+            result = [Split(*_read_split(f[split], split, classes, bad), int(classes), name, part=split,
+                            class_names=class_names, sha256=sha) for split in splits]
     except OSError as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a readable HDF5 file ({why}): {again}") from None
-    if unverified and path.resolve() not in _unverifiable_warned:
+    if not verified and path.resolve() not in _unverifiable_warned:
         _unverifiable_warned.add(path.resolve())
-        print(f"warning: {where} has no SHA-256 checksums for its {', '.join(unverified)} (written by an older "
-              f"minibp), so damage to them cannot be detected; {again}", file=sys.stderr)
+        print(f"warning: {where} has no SHA-256 checksums (written by an older minibp), so damage to it cannot be "
+              f"detected; {again}", file=sys.stderr)
     return result
+
+
+def _structure(f, splits, where, bad):
+    """The splits a file holds, once its structure is checked whole (the groups, the datasets' dtypes and shapes,
+    the class count) and holds the splits asked for."""
+    if "classes" not in f.attrs:
+        raise bad("no 'classes' attribute")
+    present = [split for split in SPLITS if split != "val" or "val" in f]
+    problem = _format_problem(f.attrs["classes"], {split: _datasets(f, split, bad) for split in present})
+    if problem:
+        raise bad(problem)
+    if "val" in splits and "val" not in present:
+        raise ValueError(f"{where} has no val split (it holds {', '.join(present)}): write one with "
+                         "minibp.io.data.write(..., val=...), or hold one out with --val-split")
+    return present
+
+
+def _checked_root(f, root, present, bad):
+    """Whether the file carries its checksums, its root's checked: data.write writes every one (the root's and
+    each split's two), so one missing where others are is damage; a file with none is of an older format."""
+    have = [k in f[split].attrs for split in present for k in CHECKSUMS] + ["sha256" in root]
+    if not any(have):
+        return False
+    missing = ([] if "sha256" in root else ["the root's sha256"]) + [
+        f"{split}'s {k}" for split in present for k in CHECKSUMS if k not in f[split].attrs]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise bad(f"its checksum {missing[0]}{more} is missing though the file carries others; data.write writes "
+                  "every one, so the file is damaged (or written by a minibp from before root checksums)")
+    if _text(root["sha256"]) != root_sha256(root, {s: {k: _text(f[s].attrs[k]) for k in CHECKSUMS} for s in present}):
+        raise bad("its attributes (classes, names, checksums) fail their SHA-256 check (the file is damaged)")
+    return True
+
+
+def _class_names(value, classes):
+    """(names or None, problem or None) of a file's class_names attribute, checked as write checks them: a list
+    of strings (UTF-8 bytes, as HDF5 may hold them, read as text), one per class."""
+    if value is None:
+        return None, None
+    if not isinstance(value, np.ndarray) or value.ndim != 1:
+        text = repr(value)
+        return None, (f"class_names must be a list of names, one per class, got "
+                      f"{text if len(text) <= 40 else text[:37] + '...'}")
+    if len(value) != classes:
+        return None, f"class_names has {len(value)} names for {classes} classes"
+    names = []
+    for i, item in enumerate(value.tolist()):
+        if isinstance(item, bytes):
+            try:
+                item = item.decode("utf-8")
+            except UnicodeDecodeError:
+                return None, f"class_names[{i}] is not valid UTF-8 ({item[:20]!r})"
+        if not isinstance(item, str):
+            return None, f"class_names[{i}] is {type(item).__name__} {item!r}, not a string"
+        problem = _string_problem(f"class_names[{i}]", item)
+        if problem:
+            return None, problem
+        names.append(item)
+    return tuple(names), None
+
+
+def _stored_problem(what, dataset):
+    """Why a dataset's values are not all in the file, or None: kept in other files (HDF5's external or virtual
+    storage, which would read any file the reader can), or declared and never written (they would read as
+    zeros: a file of kilobytes that declares gigabytes)."""
+    if stored_outside(dataset):
+        return f"{what} are stored outside the file (HDF5 external or virtual storage), which minibp does not read"
+    if dataset.id.get_space_status() != h5py.h5d.SPACE_STATUS_ALLOCATED:
+        kind = what.split()[-1]
+        return (f"{what} declare {len(dataset):,} {kind} ({format_bytes(dataset.nbytes)}) but the file stores "
+                f"{format_bytes(dataset.id.get_storage_size())} of them (never written, or cut short)")
+    return None
+
+
+def _check_memory(where, groups):
+    """A ValueError where the splits (their HDF5 groups) take more memory than the host has free."""
+    needed = sum(g["images"].nbytes + 8 * len(g["labels"]) for g in groups)  # labels read as int64
+    free = host_memory()
+    if free is not None and needed > free:
+        names = " and ".join(g.name.strip("/") for g in groups)
+        raise ValueError(f"{where}: its {names} split{'s take' if len(groups) > 1 else ' takes'} "
+                         f"{format_bytes(needed)} in memory, more than the {format_bytes(free)} available")
+
+
+def _read_split(group, split, classes, bad):
+    """(images, labels int64) of a split, read a part at a time (READ_BYTES), each array checked against its
+    checksum where the file has them, and the labels against the classes."""
+    arrays = []
+    for key in ("images", "labels"):
+        dataset, digest = group[key], hashlib.sha256()
+        array = np.empty(dataset.shape, dataset.dtype)
+        rows = max(1, READ_BYTES // max(1, array[:1].nbytes))
+        for start in range(0, len(array), rows):
+            part = np.s_[start:start + rows]
+            dataset.read_direct(array, part, part)
+            digest.update(array[part].data)  # (rows of a C-order array: its bytes in order)
+        if f"{key}_sha256" in group.attrs and _text(group.attrs[f"{key}_sha256"]) != digest.hexdigest():
+            raise bad(f"{split} {key} fail their SHA-256 check (the file is damaged)")
+        arrays.append(array)
+    images, labels = arrays
+    problem = _labels_problem(split, labels, classes)
+    if problem:
+        raise bad(problem)
+    return images, labels.astype(np.int64, copy=False)
 
 
 def _text(value):
