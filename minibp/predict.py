@@ -6,21 +6,28 @@
     python3 -m minibp.predict runs/mine shapes/test                 # a folder of them; CLASS/ subfolders: accuracy
     python3 -m minibp.predict runs/mine images.npy --out preds.csv  # index,class,name,probability per image
     python3 -m minibp.predict runs/mine images.npy --out preds.npz  # classes (N,), probabilities (N, classes)
+    python3 -m minibp.predict runs/mine images.npy --out preds.csv --overwrite   # replace the file written before
 
 The run's best.h5 is used where it has one (--which last: its checkpoint.h5), as evaluate does. Images go in
 raw, as the data file holds them; the run's own preprocessing is applied (run/trained.py). Image files are
 decoded as python3 -m minibp.prepare folder decodes them: grey or RGB as the run's images are, and resized to
 the run's H x W where they differ (said). A folder's images are read with its subfolders'; where every one lies
-in a subfolder named after one of the run's classes, that is its label, and the accuracy is printed. Exit
-status: 0 done, 1 a write failed, 2 a bad option or input file.
+in a subfolder named after one of the run's classes, that is its label, and the accuracy is printed. An .npy
+file is checked from its header before it is read (uint8 images, a size the file holds and the memory takes);
+nothing is ever unpickled. --out is written whole (a temporary file renamed), never over an existing file
+unless --overwrite, and never through a symbolic link. Exit status: 0 done, 1 a write failed, 2 a bad option or
+input file.
 """
 import argparse
 import csv
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from .arena import format_bytes
+from .integrity import atomic_file, check_own
 from .io import data
 from .io import images as image_files
 from .kernels import KernelError
@@ -35,12 +42,46 @@ def read_arrays(path, split):
     if not path.is_file():
         raise FileNotFoundError(f"no file {path}")
     if path.suffix == ".npy":
-        try:
-            return np.load(path, allow_pickle=False), None
-        except (ValueError, OSError) as e:
-            raise ValueError(f"{path} is not a NumPy array file ({e})") from None
+        return read_npy(path), None
     chosen = data.load_split(path, split)
     return chosen.images, chosen.labels
+
+
+IMAGES = "give raw uint8 images (N, H, W, C) or one image (H, W, C)"
+
+
+def read_npy(path):
+    """The uint8 images (N, H, W, C) or image (H, W, C) of an .npy file, its header checked before anything else
+    is read: a ValueError of one line for a file that is not one, or holds no such images, or declares more than
+    it holds or than the memory takes."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f"format {version[0]}.{version[1]}")
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, _, dtype = read_header(f)
+            held = os.fstat(f.fileno()).st_size - f.tell()
+    except (ValueError, OSError, EOFError) as e:  # (never numpy's advice on pickles: nothing is unpickled here)
+        why = str(e).split(";")[0].split("\n")[0]
+        raise ValueError(f"{path} is not a NumPy array file (.npy: {why})") from None
+    if dtype.hasobject:
+        raise ValueError(f"{path} holds Python objects ({dtype}), which minibp never reads: {IMAGES}")
+    if dtype != np.uint8:
+        raise ValueError(f"{path} holds {dtype} values: {IMAGES}, as the data file holds them")
+    if len(shape) not in (3, 4):
+        what = "a single value" if not shape else f"an array of {len(shape)} dimension{'s' * (len(shape) > 1)} {shape}"
+        raise ValueError(f"{path} holds {what}, not images: {IMAGES}")
+    declared = int(np.prod(shape, dtype=object))
+    if declared > held:
+        raise ValueError(f"{path} declares {shape} uint8 ({format_bytes(declared)}) but holds {format_bytes(held)}: "
+                         "it is cut short or damaged")
+    free = data.host_memory()
+    if free is not None and declared > free:
+        raise ValueError(f"{path} holds {format_bytes(declared)} of images, more than the {format_bytes(free)} of "
+                         "memory available: predict them in parts")
+    return np.load(path, allow_pickle=False)
 
 
 def list_images(inputs):
@@ -72,21 +113,32 @@ def read_images(found, shape, class_names):
     return images, labels, resized
 
 
-def write_predictions(path, classes, probabilities, names, files=None):
+def check_out(path, *, overwrite):
+    """A ValueError, before any work, for an --out that is not .csv or .npz, is a link or not a file, or exists
+    where overwrite is not given."""
+    if Path(path).suffix not in (".csv", ".npz"):
+        raise ValueError(f"--out {path}: give a .csv or an .npz file")
+    check_own(path)
+    if os.path.lexists(path) and not overwrite:
+        raise ValueError(f"--out {path} exists: give --overwrite to replace it, or another file")
+
+
+def write_predictions(path, classes, probabilities, names, files=None, *, overwrite=False):
     """--out: a CSV (index, class, name, probability of that class, and for image files the file) or an .npz
-    (classes, probabilities, and for image files files)."""
+    (classes, probabilities, and for image files files), written whole (integrity.atomic_file); FileExistsError
+    where overwrite is not given and a file is there."""
     path = Path(path)
     named = {} if files is None else dict(files=np.array(files))
-    if path.suffix == ".npz":
-        np.savez(path, classes=classes, probabilities=probabilities, **named)
-    elif path.suffix == ".csv":
-        with open(path, "w", newline="") as f:
-            out = csv.writer(f)
-            out.writerow(["index", "class", "name", "probability"] + ["file"] * bool(named))
-            for i, (c, p) in enumerate(zip(classes, probabilities)):
-                out.writerow([i, int(c), names[c] if names else "", f"{p[c]:.6f}"] + ([files[i]] if files else []))
-    else:
-        raise ValueError(f"--out {path}: give a .csv or an .npz file")
+    with atomic_file(path, replace=overwrite) as tmp:
+        if path.suffix == ".npz":
+            with open(tmp, "wb") as f:  # (a file: np.savez would add .npz to a name)
+                np.savez(f, classes=classes, probabilities=probabilities, **named)
+        else:
+            with open(tmp, "w", newline="") as f:
+                out = csv.writer(f)
+                out.writerow(["index", "class", "name", "probability"] + ["file"] * bool(named))
+                for i, (c, p) in enumerate(zip(classes, probabilities)):
+                    out.writerow([i, int(c), names[c] if names else "", f"{p[c]:.6f}"] + ([files[i]] if files else []))
 
 
 def parser():
@@ -99,6 +151,7 @@ def parser():
     p.add_argument("--which", choices=["best", "last"], help="best.h5 or checkpoint.h5 (default: best.h5 where "
                                                              "the run has one)")
     p.add_argument("--out", help="write the predictions: .csv (one row an image) or .npz (default: none)")
+    p.add_argument("--overwrite", action="store_true", help="replace an --out file that exists (default: refused)")
     p.add_argument("--batch", type=int, default=256, help="images a forward pass (default 256)")
     return p
 
@@ -110,8 +163,8 @@ def main(argv=None):
     try:
         if args.batch < 1:
             raise ValueError(f"--batch must be positive, got {args.batch}")
-        if args.out and Path(args.out).suffix not in (".csv", ".npz"):
-            raise ValueError(f"--out {args.out}: give a .csv or an .npz file")
+        if args.out:
+            check_out(args.out, overwrite=args.overwrite)
         if arrays and len(args.inputs) > 1:
             raise ValueError(f"give one .npy or .h5 file alone, or image files and folders ({arrays[0]} is among "
                              f"{len(args.inputs)} inputs)")
@@ -132,7 +185,11 @@ def main(argv=None):
     report(model, classes, probabilities, labels, files, args)
     if args.out:
         try:
-            write_predictions(args.out, classes, probabilities, model.class_names, files)
+            write_predictions(args.out, classes, probabilities, model.class_names, files, overwrite=args.overwrite)
+        except FileExistsError:
+            print(f"error: --out {args.out} appeared while predict ran: nothing written over it (--overwrite "
+                  "replaces it)", file=sys.stderr)
+            return 2
         except OSError as e:
             print(f"error: cannot write {args.out} ({e.strerror or e})", file=sys.stderr)
             return 1

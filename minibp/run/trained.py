@@ -54,7 +54,12 @@ class Trained:
     def predict(self, images):
         """(classes (N,) int64, probabilities (N, classes) float64) of raw images (uint8 (N, H, W, C), or one
         image (H, W, C)): the softmax of the logits, each row summing to 1."""
-        logits = self.net.predict(backend.xp.asarray(self.preprocess(images))).astype(np.float64)
+        images = np.asarray(images)
+        step = self.net.batch  # a batch at a time: never a float copy of them all (4 bytes a pixel)
+        parts = [self.net.predict(backend.xp.asarray(self.preprocess(images[start:start + step])))
+                 for start in range(0, max(len(images), 1), step)] if images.ndim == 4 else \
+            [self.net.predict(backend.xp.asarray(self.preprocess(images)))]
+        logits = np.concatenate(parts).astype(np.float64)
         shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
         return logits.argmax(axis=1), shifted / shifted.sum(axis=1, keepdims=True)
 
