@@ -180,6 +180,8 @@ class Net(Chain):
         else:  # the net's own state, as it is (a diverged one says so at its next forward)
             table.set_state(self.units, self.arena, kept, require_finite=False)
         self._n = 0
+        for kind in ("forward", "loss", "backward") if training else ("evaluate",):  # every call checked and bound
+            self.program(kind, batch)
         return self
 
     def initialize(self, *, seed=0):
@@ -265,8 +267,8 @@ class Net(Chain):
         forward: the statistics, the running ones, the stores), "evaluate" (the running statistics), "loss" (the
         loss of the logits into arena["loss"], its sums over a step's sub-batches added to with accumulate) or
         "backward" (the loss's gradient, scaled by loss_scale, and every unit's, reading the stores; the gradients
-        added to, or with accumulate=False set). Recorded at its first
-        use (every call's arguments checked then), replayed after; a compile, or defer_running, records anew."""
+        added to, or with accumulate=False set). Recorded at its first use, every call's arguments checked then
+        (a compile records its batch's passes), and replayed after; a compile, or defer_running, records anew."""
         if kind not in self.PASSES:
             raise ValueError(f"a pass is one of {', '.join(self.PASSES)}, got {kind!r}")
         self._check_compiled()

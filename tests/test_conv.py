@@ -277,8 +277,10 @@ def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_
     from minibp.layers import conv_cudnn
     from nets import small_net
     net = small_net()
+    nothing = lambda *args, **kwargs: None  # noqa: E731  (the graphs' executes: a compile records them)
     monkeypatch.setattr(conv_cudnn, "net_graphs", lambda units, *, batch, dtype, tf32: {
-        c: SimpleNamespace(workspace_bytes=1000 + i, batch=batch)
+        c: SimpleNamespace(workspace_bytes=1000 + i, batch=batch, forward=nothing, backward_data=nothing,
+                           backward_weights=nothing)
         for i, c in enumerate(c for u in units if not u.is_classifier for c in u.convs())})
     net.compile(batch=4, conv="cudnn")
     plan = net.arena.plan
