@@ -1,6 +1,7 @@
 """The run folder (minibp/run/folder.py) under hostile conditions: one trainer at a time, even with its lock or the whole
 folder deleted while it runs; a metrics log that holds each iteration once and names damage by file and line; a
 full disk; stale temporary files; and refused starts that must leave the disk as they found it."""
+import contextlib
 import errno
 import json
 import os
@@ -17,7 +18,7 @@ from minibp.run import checkpoint
 from minibp.run.folder import MAX_LINE, MetricsLog
 from minibp.run.folder import read_metrics as read_metrics_file
 from minibp.run.session import Session
-from runs import ROOT, base_args, one_line_error, read_metrics, start_trainer, wait_for_lines
+from runs import ROOT, base_args, one_line_error, read_metrics, running, start_trainer, wait_for_lines
 
 
 def stopped(process, timeout=60):
@@ -424,3 +425,46 @@ def test_a_temporary_file_is_written_through_the_file_made_whatever_its_name_hol
                 f.write(b"minibp's bytes")
     assert victim.read_bytes() == b"the victim's own bytes\n" and victim.stat().st_mode & 0o777 == 0o600
     assert not path.exists() and made.is_symlink()  # what another put at the name is not removed either
+
+
+FORKING_NET = '''
+import os, sys, time
+from minibp import models
+
+def build(*, input_shape, classes):
+    child = os.fork()
+    if child == 0:  # lives on after the trainer, as a worker the user's code started might
+        quiet = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):  # (not the trainer's output: its reader would wait for this one too)
+            os.dup2(quiet, fd)
+        with open(os.environ["CHILD_PID_FILE"], "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(60)
+        os._exit(0)
+    return models.by_name("resnet11", input_shape=input_shape, classes=classes)
+'''
+
+
+@pytest.mark.slow
+def test_a_child_the_model_function_forks_does_not_hold_the_folders_lock(tmp_path, data_dir):
+    # As seen: a model function that forks left a child holding the lock, and for 30 s every start was refused,
+    # naming a pid that had already exited. The lock is the trainer's process's alone.
+    (tmp_path / "net.py").write_text(FORKING_NET)
+    env = dict(os.environ, CHILD_PID_FILE=str(tmp_path / "child.pid"))
+    argv = base_args(tmp_path, model=f"{tmp_path / 'net.py'}:build", iters=2, val_every=2)
+    first = subprocess.run([sys.executable, "-m", "minibp.train"] + argv, cwd=ROOT, env=env, capture_output=True,
+                           text=True, timeout=120)
+    children = []
+    try:
+        assert first.returncode == 0, first.stderr
+        wait_for_lines(tmp_path / "child.pid", 0, timeout=10)
+        children.append(int((tmp_path / "child.pid").read_text()))
+        assert running(children[-1])  # the fork lives on
+        again = subprocess.run([sys.executable, "-m", "minibp.train", "--out", str(tmp_path / "run"), "--resume",
+                                "--iters", "4"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0 and "in use" not in again.stderr, again.stderr
+        children.append(int((tmp_path / "child.pid").read_text()))
+    finally:
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

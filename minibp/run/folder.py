@@ -1,7 +1,8 @@
 """A run folder: one trainer at a time, and a metrics log that holds each iteration once.
 
     OUT/lock            flock'd by the trainer that owns the folder; holds its pid (the OS drops the
-                        lock when that process dies, however it dies)
+                        lock when that process dies, however it dies; a process forked from it, by
+                        the model's function say, lets go of its copy at once)
     OUT/checkpoint.h5   written atomically by checkpoint.save: the last state, which a resume continues
     OUT/best.h5         the same, of the validation with the best accuracy so far (minibp.load's default)
     OUT/metrics.jsonl   one JSON object a line, appended and flushed a record at a time, each with
@@ -28,6 +29,7 @@ import json
 import os
 import sys
 import time
+import weakref
 from pathlib import Path
 
 from ..integrity import NotOwnFile, check_own, open_own, stale_temporaries, write_atomic
@@ -40,13 +42,28 @@ class FolderLost(Exception):
     """The run folder or its lock file was removed or replaced while this trainer held it."""
 
 
+_HELD = weakref.WeakSet()  # the RunDirs whose lock this process holds
+
+
+def _let_go_in_child():
+    """In a process forked from a trainer (the model function's os.fork, a fork-started pool): drop its copy of
+    every lock's descriptor, which would hold the flock after the trainer ended. The trainer keeps its own."""
+    for run in list(_HELD):
+        run._let_go()
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
+
+
 class RunDir:
     def __init__(self, path, lock_file, *, made_folders=(), made_lock=False, old_lock=None):
         """made_folders (deepest first) and made_lock: what claim created, for release to take back; old_lock:
         the lock file's bytes before claim wrote its pid, which a start that wrote nothing puts back."""
         self.path, self._lock_file = Path(path), lock_file
         self._made_folders, self._made_lock, self._old_lock = list(made_folders), made_lock, old_lock
-        self._overwrite, self._wrote = False, False
+        self._overwrite, self._wrote, self._forked = False, False, False
+        if lock_file is not None:
+            _HELD.add(self)
         self.checkpoint_path, self.best_path, self.metrics_path = self.path / CHECKPOINT, self.path / BEST, \
             self.path / METRICS
 
@@ -110,9 +127,20 @@ class RunDir:
                     path.unlink()  # (a link itself, never what it points to)
             self._overwrite = False
 
+    def _let_go(self):
+        """This process is a fork of the one that holds the lock: close its copy of the descriptor (the flock
+        stays the holder's) and never write to the folder."""
+        self._lock_file.close()
+        self._lock_file, self._forked = None, True
+        _HELD.discard(self)
+
     def check(self):
         """Raise FolderLost unless OUT/lock is still the file this process locked: once it was removed or
-        replaced (the folder deleted, or only the lock), another trainer may hold the folder."""
+        replaced (the folder deleted, or only the lock), another trainer may hold the folder; or where this
+        process is a fork of the trainer, which holds the folder alone."""
+        if self._forked:
+            raise FolderLost(f"this process (pid {os.getpid()}) is a fork of the trainer that holds {self.path}: it "
+                             "writes nothing to it")
         held = os.fstat(self._lock_file.fileno())
         try:
             now = os.lstat(self.path / LOCK)
@@ -126,6 +154,9 @@ class RunDir:
     def release(self):
         """Drop the lock; a start refused before it wrote anything also removes the lock file and the
         folders that claim made, or puts back the lock file's old bytes, leaving the disk as it found it."""
+        if self._forked:  # a fork's: nothing of the folder is its to touch
+            return
+        _HELD.discard(self)
         try:
             self.check()
             if self._wrote:  # a run that started keeps its folder and lock
