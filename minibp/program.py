@@ -144,9 +144,14 @@ def fill(dst, value):
 def upload(dst, src):
     """dst[...] = src, a host array (pinned, on the GPU: the copy is then asynchronous, and a CUDA graph holds it)."""
     if backend.device == "gpu":
-        issue("upload", dst.set, src)
+        issue("upload", _upload, dst, src)
     else:
         issue("upload", backend.xp.copyto, dst, src)
+
+
+def _upload(dst, src):
+    # on the stream current at the call (a capture's): without a stream CuPy copies synchronously, which no graph holds
+    dst.set(src, stream=backend.xp.cuda.get_current_stream())
 
 
 def add(dst, src):
