@@ -81,10 +81,7 @@ class Cublas:
         self.library, self.workspace = library, workspace
         self.handle = ctypes.c_void_p()
         self._check("cublasCreate_v2", library.cublasCreate_v2(ctypes.byref(self.handle)))
-        if workspace is not None:
-            self._check("cublasSetWorkspace_v2", library.cublasSetWorkspace_v2(
-                self.handle, _pointer(workspace), ctypes.c_size_t(workspace.nbytes)))
-        self.stream = None
+        self.stream = None  # set at the first call: cuBLAS ties a workspace to the stream it was set with
         # alpha, beta as host values that live as long as the handle: a captured call reads them once, at capture
         self._scalars = {np.float32: (ctypes.c_float(1), ctypes.c_float(0)),
                          np.float64: (ctypes.c_double(1), ctypes.c_double(0))}
@@ -123,6 +120,9 @@ class Cublas:
         stream = self.current_stream()
         if stream != self.stream:  # follow CuPy's current stream
             self._check("cublasSetStream_v2", self.library.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream)))
+            if self.workspace is not None:  # (setting a stream puts cuBLAS back on its own workspace pool)
+                self._check("cublasSetWorkspace_v2", self.library.cublasSetWorkspace_v2(
+                    self.handle, _pointer(self.workspace), ctypes.c_size_t(self.workspace.nbytes)))
             self.stream = stream
         self._check("cublasGemmEx", self.library.cublasGemmEx(*arguments))
 
