@@ -252,10 +252,9 @@ class Net(Chain):
         n = images.shape[0]
         if not 1 <= n <= self.batch:
             raise ValueError(f"a batch of {n} images does not fit the {self.batch} the net was compiled for")
-        xp = backend.xp
-        xp.copyto(self.arena["input"][:n], xp.asarray(images))
+        _copy_in(self.arena["input"][:n], images)
         if labels is not None:
-            xp.copyto(self.arena["labels"][:n], xp.asarray(labels).astype(np.int64, copy=False))
+            _copy_in(self.arena["labels"][:n], labels.astype(np.int64, copy=False))
         return n
 
     # ------------------------------------------------------------------ the passes, recorded once
@@ -374,6 +373,15 @@ class Net(Chain):
     def _check_compiled(self):
         if self.arena is None:
             raise RuntimeError("compile the net first: net.compile(batch=..., bits=...)")
+
+
+def _copy_in(dst, src):
+    """dst[...] = src, src a host or device array: a host one straight into the device buffer (no temporary on the
+    device beside the plan)."""
+    if backend.device == "gpu" and isinstance(src, np.ndarray):
+        dst.set(np.ascontiguousarray(src))
+    else:
+        backend.xp.copyto(dst, src)
 
 
 def _check_optimizer(optimizer, grad_norm):
