@@ -468,3 +468,12 @@ def test_a_child_the_model_function_forks_does_not_hold_the_folders_lock(tmp_pat
         for pid in children:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_fresh_start_in_a_folder_with_a_run_says_what_overwrite_would_delete(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
+    (tmp_path / "run" / "checkpoint.h5").unlink()  # best.h5 alone: --resume continues it (test_reliability.py)
+    capsys.readouterr()
+    assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert "pass --resume to continue it" in line and line.endswith("which deletes best.h5, metrics.jsonl")

@@ -30,6 +30,80 @@ def test_divergence_keeps_the_last_good_checkpoint(tmp_path, data_dir, capsys, r
                        "--iters", str(saved.iteration + 2)]) == 0
 
 
+def params(path):
+    return {k: v for k, v in checkpoint.load(path).state.items() if k.startswith("params/")}
+
+
+def test_a_run_with_best_h5_and_no_checkpoint_resumes_from_it_and_loses_nothing(tmp_path, data_dir, capsys):
+    # --resume on a folder with best.h5 but no checkpoint.h5 advised --overwrite, which deletes that best.h5
+    assert train.main(base_args(tmp_path, out="straight", iters=8, val_every=2, checkpoint_every=100)) == 0
+    assert train.main(base_args(tmp_path, iters=6, val_every=2, checkpoint_every=100)) == 0
+    run = tmp_path / "run"
+    (run / "checkpoint.h5").unlink()
+    best = checkpoint.load(run / "best.h5")
+    capsys.readouterr()
+    assert train.main(["--out", str(run), "--resume", "--iters", "8"]) == 0
+    out = capsys.readouterr()
+    assert f"resumed from {run / 'best.h5'} at iteration {best.iteration}" in out.out and "--overwrite" not in out.err
+    # as if nothing had been lost: the weights of a run that went straight to iteration 8
+    assert all(np.array_equal(a, b) for a, b in zip(params(run / "checkpoint.h5").values(),
+                                                    params(tmp_path / "straight" / "checkpoint.h5").values()))
+
+
+def test_divergence_after_a_validation_never_advises_what_would_lose_best_h5(tmp_path, data_dir, capsys):
+    # validated at iteration 2, diverged before any checkpoint: the advice was --overwrite, losing best.h5
+    argv = base_args(tmp_path, iters=30, lr_schedule="0:0.05,3:1e30", checkpoint_every=100, val_every=2,
+                     log_every=1)
+    assert train.main(argv) == 1
+    line = one_line_error(capsys.readouterr().err)
+    run = tmp_path / "run"
+    best = checkpoint.load(run / "best.h5").validation
+    assert "--overwrite" not in line and "best.h5 (iteration 2" in line and "--resume --lr-schedule 0:0.005,3:" in line
+    assert not (run / "checkpoint.h5").exists()
+    # the advice works, and keeps the best weights until a better validation replaces them
+    assert train.main(["--out", str(run), "--resume", "--lr-schedule", "0:0.005", "--iters", "3"]) == 0
+    now = checkpoint.load(run / "best.h5").validation
+    assert (now["accuracy"], -now["loss"]) >= (best["accuracy"], -best["loss"])
+    assert checkpoint.load(run / "checkpoint.h5").iteration == 3
+
+
+def test_divergence_after_a_best_newer_than_the_checkpoint_resumes_from_it(tmp_path, data_dir, capsys):
+    # checkpoint at 3, best at 4, diverged after: resumed from iteration 3 at another rate, the run would have
+    # written its own validation of iteration 4 over best.h5's
+    argv = base_args(tmp_path, iters=30, lr_schedule="0:0.05,4:1e30", checkpoint_every=3, val_every=4, log_every=1)
+    assert train.main(argv) == 1
+    line = one_line_error(capsys.readouterr().err)
+    run = tmp_path / "run"
+    assert checkpoint.load(run / "checkpoint.h5").iteration == 3
+    assert "best.h5 (iteration 4" in line and "--resume --lr-schedule 0:0.005,4:" in line and "--overwrite" not in line
+    assert train.main(["--out", str(run), "--resume", "--lr-schedule", "0:0.005", "--iters", "6"]) == 0
+    assert f"resumed from {run / 'best.h5'} at iteration 4" in capsys.readouterr().out
+
+
+def damage_best(run):
+    with h5py.File(run / "best.h5", "r+") as f:
+        f["state/params"][next(iter(f["state/params"]))][...] *= 2  # its checksum no longer holds
+
+
+@pytest.mark.parametrize("how", ["damaged", "foreign", "not a checkpoint"])
+def test_a_resume_checks_best_h5_as_it_checks_the_checkpoint(tmp_path, data_dir, capsys, how):
+    assert train.main(base_args(tmp_path, iters=4, val_every=2, checkpoint_every=2)) == 0
+    run = tmp_path / "run"
+    if how == "damaged":
+        damage_best(run)
+    elif how == "foreign":  # another run's, of another seed
+        assert train.main(base_args(tmp_path, out="other", seed=1, iters=4, val_every=2, checkpoint_every=2)) == 0
+        (run / "best.h5").write_bytes((tmp_path / "other" / "best.h5").read_bytes())
+    else:
+        (run / "best.h5").write_bytes(b"not HDF5")
+    before = (run / "best.h5").read_bytes()
+    capsys.readouterr()
+    assert train.main(["--out", str(run), "--resume", "--iters", "6"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"{run / 'best.h5'}" in line and "move it out of" in line
+    assert (run / "best.h5").read_bytes() == before and checkpoint.load(run / "checkpoint.h5").iteration == 4
+
+
 def test_checkpointing_every_iteration_through_divergence_leaves_a_finite_checkpoint(tmp_path, data_dir, capsys):
     argv = base_args(tmp_path, iters=30, lr_schedule="0:0.05,5:1e6", checkpoint_every=1, log_every=1, val_every=100)
     assert train.main(argv) == 1

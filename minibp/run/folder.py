@@ -111,8 +111,10 @@ class RunDir:
         if fresh and others:
             if not overwrite:
                 run.release()
-                raise ValueError(f"{path} already holds a run ({', '.join(others)}): pass --resume to continue it, "
-                                 "--overwrite to start it again, or another --out")
+                lost = [name for name in (CHECKPOINT, BEST, METRICS) if name in others]
+                raise ValueError(f"{path} already holds a run ({', '.join(_shown(n) for n in others[:8])}"
+                                 f"{', ...' if len(others) > 8 else ''}): pass --resume to continue it, another --out, "
+                                 f"or --overwrite to start it again, which deletes {', '.join(lost) or 'none of it'}")
             run._overwrite = True  # removed by clear_overwritten, after the start's checks: a refused one keeps it
         return run
 
@@ -171,6 +173,11 @@ class RunDir:
         except (FolderLost, OSError):  # not ours any more, or no longer empty: left as it is
             pass
         self._lock_file.close()  # closing drops the flock
+
+
+def _shown(name, most=60):
+    """A file's name in a message, cut where it is long."""
+    return name if len(name) <= most else f"{name[:most - 3]}... ({len(name)} characters)"
 
 
 def _holder(text):

@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +47,7 @@ class Session:
                         f"mpirun -n {self.ranks} python3 -m minibp.train")
         self.saved = None       # the checkpoint resumed from ...
         self.saved_config = None  # ... and its configuration as saved (RunConfig), before the resume's changes
+        self.saved_best = None  # (iteration, validation) of the resumed run's best.h5, or None
         self.iteration = 0      # iterations done
         self.last_saved = None  # the iteration of the last checkpoint written (or resumed from); None: none yet
         self.signals = []       # SIGINT or SIGTERM received: the loop stops after its iteration
@@ -61,9 +63,9 @@ class Session:
         the one the spec names."""
         changed = {}
         if config is None:  # several ranks: rank 0 reads the checkpoint and sends it to the others
-            resume = functools.partial(startup.resumed, self.run.checkpoint_path, given, ranks=self.ranks)
-            self.saved, self.saved_config, config, changed = (resume() if self.group is None else
-                                                              self.group.on_rank_0(resume))
+            resume = functools.partial(startup.resumed, self.run.path, given, ranks=self.ranks)
+            self.saved, self.saved_best, self.saved_config, config, changed = (
+                resume() if self.group is None else self.group.on_rank_0(resume))
         self.config, saved = config, self.saved
         self.data = startup.load_data(config, saved, self.group)
         self.train_split, self.batches = self.data.train, self.data.batches
@@ -89,7 +91,9 @@ class Session:
         print(startup.header(config, self.net, self.step, self.data, ranks=self.ranks, started_from=self.started_from,
                              why=why))
         if saved:
-            print(f"resumed from {self.run.checkpoint_path} at iteration {self.iteration}"
+            newer = ("" if Path(saved.path).name != self.run.best_path.name else " (newer than its checkpoint.h5)"
+                     if os.path.lexists(self.run.checkpoint_path) else " (it has no checkpoint.h5)")
+            print(f"resumed from {saved.path} at iteration {self.iteration}{newer}"
                   + "".join(f"; {k} {old} -> {new}" for k, (old, new) in changed.items()))
 
     def train(self):
@@ -229,33 +233,20 @@ class Session:
     def standing(self):
         """(best, its iteration, validations since it) of the run so far (rank 0's files): best.h5's score and
         the validations the metrics hold after it, up to this iteration (a failed one counts as not better)."""
-        best = self.best_so_far()
-        if best is None or self.saved is None:
-            return best, self.best_iteration, 0
-        stale = sum(1 for r in read_metrics(self.run.metrics_path) if r.get("kind") == "val"
-                    and isinstance(r.get("iter"), int) and self.best_iteration < r["iter"] <= self.iteration)
-        return best, self.best_iteration, stale
+        if self.saved is None or self.saved_best is None:
+            return None, None, 0
+        iteration, validation = self.saved_best
+        stale = sum(1 for r in self.records() if r.get("kind") == "val"
+                    and isinstance(r.get("iter"), int) and iteration < r["iter"] <= self.iteration)
+        return (validation["accuracy"], -validation["loss"]), iteration, stale
 
-    def best_so_far(self):
-        """The validation accuracy of the run's best.h5 (None: none yet, or a fresh run). A best.h5 that
-        cannot be read is replaced by the next validation, with a warning."""
-        if self.saved is None or not os.path.lexists(self.run.best_path):
-            return None
-        try:
-            best = checkpoint.load(self.run.best_path)
-        except ValueError as e:
-            print(f"warning: {e}; the next validation writes a new best.h5", file=sys.stderr)
-            return None
-        accuracy, loss = ((best.validation or {}).get(k) for k in ("accuracy", "loss"))
-        if best.iteration > self.iteration or not all(isinstance(v, (int, float)) for v in (accuracy, loss)):
-            return None  # past the checkpoint resumed from: the resumed run scores that validation again
-        self.best_iteration = best.iteration
-        return accuracy, -loss
+    def records(self):
+        """The run's metrics records so far (none where it has no metrics file: killed before its first)."""
+        return read_metrics(self.run.metrics_path) if os.path.lexists(self.run.metrics_path) else []
 
     def unvalidated(self):
         """Whether the metrics lack this iteration's validation (rank 0's file)."""
-        return not any(r.get("kind") == "val" and r.get("iter") == self.iteration
-                       for r in read_metrics(self.run.metrics_path))
+        return not any(r.get("kind") == "val" and r.get("iter") == self.iteration for r in self.records())
 
     def save(self, *, path=None, validation=None):
         """A checkpoint of this iteration (rank 0 writes it; the others check the same state is finite): the
@@ -288,8 +279,14 @@ class Session:
                 + "".join(f" --{k.replace('_', '-')} {v}" for k, v in change.items()))
 
     def diverged(self, what):
-        """Diverged, saying what and how to go on: from the last good checkpoint with a lower rate."""
+        """Diverged, saying what and how to go on: from the last good state on disk (the last checkpoint, or
+        best.h5 where it is newer: a resume takes the newer) with a lower rate; never a command that loses
+        best.h5."""
         lower = self.config.schedule.divided(10)
+        if self.best_iteration is not None and (self.last_saved is None or self.best_iteration > self.last_saved):
+            return Diverged(f"training diverged {what}; the last good state is {self.run.best_path} (iteration "
+                            f"{self.best_iteration}, validation accuracy {self.best[0]:.4f}), which a resume "
+                            f"continues. Resume it with a lower learning rate: {self.resume_advice(lr_schedule=lower)}")
         if self.last_saved is None:
             again = (f"fit(..., overwrite=True, lr_schedule={lower!r})" if self.python else
                      f"{self.command} ... --overwrite --lr-schedule {lower}")

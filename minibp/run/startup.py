@@ -1,7 +1,7 @@
 """A training run's start-up, before its first iteration: what session.py's Session.start puts together, each
 piece a function of the configuration, so that the loop (session.py) holds only the loop.
 
-    saved, before, config, changed = resumed(path, given, ranks=1)   # a resume: the checkpoint and its options
+    saved, best, before, config, changed = resumed(folder, given, ranks=1)   # a resume: its state and options
     config = RunConfig.new(fine_tuned(given))      # a fresh run: --init-from's model where --model is not given
     run_data = load_data(config, saved, group)     # the data, its order restored on a resume
     net = build_net(config, run_data, saved)       # built as the spec says; on a resume, checked against it
@@ -11,6 +11,7 @@ piece a function of the configuration, so that the loop (session.py) holds only 
 
 Every check here runs before the first write to the run folder, so a refused start leaves the disk as it was.
 """
+import os
 import sys
 from pathlib import Path
 
@@ -20,21 +21,64 @@ from ..optim import SGD, AdamW
 from ..step import TrainStep
 from . import checkpoint, modelspec, splits
 from .config import RunConfig
+from .folder import BEST, CHECKPOINT
+from .options import DEFINING, option, option_fields
 from .sizing import compile_within_memory
 from .trained import checkpoint_path
 
 
-def resumed(path, given, *, ranks):
-    """(checkpoint, its configuration, the configuration resumed, changed options) of the run whose checkpoint
-    is at path, resumed with the options `given`."""
-    if not path.is_file():
-        raise FileNotFoundError(f"--resume: no checkpoint at {path} (a run stopped before its first checkpoint "
+def resumed(folder, given, *, ranks):
+    """(checkpoint, best, its configuration, the configuration resumed, changed options) of the run in `folder`
+    resumed with the options `given`: from its checkpoint.h5, or from its best.h5 where that is newer (a
+    validation after the last checkpoint) or the run has no checkpoint.h5 (it validated before its first one),
+    so that no state on disk is lost. best: (iteration, validation) of best.h5, or None; it is checked as the
+    checkpoint is, and refused where it is not this run's."""
+    last_path = Path(folder) / CHECKPOINT
+    last = checkpoint.load(last_path) if os.path.lexists(last_path) else None
+    best = _best(Path(folder) / BEST, last)
+    if last is None and best is None:
+        raise FileNotFoundError(f"--resume: no checkpoint at {last_path} (a run stopped before its first checkpoint "
                                 "starts again with --overwrite)")
-    saved = checkpoint.load(path)
+    saved = best if last is None or (best is not None and best.iteration > last.iteration) else last
     before = RunConfig.from_checkpoint(saved)
-    config, changed = before.resumed(given, ranks=ranks, iteration=saved.iteration, path=path)
+    config, changed = before.resumed(given, ranks=ranks, iteration=saved.iteration, path=saved.path)
     config.check_ranks(ranks)
-    return saved, before, config, changed
+    return saved, None if best is None else (best.iteration, best.validation), before, config, changed
+
+
+def _best(path, last):
+    """The run's best.h5 at path (None where there is none), checked as a checkpoint is, holding the score of
+    its validation, and, beside the run's checkpoint.h5 (last), of the same run: a ValueError otherwise, which
+    says how to resume without it and keep it."""
+    if not os.path.lexists(path):
+        return None
+    try:
+        best = checkpoint.load(path)
+        score = [(best.validation or {}).get(k) for k in ("accuracy", "loss")]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in score):
+            raise ValueError(f"{path} holds no validation's score: it is not a best.h5 minibp wrote")
+        if last is not None:
+            _check_same_run(best, last)
+    except ValueError as e:
+        raise ValueError(f"{e}; to resume without it, move it out of {path.parent} (it keeps its weights wherever "
+                         "it goes)") from None
+    return best
+
+
+def _check_same_run(best, last):
+    """A ValueError unless best.h5 (best) is of the run whose checkpoint.h5 is last: its defining options, its
+    data, its class names and its arrays' names and shapes."""
+    theirs, ours = RunConfig.from_checkpoint(best), RunConfig.from_checkpoint(last)
+    differ = [name for name, opt in option_fields(RunConfig) if opt.kind == DEFINING
+              and getattr(theirs, name) != getattr(ours, name)]
+    if differ:
+        raise ValueError(f"{best.path} is not this run's: its {option(differ[0])} is {getattr(theirs, differ[0])}, "
+                         f"{last.path}'s {getattr(ours, differ[0])}")
+    shapes = [{name: array.shape for name, array in c.state.items()} for c in (best, last)]
+    facts = [((c.data or {}).get("sha256"), c.class_names) for c in (best, last)]
+    if shapes[0] != shapes[1] or facts[0] != facts[1]:
+        what = "another net" if shapes[0] != shapes[1] else "a net trained on other data"
+        raise ValueError(f"{best.path} is not this run's: it holds {what} than {last.path}")
 
 
 def fine_tuned(given):
