@@ -124,9 +124,8 @@ def _fit_options(model, *, data, out, resume, overwrite, model_args, options):
         if not isinstance(value, (str, os.PathLike)) or str(value) == "":
             raise TypeError(f"fit()'s {name} is a {'data set name' if name == 'data' else 'run folder path'}, "
                             f"got {value!r}")
-    for name, value in dict(resume=resume, overwrite=overwrite).items():
-        if not isinstance(value, bool):
-            raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
+    resume, overwrite = (OPTIONS[name].from_python(name, value) for name, value in (("resume", resume),
+                                                                                    ("overwrite", overwrite)))
     if not isinstance(model_args or {}, dict):
         raise TypeError(f"model_args must be a dict of keyword arguments, got {type(model_args).__name__}")
     # each value as the command line would read its text, so that it is checked alike; None: the default

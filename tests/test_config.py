@@ -265,3 +265,35 @@ def test_docs_training_md_lists_every_option_fit_takes():
     listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
     own = {"data", "data_file", "out", "resume", "overwrite", "model"}  # fit's own arguments
     assert listed == set(OPTIONS) - own
+
+
+NUMPY_INTEGERS = (np.int64, np.int32, np.uint8)
+
+
+@pytest.mark.parametrize("name", [n for n, o in OPTIONS.items() if o.type in (int, float, bool) or n == "bits"])
+def test_fit_takes_numpy_scalars_for_every_option_as_their_python_values(name):
+    # fit(batch=np.int64(16)) said "--batch must be a positive integer, got np.int64(16)"; momentum=np.float64 passed
+    kind = OPTIONS[name].type
+    pairs = ([(t(4), "4") for t in NUMPY_INTEGERS] if name == "bits" else
+             [(np.bool_(True), True), (np.bool_(False), False)] if kind is bool else
+             [(t(3), 3) for t in NUMPY_INTEGERS] if kind is int else
+             [(np.float64(0.5), 0.5), (np.float32(0.25), 0.25), (np.int64(2), 2.0)])
+    for given, meant in pairs:
+        value = OPTIONS[name].from_python(name, given)
+        assert value == meant and type(value) is type(meant), (given, value)
+    bad = np.float64(2.5) if kind in (int, bool) or name == "bits" else np.str_("x")
+    try:  # what the command line would refuse, NumPy's or not: here, or by the option's check
+        value = OPTIONS[name].from_python(name, bad)
+    except (TypeError, ValueError):
+        return
+    assert not OPTIONS[name].check(value)
+
+
+def test_fit_trains_with_numpy_scalars_and_records_plain_values(tmp_path, data_dir):
+    net = train.fit("resnet11", data="cifar10", data_dir=str(data_dir), out=tmp_path / "run", batch=np.int64(16),
+                    iters=np.int32(2), seed=np.int64(1), momentum=np.float64(0.8), val_every=np.int64(2),
+                    weight_decay=np.float32(0.0), graph=np.bool_(False), resume=np.bool_(False))
+    config = checkpoint.load(tmp_path / "run" / "checkpoint.h5").config
+    assert (config["batch"], config["iters"], config["seed"], config["momentum"]) == (16, 2, 1, 0.8) and net.classes == 4
+    assert model_args(dict(width=np.int64(16), scale=np.float64(0.5), pool=np.str_("max"), flags=[np.bool_(True)])) \
+        == dict(width=16, scale=0.5, pool="max", flags=[True])

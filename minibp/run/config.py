@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 from ..io import data
 from ..quant import DEFAULT_WINDOW, Store
 from . import modelspec
@@ -198,9 +200,16 @@ def model_args(pairs):
         if name in recorded:
             raise ValueError(f"model argument {name} is given twice")
         try:
-            recorded[name] = json.loads(json.dumps(value, allow_nan=False))
+            recorded[name] = json.loads(json.dumps(value, allow_nan=False, default=_numpy_scalar))
         except (TypeError, ValueError):
             raise ValueError(f"model argument {name}={value!r} cannot be recorded in the checkpoint: give numbers, "
                              "strings, True, False, None, or lists and dicts of them") from None
     return recorded
 
+
+
+def _numpy_scalar(value):
+    """A NumPy scalar as the Python value it means (json.dumps' default); a TypeError for anything else."""
+    if isinstance(value, (np.bool_, np.number, np.str_)):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON")

@@ -70,6 +70,8 @@ class Option:
         """A value given from Python (fit's keyword `name`) as the command line would read its text: a TypeError
         for a value of another kind, a ValueError for one the choices lack."""
         flag = option(name)
+        if isinstance(value, (np.bool_, np.number, np.str_)):  # NumPy's scalars mean what Python's do
+            value = value.item()
         if self.type is bool:  # bool("False") is True: a switch takes True or False alone
             if not isinstance(value, bool):
                 raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
