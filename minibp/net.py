@@ -13,8 +13,9 @@
     logits = net.predict(images)                 # running statistics, no labels
 
 Each pass (a training forward, an evaluation forward, the loss, the backward) is recorded once as a program of
-bound device calls, at its first use for a batch size, and replayed (program.py): the API below runs those
-programs, and a training step (step.py) replays them in turn, on the GPU as one CUDA graph.
+bound device calls, when the net compiles (and at the first use of another batch size), and replayed
+(program.py): the API below runs those programs, and a training step (step.py) replays them in turn, on the GPU
+as one CUDA graph.
 
 Forward writes each unit's exact output into act0 and act1 in turn while the unit writes its store;
 backward walks the units in reverse, each restoring its activation from its store, the gradients
