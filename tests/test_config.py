@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import types
 from pathlib import Path
 
@@ -297,3 +298,49 @@ def test_fit_trains_with_numpy_scalars_and_records_plain_values(tmp_path, data_d
     assert (config["batch"], config["iters"], config["seed"], config["momentum"]) == (16, 2, 1, 0.8) and net.classes == 4
     assert model_args(dict(width=np.int64(16), scale=np.float64(0.5), pool=np.str_("max"), flags=[np.bool_(True)])) \
         == dict(width=16, scale=0.5, pool="max", flags=[True])
+
+
+@pytest.mark.parametrize("where", ["new", "command line", "fit", "resume"])
+def test_momentum_with_adamw_is_refused_not_ignored(tmp_path, data_dir, capsys, where):
+    # --momentum was ignored in silence under --optimizer adamw, yet a resume that changed it was refused
+    message = r"--momentum is SGD's: --optimizer adamw has none \(its betas are 0.9, 0.999\); leave --momentum out"
+    if where == "new":
+        with pytest.raises(ValueError, match=message):
+            RunConfig.new(dict(optimizer="adamw", momentum=0.9))
+        assert RunConfig.new(dict(optimizer="sgd", momentum=0.5)).momentum == 0.5
+        return
+    if where == "fit":
+        with pytest.raises(ValueError, match=message):
+            train.fit("resnet11", data="cifar10", data_dir=str(data_dir), out=tmp_path / "run", optimizer="adamw",
+                      momentum=np.float64(0.5), batch=16, iters=2, val_every=2)
+        assert not (tmp_path / "run").exists()
+        return
+    if where == "resume":
+        assert train.main(base_args(tmp_path, iters=2, val_every=2, optimizer="adamw", lr_schedule="0:0.001")) == 0
+        argv = ["--out", str(tmp_path / "run"), "--resume", "--iters", "4", "--momentum", "0.5"]
+    else:
+        argv = base_args(tmp_path, iters=2, optimizer="adamw", momentum=0.5)
+    capsys.readouterr()
+    assert train.main(argv) == 2
+    assert re.search(message, one_line_error(capsys.readouterr().err))
+    assert where == "resume" or not (tmp_path / "run").exists()
+
+
+def test_workers_apply_to_imagenet_alone(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, workers=2)) == 2
+    assert "--workers applies to --data imagenet only" in one_line_error(capsys.readouterr().err)
+
+
+def test_data_dir_beside_data_file_is_refused_not_ignored(tmp_path, data_dir, capsys):
+    path = data_dir / "cifar10.h5"
+    argv = base_args(tmp_path, iters=2, val_every=2)
+    argv[argv.index("--data"):argv.index("--data") + 2] = ["--data-file", str(path)]
+    assert train.main(argv) == 2  # (base_args gives --data-dir)
+    assert "--data-dir is where --data's file is; --data-file names its file itself: give one" in \
+        one_line_error(capsys.readouterr().err)
+    assert not (tmp_path / "run").exists()
+    argv = [a for i, a in enumerate(argv) if "--data-dir" not in argv[max(i - 1, 0):i + 1]]
+    assert train.main(argv) == 0
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "3", "--data-dir", str(tmp_path)]) == 2
+    assert "trains on a --data-file: give a moved file as --data-file" in one_line_error(capsys.readouterr().err)

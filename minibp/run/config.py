@@ -45,6 +45,8 @@ class RunConfig(RunOptions):
         object.__setattr__(self, "schedule", parse_schedule(self.lr_schedule, iters=self.iters))
         if self.image_size is not None and not self.imagenet:
             raise ValueError("--image-size applies to --data imagenet only")
+        if self.workers is not None and not self.imagenet:  # (an HDF5 file's images are in memory)
+            raise ValueError("--workers applies to --data imagenet only: its JPEG-decoding processes")
         if self.imagenet and (self.image_size is None or self.image_size < 32 or self.image_size % 32):
             raise ValueError(f"--image-size must be a multiple of 32 (the net halves it five times), got "
                              f"{self.image_size}")
@@ -63,6 +65,9 @@ class RunConfig(RunOptions):
         at its default (the module docstring). ranks: the processes under mpirun."""
         if "data" in given and "data_file" in given:
             raise ValueError("--data names a prepared data set and --data-file a file of your own: give one")
+        if "data_dir" in given and given.get("data_file") is not None:
+            raise ValueError("--data-dir is where --data's file is; --data-file names its file itself: give one")
+        _check_applies(given, optimizer=given.get("optimizer", default_of("optimizer")))
         values = dict(given)
         if values.get("data") == "imagenet":
             for key, value in IMAGENET_DEFAULTS.items():
@@ -91,6 +96,8 @@ class RunConfig(RunOptions):
         values.pop("no_augment", None)
         if "split" in values and "sub_batches" not in values:  # runs from before --split was named --sub-batches
             values["sub_batches"] = values.pop("split")
+        if values.get("data") != "imagenet" and values.get("workers") is not None:  # taken and unused before it
+            values["workers"] = None  # was refused: it never meant anything for an HDF5 file
         if values.get("data_file") is None and values.get("data") not in DATA_SETS:
             raise ValueError(f"{saved.path} is damaged: its configuration's data is {values.get('data')!r}, not a "
                              "data set's name, and it has no data_file")
@@ -116,6 +123,7 @@ class RunConfig(RunOptions):
         """(configuration, changed) of this saved run resumed at `iteration` with the options `given` (as new
         takes them): the changeable ones applied, changed = {field: [saved, new]}; a ValueError listing every
         defining option given another value than the run's. path: the checkpoint, as the messages name it."""
+        _check_applies(given, optimizer=self.optimizer)
         given = _recorded(given, ranks=ranks)
         differ = [f"{option(k)} {given[k]} (the run has {getattr(self, k)})" if k != "sub_batches" or ranks == 1 else
                   f"{ranks} ranks x --sub-batches {given[k] // ranks} (the run has {self.sub_batches} sub-batches a "
@@ -127,6 +135,9 @@ class RunConfig(RunOptions):
         if "data_file" in given and self.data_file is None:
             raise ValueError(f"{path} trained on --data {self.data}: a resume may move its file with --data-dir, "
                              "not change it to a --data-file")
+        if "data_dir" in given and self.data_file is not None:
+            raise ValueError(f"{path} trains on a --data-file: give a moved file as --data-file, not its folder as "
+                             "--data-dir")
         changed = {k: [getattr(self, k), given[k]] for k, opt in option_fields(type(self))
                    if opt.kind == CHANGEABLE and k in given and given[k] != getattr(self, k)}
         if "iters" in changed and "lr_schedule" not in given and self.lr_schedule.startswith("cosine:"):
@@ -160,6 +171,14 @@ class RunConfig(RunOptions):
     def data_path(self):
         """The HDF5 data file the run trains on: its --data-file, or <data-dir>/<data>.h5."""
         return Path(self.data_file) if self.data_file else data.dataset_path(self.data_dir, self.data)
+
+
+def _check_applies(given, *, optimizer):
+    """A ValueError for an option given that the run's optimizer has no use for: refused, not ignored, since the
+    run would record it and a resume that changed it would be refused for nothing."""
+    if optimizer == "adamw" and "momentum" in given:
+        raise ValueError("--momentum is SGD's: --optimizer adamw has none (its betas are 0.9, 0.999); leave "
+                         "--momentum out")
 
 
 def _check_batch(batch, sub_batches, *, ranks):

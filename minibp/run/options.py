@@ -241,7 +241,7 @@ class RunOptions:
                              help="sgd (with momentum; default) or adamw (betas 0.9, 0.999, eps 1e-8; decoupled "
                                   "weight decay; its rates are about 1e-3, not SGD's 0.1)")
     momentum: float = _option(0.9, kind=DEFINING, group=SCHEDULE, type=float, metavar="M", check=_real(0),
-                              must_be=FINITE, help="SGD momentum (default 0.9)")
+                              must_be=FINITE, help="SGD momentum (default 0.9; refused with adamw, which has none)")
     weight_decay: float = _option(SGD_DECAY, kind=DEFINING, group=SCHEDULE, type=float, metavar="WD", check=_real(0),
                                   must_be=FINITE, help=f"on the conv and FC weights (default {SGD_DECAY:g}, 1e-4 on "
                                                        f"imagenet; adamw {ADAMW_DECAY:g})")
@@ -269,7 +269,7 @@ class RunOptions:
                               help="the side of the training and validation crops (default 224)")
     workers: int = _option(None, kind=CHANGEABLE, group=IMAGENET, type=int, metavar="N", before=None,
                            check=_optional(whole(1)), must_be=POSITIVE,
-                           help="JPEG-decoding processes (default: the cores less one)")
+                           help="JPEG-decoding processes, for --data imagenet alone (default: the cores less one)")
 
 
 def option_fields(cls):
