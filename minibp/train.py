@@ -41,9 +41,9 @@ import numpy as np
 from . import dist
 from .kernels import KernelError
 from .run import modelspec, startup
-from .run.config import RunConfig
+from .run.config import RunConfig, with_defaults
 from .run.folder import FolderLost, RunDir
-from .run.options import OPTIONS, Invocation, read_command_line
+from .run.options import OPTIONS, Invocation, RunOptions, option_fields, read_command_line
 from .run.session import Diverged, Session, WriteFailed
 
 
@@ -146,13 +146,22 @@ def _session(invocation, given, group, *, function=None, python=False):
     """(exit status, net) of a run (_run), on one process or on every rank of a group, whose ranks must
     agree on the options; rank 0 alone prints. function: the model's function (fit), else the spec's."""
     if group is not None:
-        where = {k: str(Path(given[k]).resolve()) for k in ("data_dir", "data_file") if given.get(k) is not None}
-        group.agree(dict(given, **where, **invocation.__dict__))
+        group.agree(_as_agreed(invocation, given))
     with contextlib.ExitStack() as stack:
         if group is not None and group.rank:
             stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
         stack.enter_context(np.errstate(all="ignore"))  # a diverging step is found by finiteness checks, not warnings
         return _run(invocation, given, group, function=function, python=python)
+
+
+def _as_agreed(invocation, given):
+    """What ranks must agree on, each option as this rank resolves it: a fresh run's at its default where not given
+    (a rank without --rounding runs nearest, and is named so), a resume's as "(the run's)"; paths absolute."""
+    given = dict(given, **{k: str(Path(given[k]).resolve()) for k in ("data_dir", "data_file")
+                           if given.get(k) is not None})
+    resolved = ({name: given.get(name, "(the run's)") for name, _ in option_fields(RunOptions)} if invocation.resume
+                else with_defaults(given))
+    return dict(resolved, **invocation.__dict__)
 
 
 def _failed(group, error, message, code):

@@ -1,6 +1,7 @@
 """The training script end to end on a tiny data set: learning, metrics, checkpoints, resume, Ctrl-C."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -220,3 +221,32 @@ def test_a_patience_that_is_not_a_positive_count_is_refused_in_one_line(tmp_path
     assert train.main(base_args(tmp_path, patience=value)) == 2
     assert one_line_error(capsys.readouterr().err) == f"error: --patience must be a positive integer, got {value}"
     assert not (tmp_path / "run").exists()
+
+
+def test_ranks_are_compared_on_their_options_as_they_resolve_them():
+    # a rank started without --rounding was named as "--rounding None", though it runs nearest
+    from minibp import dist
+    from minibp.run.options import read_command_line
+
+    def agreed(argv):
+        invocation, given = read_command_line(argv)
+        return train._as_agreed(invocation, given)
+
+    class TwoRanks:  # what each rank would send: dist.Group.agree compares them
+        def __init__(self, argvs):
+            self.sent = [dict(agreed(argv), device="cpu") for argv in argvs]
+
+        def gather_objects(self, _mine):
+            return self.sent
+
+    for argvs, differ in (
+            ([["--rounding", "stochastic"], []], "--rounding nearest (rank 0 has stochastic)"),
+            ([[], ["--data", "imagenet", "--batch", "256"]], "--data imagenet (rank 0 has cifar10)"),
+            ([["--out", "r", "--resume", "--bits", "2"], ["--out", "r", "--resume"]],
+             "--bits (the run's) (rank 0 has 2)")):
+        with pytest.raises(ValueError, match="rank 1 was started with other options than rank 0: (.*; )?" +
+                           re.escape(differ)) as error:
+            dist.Group.agree(TwoRanks(argvs), {})
+        assert "--rounding None" not in str(error.value)
+    sent = TwoRanks([["--data", "imagenet"], ["--data", "imagenet", "--batch", "256"]]).sent
+    assert sent[0] == sent[1]  # the same run, one rank naming ImageNet's default batch

@@ -68,20 +68,10 @@ class RunConfig(RunOptions):
         if "data_dir" in given and given.get("data_file") is not None:
             raise ValueError("--data-dir is where --data's file is; --data-file names its file itself: give one")
         _check_applies(given, optimizer=given.get("optimizer", default_of("optimizer")))
-        values = dict(given)
-        if values.get("data") == "imagenet":
-            for key, value in IMAGENET_DEFAULTS.items():
-                if key != "weight_decay" or values.get("optimizer") != "adamw":  # the paper's 1e-4 is SGD's
-                    values.setdefault(key, value)
-        if values.get("optimizer") == "adamw":
-            values.setdefault("weight_decay", ADAMW_DECAY)
+        values = with_defaults(given)  # sub-batches per rank, as given: _recorded counts them over all ranks
         if values.get("data_file") is not None:  # the file's own name is the data's, in every message and folder
-            values.setdefault("augment", "none")
             values["data"] = data.file_name(values["data_file"])
-        # per rank, as given: _recorded counts them over all ranks
-        values.setdefault("sub_batches", default_of("sub_batches"))
-        values.setdefault("data_dir", default_of("data_dir"))  # made absolute: the run resumes from any folder
-        values = _recorded(values, ranks=ranks)
+        values = _recorded(values, ranks=ranks)  # data_dir made absolute: the run resumes from any folder
         _check_batch(values.get("batch", default_of("batch")), values.get("sub_batches", default_of("sub_batches")),
                      ranks=ranks)
         return cls(**values)
@@ -171,6 +161,23 @@ class RunConfig(RunOptions):
     def data_path(self):
         """The HDF5 data file the run trains on: its --data-file, or <data-dir>/<data>.h5."""
         return Path(self.data_file) if self.data_file else data.dataset_path(self.data_dir, self.data)
+
+
+def with_defaults(given):
+    """Every run option: those given, the rest at the defaults a fresh run takes (the module docstring: ImageNet's
+    setting, AdamW's weight decay, no augmentation for a data file), read without touching the disk."""
+    values = dict(given)
+    if values.get("data") == "imagenet":
+        for key, value in IMAGENET_DEFAULTS.items():
+            if key != "weight_decay" or values.get("optimizer") != "adamw":  # the paper's 1e-4 is SGD's
+                values.setdefault(key, value)
+    if values.get("optimizer") == "adamw":
+        values.setdefault("weight_decay", ADAMW_DECAY)
+    if values.get("data_file") is not None:
+        values.setdefault("augment", "none")
+    for name, _ in option_fields(RunOptions):
+        values.setdefault(name, default_of(name))
+    return values
 
 
 def _check_applies(given, *, optimizer):
