@@ -283,3 +283,20 @@ def test_ctrl_c_saves_and_leaves_no_worker_running(tree, tmp_path):
     assert process.returncode == 130, output
     assert len(workers) == 2 and wait_gone(workers)
     assert checkpoint.load(run / "checkpoint.h5").iteration >= 2
+
+
+@pytest.mark.slow
+def test_sigterm_while_the_workers_shut_down_is_said_and_loses_nothing(tree, tmp_path):
+    # rc 143 and not a word: the trainer had put back the default handler before it stopped the workers
+    run = tmp_path / "run"
+    code = (f"import os, signal, sys; sys.path.insert(0, {str(ROOT)!r}); from minibp import models, train; "
+            "from minibp.io import imagenet; "
+            "models.IMAGENET_BLOCKS = {50: (1, 1, 1, 1)}; models.IMAGENET_WIDTHS = (8, 8, 8, 8); "
+            "close = imagenet.Batches.close; "
+            "imagenet.Batches.close = lambda self: (os.kill(os.getpid(), signal.SIGTERM), close(self)); "
+            "sys.exit(train.main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", code] + imagenet_args(tree, run), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SIGTERM while the run shut down" in done.stdout and "nothing is lost" in done.stdout
+    assert checkpoint.load(run / "checkpoint.h5").iteration == 2

@@ -55,6 +55,7 @@ class Session:
         self.best_iteration = None  # ... and its iteration
         self.stale = 0          # validations since the best that did not beat it (--patience counts them)
         self.started_from = None  # {checkpoint, iteration, taken, fresh}: --init-from's weights, as recorded
+        self.closing = False    # the loop is over: train() is closing the metrics and the data reader
 
 
     def start(self, config, given, *, function=None):
@@ -118,11 +119,12 @@ class Session:
                       f"continue with: {self.resume_advice()}", flush=True)
                 return 130, self.net
         finally:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
+            self.closing = True  # a signal from here on is said as such (on_signal), never the default's silent end
             self.metrics.close()
             if isinstance(self.batches, imagenet.Batches):
                 self.batches.close()  # its decoding processes
+            for number, handler in previous.items():
+                signal.signal(number, handler)
         if self.rank_0:
             self.run.check()  # the folder named below is still this run's
         if self.patience_spent() and self.iteration < config.iters:
@@ -308,6 +310,10 @@ class Session:
         if self.signals:  # a second Ctrl-C: stop at once (the last checkpoint stays)
             raise KeyboardInterrupt
         self.signals.append(number)
+        if self.closing:  # the loop is over, its checkpoint written: the run ends as it was about to
+            print(f"\n{signal.Signals(number).name} while the run shut down (its data reader's processes): nothing "
+                  "is lost, the run ends as it was about to", flush=True)
+            return
         print(f"\n{signal.Signals(number).name}: finishing this iteration, then saving a checkpoint "
               "(Ctrl-C again to quit now)", flush=True)
 
