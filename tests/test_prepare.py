@@ -301,3 +301,29 @@ def test_ctrl_c_says_in_one_line_what_it_left_and_exits_130(tmp_path, capsys, ci
     if stage == "download":  # the progress line ended, not run into by what comes next
         assert stdout.endswith(" / 3.0 MiB\n"), stdout
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing new, nothing changed
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_it_loads_its_libraries_is_one_line_and_130(tmp_path):
+    # Ctrl-C in the first second, while NumPy, h5py and CuPy load, printed a KeyboardInterrupt traceback (exit -2)
+    ready, slow = tmp_path / "ready", tmp_path / "slow" / "h5py"
+    slow.mkdir(parents=True)  # an h5py that takes its time to import, until the test's SIGINT
+    (slow / "__init__.py").write_text(f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-m", "minibp.prepare", "cifar10", "--out", str(tmp_path / "out")],
+                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=f"{tmp_path / 'slow'}:{ROOT}"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ready.exists(), child.communicate()
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert (child.returncode, stderr) == (130, "interrupted while python3 -m minibp.prepare started: nothing was "
+                                               "written\n")
+    assert not (tmp_path / "out").exists()
