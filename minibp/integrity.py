@@ -73,15 +73,22 @@ class NotOwnFile(OSError, ValueError):
 
     def __init__(self, path, what):
         super().__init__(errno.ELOOP if what == LINK else errno.EINVAL,
-                         f"{path} is {what}, where minibp keeps a file of its own: it reads and writes no file through "
-                         f"a link, another name or anything but a regular file; remove it (rm {_quoted(path)})",
-                         str(path))
+                         f"{shown(path)} is {what}, where minibp keeps a file of its own: it reads and writes no file "
+                         f"through a link, another name or anything but a regular file; remove it "
+                         f"(rm {shown(_quoted(path))})", str(path))
 
     def __str__(self):
         return self.strerror
 
 
 LINK = "a symbolic link"
+
+
+def shown(path, most=120):
+    """A path (or a name) as a message shows it: whole, or where it is longer than `most` characters, its start
+    and its end with the count between (a 5000-character name would fill a screen)."""
+    text = str(path)
+    return text if len(text) <= most else f"{text[:most // 2]}...{text[-(most // 4):]} ({len(text)} characters)"
 
 
 def _quoted(path):

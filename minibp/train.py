@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from . import dist
+from .integrity import shown
 from .kernels import KernelError
 from .run import modelspec, startup
 from .run.config import RunConfig, with_defaults
@@ -59,7 +60,7 @@ def main(argv=None):
     except (ValueError, FileNotFoundError, KernelError) as e:
         return _failed(group, e, str(e), 2)
     except OSError as e:  # a full disk or a vanished folder while writing; a rank that stopped answering
-        return _failed(group, e, f"{e.strerror or e}{f': {e.filename}' if e.filename else ''}", 1)
+        return _failed(group, e, f"{e.strerror or e}{f': {shown(e.filename)}' if e.filename else ''}", 1)
     except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays as it was
         if group is None or group.rank == 0:
             print("\ninterrupted: the last checkpoint written stays as it was", file=sys.stderr)

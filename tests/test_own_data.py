@@ -198,3 +198,19 @@ def test_a_val_split_that_overrides_the_files_own_is_said_in_the_header_and_a_wa
             "split (--val-split overrides it)") in captured.out
     assert f"warning: --val-split 0.25 validates on part of the training split, not on {own[0]}'s own val split" \
         in captured.err
+
+
+def test_a_long_name_makes_a_folder_that_fits_and_messages_cut_it(tmp_path, own, monkeypatch, capsys):
+    # a 5000-character data name made a default --out the file system refused, echoed whole with rc 1
+    rng = np.random.default_rng(0)
+    long = data.write(tmp_path / "long.h5", train=bars(64, rng), test=bars(16, rng), classes=4, name="n" * 5000)
+    monkeypatch.chdir(tmp_path)
+    argv = args(tmp_path, (long, own[1]), iters=6)
+    assert train.main(argv[:argv.index("--out")]) == 0
+    (folder,) = (tmp_path / "runs").iterdir()
+    assert len(folder.name) <= 100 and (folder / "checkpoint.h5").exists()
+    captured = capsys.readouterr()
+    assert max(len(line) for line in (captured.out + captured.err).splitlines()) < 400
+    assert train.main(args(tmp_path, own, out="o" * 5000, iters=6)) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert len(line) < 400 and " characters) as a run folder (File name too long)" in line

@@ -12,6 +12,7 @@ ImageNet's setting where data="imagenet" (IMAGENET_DEFAULTS); AdamW's weight dec
 augmentation for a data file of your own. Your own net's arguments are recorded as JSON (model_args):
 --model FILE.py:FUNCTION --model-arg width=32, each VALUE a Python literal.
 """
+import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,6 +25,9 @@ from . import modelspec
 from .options import (ADAMW_DECAY, BUILT_IN_AUGMENT, CHANGEABLE, DATA_SETS, DEFINING, EVERY_RUN, IMAGENET_DEFAULTS,
                       OPTIONS, RunOptions, check_fields, default_of, option, option_fields, whole)
 from .schedule import parse_schedule
+
+
+FOLDER_NAME = 48  # the most characters of the data's and the model's names in a default run folder's name
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,11 @@ class RunConfig(RunOptions):
         store += "-stochastic" if self.store.stochastic else ""
         store += "" if self.clip is None else f"-clip{self.clip:g}"
         name = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.data)  # one folder, whatever it holds
-        return Path(f"runs/{name}-{modelspec.short_name(self.model)}-{self.bits}{store}-seed{self.seed}")
+        if len(name) > FOLDER_NAME:  # a name the file system takes (255 bytes), still one of its own
+            name = f"{name[:FOLDER_NAME - 9]}-{hashlib.sha256(self.data.encode(errors='replace')).hexdigest()[:8]}"
+        model = modelspec.short_name(self.model)
+        model = model if len(model) <= FOLDER_NAME else model[:FOLDER_NAME]
+        return Path(f"runs/{name}-{model}-{self.bits}{store}-seed{self.seed}")
 
     def data_path(self):
         """The HDF5 data file the run trains on: its --data-file, or <data-dir>/<data>.h5."""

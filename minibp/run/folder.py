@@ -32,7 +32,7 @@ import time
 import weakref
 from pathlib import Path
 
-from ..integrity import NotOwnFile, check_own, open_own, stale_temporaries, write_atomic
+from ..integrity import NotOwnFile, check_own, open_own, shown, stale_temporaries, write_atomic
 
 LOCK, CHECKPOINT, BEST, METRICS = "lock", "checkpoint.h5", "best.h5", "metrics.jsonl"
 HOLDER_BYTES = 1 << 16  # what is read of a lock file: a pid and a newline (anything longer is not a trainer's)
@@ -82,14 +82,14 @@ class RunDir:
         except NotOwnFile:
             raise
         except OSError as e:
-            raise ValueError(f"cannot use {path} as a run folder ({e.strerror})") from None
+            raise ValueError(f"cannot use {shown(path)} as a run folder ({e.strerror})") from None
         lock_file = open(lock_fd, "r+b", buffering=0)
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(lock_fd, HOLDER_BYTES, 0).decode(errors="replace").strip()
             lock_file.close()
-            raise ValueError(f"{path} is in use by another trainer ({_holder(holder)}); wait for it or choose "
+            raise ValueError(f"{shown(path)} is in use by another trainer ({_holder(holder)}); wait for it or choose "
                              "another --out") from None
         old_lock = None if made_lock else os.pread(lock_fd, HOLDER_BYTES, 0)
         run = cls(path, lock_file, made_folders=made_folders, made_lock=made_lock, old_lock=old_lock)
@@ -98,7 +98,7 @@ class RunDir:
             os.pwrite(lock_fd, f"{os.getpid()}\n".encode(), 0)
         except OSError as e:  # a full disk at the start: nothing of a run was written yet
             run.release()
-            raise OSError(e.errno, f"cannot write {path / LOCK} ({e.strerror})") from None
+            raise OSError(e.errno, f"cannot write {shown(path / LOCK)} ({e.strerror})") from None
         try:
             for name in (CHECKPOINT, BEST, METRICS):
                 check_own(path / name, written=name == METRICS)
@@ -112,7 +112,7 @@ class RunDir:
             if not overwrite:
                 run.release()
                 lost = [name for name in (CHECKPOINT, BEST, METRICS) if name in others]
-                raise ValueError(f"{path} already holds a run ({', '.join(_shown(n) for n in others[:8])}"
+                raise ValueError(f"{shown(path)} already holds a run ({', '.join(shown(n, 60) for n in others[:8])}"
                                  f"{', ...' if len(others) > 8 else ''}): pass --resume to continue it, another --out, "
                                  f"or --overwrite to start it again, which deletes {', '.join(lost) or 'none of it'}")
             run._overwrite = True  # removed by clear_overwritten, after the start's checks: a refused one keeps it
@@ -173,11 +173,6 @@ class RunDir:
         except (FolderLost, OSError):  # not ours any more, or no longer empty: left as it is
             pass
         self._lock_file.close()  # closing drops the flock
-
-
-def _shown(name, most=60):
-    """A file's name in a message, cut where it is long."""
-    return name if len(name) <= most else f"{name[:most - 3]}... ({len(name)} characters)"
 
 
 def _holder(text):

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from .. import backend
+from ..integrity import shown
 from ..io import data, imagenet
 from ..optim import SGD, AdamW
 from ..step import TrainStep
@@ -190,7 +191,8 @@ def header(config, net, step, run_data, *, ranks, started_from=None, why=None):
     if ranks > 1:
         in_sub_batches = f" ({ranks} ranks x {config.sub_batches // ranks} x {sub_batch})"
     lines = [f"{modelspec.describe(config.model, config.model_args)} ({len(net.units)} units, "
-             f"{net.num_parameters:,} parameters) on {config.data} ({len(run_data.train.labels):,} training images), "
+             f"{net.num_parameters:,} parameters) on {shown(config.data)} ({len(run_data.train.labels):,} training "
+             f"images), "
              f"{config.store}, batch {config.batch}{in_sub_batches}, device {backend.device}"
              f"{', one CUDA graph a step' if step.graph else ', the step replayed' if step.replay else ''}",
              training(config)]
