@@ -149,7 +149,7 @@ def test_duplicate_schedule_iterations_are_refused(tmp_path, data_dir, capsys):
     (dict(batch="sixteen"), "configuration's batch is 'sixteen', not a positive integer"),
     (dict(model=None), "configuration lacks model"),
     (dict(momentum=float("nan")), "configuration's momentum is nan, not a finite non-negative number"),
-    (dict(augment="mirror"), "configuration's augment is 'mirror', not none or a list of crop, flip"),
+    (dict(augment="mirror"), "configuration's augment is 'mirror', not none or a comma-separated list of crop, flip"),
     (dict(model="resnet12"), "holds a configuration that cannot run"),
 ])
 def test_a_hand_made_config_is_checked_field_by_field(tmp_path, data_dir, capsys, edit, match):
@@ -344,3 +344,18 @@ def test_data_dir_beside_data_file_is_refused_not_ignored(tmp_path, data_dir, ca
     capsys.readouterr()
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "3", "--data-dir", str(tmp_path)]) == 2
     assert "trains on a --data-file: give a moved file as --data-file" in one_line_error(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("value, text", [(["crop"], "crop"), (("crop", "flip"), "crop,flip"), (["flip", "crop"], "crop,flip"),
+                                         ([], "none"), (np.array(["flip"]), "flip")])
+def test_fit_takes_augment_as_a_list_of_transforms(value, text):
+    # fit(augment=['crop']) was refused as "must be none or a list of crop, flip ..., got ['crop']"
+    given = {"augment": OPTIONS["augment"].from_python("augment", value)}
+    assert RunConfig.new(given).augment == text
+
+
+@pytest.mark.parametrize("value, error, match", [
+    (["mirror"], ValueError, "got 'mirror'"), ([1], TypeError, r"a list of transforms \(crop, flip\), got \[1\]")])
+def test_fit_refuses_a_list_of_what_is_not_a_transform_in_its_own_words(value, error, match):
+    with pytest.raises(error, match=match):
+        RunConfig.new({"augment": OPTIONS["augment"].from_python("augment", value)})

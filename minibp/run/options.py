@@ -54,9 +54,12 @@ class Option:
     choices: tuple = None
     metavar: str = None
     flag: str = None          # the command line's name, where it is not --<name with dashes>
+    words_are: str = None     # ... and the words it takes, for a message
     negatable: bool = False   # a switch with a --no-<name> form too: on, off, or the default where neither is given
     before: object = EVERY_RUN  # the value of a run saved before the option existed (absent from its checkpoint);
     #                           EVERY_RUN: the option is as old as the checkpoints, and one without it is damaged
+    words: str = None         # a list of words from Python is the option's text, these words joined (augment's
+    #                           transforms): what an empty list means
 
     def argparse(self, **changes):
         """argparse's keywords for the option (`changes`: another command's reading of it)."""
@@ -72,6 +75,12 @@ class Option:
         flag = option(name)
         if isinstance(value, (np.bool_, np.number, np.str_)):  # NumPy's scalars mean what Python's do
             value = value.item()
+        if self.words is not None and isinstance(value, (list, tuple, np.ndarray)):  # ["crop", "flip"]
+            words = list(np.ravel(value)) if isinstance(value, np.ndarray) else list(value)
+            if not all(isinstance(w, str) for w in words):
+                raise TypeError(f"fit()'s {name} takes {flag}'s value or a list of {self.metavar.lower()} "
+                                f"({self.words_are}), got {value!r}")
+            value = ",".join(words) or self.words
         if self.type is bool:  # bool("False") is True: a switch takes True or False alone
             if not isinstance(value, bool):
                 raise TypeError(f"fit()'s {name} is True or False, got {value!r}")
@@ -164,8 +173,9 @@ class RunOptions:
                              must_be="a path", before=None,  # runs from before your own data files
                              help="train on this file that minibp.io.data.write made, under the file's own name "
                                   "(instead of --data; default none)")
-    augment: str = _option(BUILT_IN_AUGMENT, kind=DEFINING, group=MODEL, metavar="LIST", check=_augment,
-                           must_be=f"none or a list of {TRANSFORMS} in that order",
+    augment: str = _option(BUILT_IN_AUGMENT, kind=DEFINING, group=MODEL, metavar="TRANSFORMS", check=_augment,
+                           words="none", words_are=TRANSFORMS,
+                           must_be=f"none or a comma-separated list of {TRANSFORMS}",
                            help=f"the training images' transforms: none, or a comma-separated list of "
                                 f"{TRANSFORMS} (crop: zero-pad 4 pixels, a random window; flip: "
                                 f"horizontal, half the time); default {BUILT_IN_AUGMENT} for --data (the paper's), "
