@@ -225,3 +225,28 @@ def test_evaluate_never_runs_a_scripts_training_again(tmp_path, data_dir, capsys
     line = one_line_error(capsys.readouterr().err)
     assert "fit() was called while minibp imported" in line and '`if __name__ == "__main__":`' in line
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != "lock"} == before
+
+
+SLOW_NET = '''
+import time
+from minibp import models
+
+time.sleep(1.0)  # an import that takes its time (a large library, a network share)
+
+
+def build(*, input_shape, classes):
+    time.sleep(1.0)  # and a function that does too
+    return models.by_name("resnet11", input_shape=input_shape, classes=classes)
+'''
+
+
+def test_a_model_file_that_takes_long_says_what_is_still_being_imported_and_where(tmp_path, data_dir, monkeypatch,
+                                                                                  capsys):
+    # a model file that never returned hung the trainer without a word
+    (tmp_path / "slow.py").write_text(SLOW_NET)
+    monkeypatch.setattr(modelspec, "SLOW_S", 0.3)
+    assert train.main(base_args(tmp_path, model=f"{tmp_path / 'slow.py'}:build", iters=2, val_every=2)) == 0
+    err = capsys.readouterr().err
+    assert f"minibp: still importing {tmp_path / 'slow.py'} after " in err
+    assert f"slow.py:5" in err and "minibp: still calling slow.py:build() after " in err and "slow.py:9" in err
+    assert "Ctrl-C stops it" in err

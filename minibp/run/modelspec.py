@@ -7,13 +7,20 @@ returns an uncompiled Net (docs/vgg_example.py is one). A run records the spec, 
 
     net = build("docs/vgg_example.py:build", model_args={"width": 16}, input_shape=(28, 28, 1), classes=10)
     net = build("resnet20", input_shape=(28, 28, 1), classes=10)   # a name: by_name
+
+Your code runs in the trainer's process: an import or a function that takes longer than SLOW_S seconds is said
+on stderr every SLOW_S seconds, with the line it is at, so that one that never returns is seen for what it is.
 """
+import contextlib
 import importlib
 import importlib.util
 import sys
+import threading
+import time
 from pathlib import Path
 
 from .. import models
+from ..integrity import shown
 from ..net import Net
 
 
@@ -84,14 +91,8 @@ def load_function(spec):
     global _importing
     _importing = where
     try:
-        if is_file:
-            module_name = f"minibp_model_{Path(where).stem}"  # in sys.modules, as an import puts it (dataclasses)
-            found = importlib.util.spec_from_file_location(module_name, where)
-            module = importlib.util.module_from_spec(found)
-            sys.modules[module_name] = module
-            found.loader.exec_module(module)
-        else:
-            module = importlib.import_module(where)
+        with said_while_slow(f"importing {where}"):
+            module = _imported(where, is_file=is_file)
     except (Exception, SystemExit) as e:  # whatever your code raises as it imports: one line, not a traceback
         raise ValueError(f"model {spec}: cannot import {where} ({_one_line(e)})") from None
     finally:
@@ -100,6 +101,42 @@ def load_function(spec):
     if not callable(function):
         raise ValueError(f"model {spec}: {where} has no function {name}")
     return function
+
+
+def _imported(where, *, is_file):
+    """The module of a file (imported afresh) or a module name."""
+    if is_file:
+        module_name = f"minibp_model_{Path(where).stem}"  # in sys.modules, as an import puts it (dataclasses)
+        found = importlib.util.spec_from_file_location(module_name, where)
+        module = importlib.util.module_from_spec(found)
+        sys.modules[module_name] = module
+        found.loader.exec_module(module)
+        return module
+    return importlib.import_module(where)
+
+
+SLOW_S = 10  # seconds your code may take to import or to build its net before minibp says what it is doing
+
+
+@contextlib.contextmanager
+def said_while_slow(what):
+    """Say on stderr, every SLOW_S seconds the block takes, that it is still `what` and the line of Python it is
+    at: a model file that never returns would otherwise hang a start without a word."""
+    done, caller, start = threading.Event(), threading.get_ident(), time.monotonic()
+
+    def watch():
+        while not done.wait(SLOW_S):
+            frame = sys._current_frames().get(caller)
+            at = f", at {shown(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else ""
+            print(f"minibp: still {what} after {time.monotonic() - start:.0f} s{at} (Ctrl-C stops it)",
+                  file=sys.stderr, flush=True)
+    watcher = threading.Thread(target=watch, name="minibp-slow-model", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 _importing = None  # the file or module load_function is importing now, else None
@@ -137,7 +174,8 @@ def build(spec, *, model_args=None, imagenet=False, input_shape, classes, functi
     function = function or load_function(spec)
     called = describe(spec, model_args)
     try:
-        net = function(input_shape=tuple(input_shape), classes=int(classes), **(model_args or {}))
+        with said_while_slow(f"calling {called}"):
+            net = function(input_shape=tuple(input_shape), classes=int(classes), **(model_args or {}))
     except (Exception, SystemExit) as e:  # your code's failure (even sys.exit), named in one line
         raise ValueError(f"model {called} raised {_one_line(e)}") from None
     fault = (f"returned {type(net).__name__}, not a minibp.net.Net" if not isinstance(net, Net) else
