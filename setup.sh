@@ -33,6 +33,18 @@ DATA=data/fashion-mnist.h5
 
 usage() { echo "usage: bash setup.sh setup | bash setup.sh train | bash setup.sh test [PYTEST ARGS...]" >&2; exit 2; }
 
+# Two runs at once in one checkout would make the venv twice over each other, or install into it while the
+# other makes it: the set-up holds a lock on the checkout's folder (flock(1), nothing written), a second run
+# waits for it and then finds each step done. The job that follows runs without the lock.
+lock_checkout() {
+    exec 9<.
+    if ! flock -n 9; then
+        echo "setup.sh: another setup.sh is setting up this checkout; waiting for it to finish"
+        flock 9
+    fi
+}
+unlock_checkout() { exec 9<&-; }
+
 # Any command that fails names the step it was in, on one line, and the script exits non-zero.
 STEP=""
 fail() { STEP=""; echo "$*" >&2; exit 1; }  # a failure that says its own line
@@ -61,6 +73,13 @@ apt_packages() {  # install those of "$@" that dpkg does not list as installed
 
 make_venv() {  # a system Python refuses a bare pip install: everything goes into $VENV
     STEP="venv $VENV"
+    # Another user's venv (root's, in a checkout another user runs this in) is never made again or changed:
+    # --clear would delete it, or fail on permissions without saying whose it is.
+    if [ -e "$VENV" ] && [ "$(stat -L -c %u "$VENV")" != "$(id -u)" ]; then
+        fail "venv $VENV belongs to $(stat -L -c %U "$VENV") (uid $(stat -L -c %u "$VENV")), not to you ($(id -un)):" \
+             "setup.sh never makes again or changes a venv it did not make for you; run it as its owner, or in a" \
+             "checkout of your own"
+    fi
     if "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then echo "venv $VENV: present, skipped"; return; fi
     command -v python3 >/dev/null || fail "venv $VENV: no python3 on PATH; install Python >= 3.10"
     python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
@@ -103,10 +122,12 @@ activate() {  # what runs last sees the venv as activated: its python first on P
 }
 
 set_up_main() {  # what the main job needs, each step skipped where it is done
+    lock_checkout
     apt_packages "${MAIN_APT[@]}"
     make_venv
     install main
     prepare_data
+    unlock_checkout
 }
 
 case "${1:-}" in
@@ -121,8 +142,10 @@ case "${1:-}" in
         set_up_main
         STEP="main job"
         activate
-        if [ -f "$OUT/checkpoint.h5" ]; then
-            echo "main job: $OUT/checkpoint.h5 exists, continuing it: ${RESUME_JOB[*]}"
+        saved=""  # the run's state on disk: its checkpoint, or best.h5 alone (it validated, then stopped)
+        for name in checkpoint.h5 best.h5; do [ -n "$saved" ] || [ ! -f "$OUT/$name" ] || saved=$OUT/$name; done
+        if [ -n "$saved" ]; then
+            echo "main job: $saved exists, continuing it: ${RESUME_JOB[*]}"
             job=("${RESUME_JOB[@]}")
         else
             echo "main job: ${MAIN_JOB[*]}"
@@ -135,9 +158,11 @@ case "${1:-}" in
         ;;
     test)
         shift
+        lock_checkout
         apt_packages "${TEST_APT[@]}"
         make_venv
         install test
+        unlock_checkout
         STEP="tests"
         activate
         echo "tests: $VENV/bin/python -m pytest -q $*"
