@@ -257,3 +257,18 @@ def test_a_checkpoint_whose_arrays_live_in_another_file_is_refused(tmp_path, dat
         f["data_order"].attrs["sha256"] = checkpoint.sha256(order)
     with pytest.raises(ValueError, match="data_order is stored outside the file"):
         checkpoint.load(path)
+
+
+def test_a_checkpoint_with_fewer_class_names_than_classes_is_damaged(tmp_path):
+    # a prediction of a class past the names would fail (IndexError) where load took them
+    from minibp.io import data
+    rng = np.random.default_rng(0)
+    pair = lambda n: (rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8), np.arange(n) % 4)  # noqa: E731
+    path = data.write(tmp_path / "d.h5", train=pair(32), test=pair(8), classes=4, class_names=list("abcd"))
+    assert train.main(["--data-file", str(path), "--model", "resnet11", "--batch", "16", "--iters", "2",
+                       "--lr-schedule", "0:0.05", "--val-every", "2", "--out", str(tmp_path / "run")]) == 0
+    saved = tmp_path / "run" / "checkpoint.h5"
+    with h5py.File(saved, "r+") as f:
+        _rewrite(f, "class_names", np.frombuffer(json.dumps(["a", "b", "c"]).encode(), np.uint8))
+    with pytest.raises(ValueError, match="holds 3 class names for its data's 4 classes"):
+        checkpoint.load(saved)

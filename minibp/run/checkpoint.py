@@ -298,6 +298,9 @@ def _validated(arrays, attrs, *, fmt):
             raise ValueError(f"its {key} attribute is not valid JSON") from None
         if optional[key] is not None and not isinstance(optional[key], dict):
             raise ValueError(f"its {key} attribute is not a JSON object")
+    classes = (optional["data"] or {}).get("classes")
+    if class_names is not None and isinstance(classes, int) and len(class_names) != classes:
+        raise ValueError(f"it holds {len(class_names)} class names for its data's {classes} classes")
     state = {name.removeprefix("state/"): array for name, (array, _) in arrays.items()}
     bad = [name for name, a in state.items() if a.dtype.kind != "f"]
     if bad:

@@ -68,18 +68,17 @@ def _best(path, last):
 
 def _check_same_run(best, last):
     """A ValueError unless best.h5 (best) is of the run whose checkpoint.h5 is last: its defining options, its
-    data, its class names and its arrays' names and shapes."""
+    data and its class names. (Their arrays are each checked against the net the run builds: one that does not
+    fit is named by itself, not blamed on the other.)"""
     theirs, ours = RunConfig.from_checkpoint(best), RunConfig.from_checkpoint(last)
     differ = [name for name, opt in option_fields(RunConfig) if opt.kind == DEFINING
               and getattr(theirs, name) != getattr(ours, name)]
     if differ:
         raise ValueError(f"{best.path} is not this run's: its {option(differ[0])} is {getattr(theirs, differ[0])}, "
                          f"{last.path}'s {getattr(ours, differ[0])}")
-    shapes = [{name: array.shape for name, array in c.state.items()} for c in (best, last)]
     facts = [((c.data or {}).get("sha256"), c.class_names) for c in (best, last)]
-    if shapes[0] != shapes[1] or facts[0] != facts[1]:
-        what = "another net" if shapes[0] != shapes[1] else "a net trained on other data"
-        raise ValueError(f"{best.path} is not this run's: it holds {what} than {last.path}")
+    if facts[0] != facts[1]:
+        raise ValueError(f"{best.path} is not this run's: it holds a net trained on other data than {last.path}")
 
 
 def fine_tuned(given):
