@@ -471,3 +471,13 @@ def test_the_docs_way_of_writing_a_file_by_hand_loads_checked_and_without_a_warn
     exec(code, dict(arrays))
     train, test = data.load_dataset(tmp_path / "mydata" / "cifar10.h5")
     assert train.sha256 and np.array_equal(test.images, arrays["test_images"]) and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("classes", [np.array([10, 11]), "ten", 1.5])
+def test_describe_refuses_a_class_count_that_is_not_one_in_one_line(clean, classes):
+    # read for a --data-file's name before anything else: an array was a TypeError traceback
+    with h5py.File(clean, "r+") as f:
+        f.attrs["classes"] = classes
+    with pytest.raises(ValueError, match=r"'classes' must be an integer of at least 2") as error:
+        data.describe(clean)
+    assert "\n" not in str(error.value)

@@ -101,6 +101,9 @@ def describe(path):
             images, classes = f.get("train/images"), f.attrs.get("classes")
             if not isinstance(images, h5py.Dataset) or len(images.shape) != 4 or classes is None:
                 raise ValueError(f"{path} is not a data file minibp.io.data.write made (no train/images or classes)")
+            problem = _classes_problem(classes)
+            if problem:
+                raise ValueError(f"{path}: {problem}")
             return dict(name=_text(f.attrs.get("name", path.stem)) or path.stem, shape=tuple(images.shape[1:]),
                         classes=int(classes))
     except OSError as e:
@@ -508,9 +511,9 @@ def _format_problem(classes, splits):
     """What is wrong with a class count and the dtypes and shapes of {split: (images, labels)}, in one line,
     or None. The arrays may be NumPy arrays or HDF5 datasets: only their dtype and shape are read, so the
     reader checks a file's structure before reading any of it, and the writer refuses what it would refuse."""
-    classes = np.asarray(classes)
-    if classes.shape != () or not np.issubdtype(classes.dtype, np.integer) or classes < 2:
-        return f"'classes' must be an integer of at least 2, got {classes}"
+    problem = _classes_problem(classes)
+    if problem:
+        return problem
     for split, (images, labels) in splits.items():
         if images.dtype != np.uint8 or len(images.shape or ()) != 4:
             return f"{split} images must be uint8 (N, H, W, C), got {images.dtype} {images.shape}"
@@ -527,6 +530,14 @@ def _format_problem(classes, splits):
         if split in splits and splits[split][0].shape[1:] != train:
             return "{} images are {}x{}x{} (H x W x C), train images {}x{}x{}".format(
                 split, *splits[split][0].shape[1:], *train)
+    return None
+
+
+def _classes_problem(classes):
+    """What is wrong with a class count, or None."""
+    classes = np.asarray(classes)
+    if classes.shape != () or not np.issubdtype(classes.dtype, np.integer) or classes < 2:
+        return f"'classes' must be an integer of at least 2, got {classes}"
     return None
 
 
