@@ -359,3 +359,9 @@ def test_fit_takes_augment_as_a_list_of_transforms(value, text):
 def test_fit_refuses_a_list_of_what_is_not_a_transform_in_its_own_words(value, error, match):
     with pytest.raises(error, match=match):
         RunConfig.new({"augment": OPTIONS["augment"].from_python("augment", value)})
+
+
+def test_fit_takes_a_numpy_array_of_no_dimension_as_its_value():
+    assert OPTIONS["batch"].from_python("batch", np.array(16)) == 16
+    assert OPTIONS["momentum"].from_python("momentum", np.array(0.5, np.float32)) == 0.5
+    assert OPTIONS["augment"].from_python("augment", np.array("crop")) == "crop"

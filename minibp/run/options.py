@@ -73,8 +73,8 @@ class Option:
         """A value given from Python (fit's keyword `name`) as the command line would read its text: a TypeError
         for a value of another kind, a ValueError for one the choices lack."""
         flag = option(name)
-        if isinstance(value, (np.bool_, np.number, np.str_)):  # NumPy's scalars mean what Python's do
-            value = value.item()
+        if isinstance(value, (np.bool_, np.number, np.str_)) or isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value.item()  # NumPy's scalars (and arrays of no dimension) mean what Python's do
         if self.words is not None and isinstance(value, (list, tuple, np.ndarray)):  # ["crop", "flip"]
             words = list(np.ravel(value)) if isinstance(value, np.ndarray) else list(value)
             if not all(isinstance(w, str) for w in words):
