@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from minibp import backend, layers, quant
+from minibp import backend, layers, program, quant
 from minibp.io import data
 from minibp.optim import SGD
 from options import net_options, seed_option
@@ -109,19 +109,26 @@ CANDIDATES = {"fixed": fixed, "range, no clip": ranged,
 
 
 @contextmanager
-def capturing(into):
-    """Append (x, stats, beta, da) on the host for every BN-ReLU backward while inside (exact mode): the
-    kernel wrapper that each unit's BatchNormReLU calls (layers/bn.py), replaced there."""
+def capturing(into, net):
+    """Append (x, stats, beta, da) on the host for every BN-ReLU backward of net's while inside (exact mode): the
+    kernel wrapper that each unit's BatchNormReLU calls (layers/bn.py), replaced there by one that also issues a
+    copy of its arrays, so that a pass recorded inside (the net's passes are recorded anew) takes them when it
+    runs."""
     original = layers.bn.batchnorm_relu_backward
 
+    def snapshot(*arrays):
+        into.append(tuple(backend.to_host(a).copy() for a in arrays))
+
     def capture(da, stats, beta, dx, **options):
-        into.append(tuple(backend.to_host(a).copy() for a in (options["x_copy"], stats, beta, da)))
+        program.issue("capture", snapshot, options["x_copy"], stats, beta, da)
         original(da, stats, beta, dx, **options)
     layers.bn.batchnorm_relu_backward = capture
+    net.record_anew()
     try:
         yield
     finally:
         layers.bn.batchnorm_relu_backward = original
+        net.record_anew()
 
 
 def measure(x, stats, beta, da, *, eps, k):
@@ -194,7 +201,7 @@ def main(argv=None):
             iteration += 1
         captured = []
         net.zero_grad()
-        with capturing(captured):
+        with capturing(captured, net):
             net.forward(*probe_batches.next())
             net.backward()
         net.zero_grad()  # the probe's gradients must not reach the next step

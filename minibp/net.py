@@ -284,6 +284,11 @@ class Net(Chain):
             self._programs[key] = recorded
         return recorded
 
+    def record_anew(self):
+        """Drop the recorded passes: the next use of each records it again (a benchmark that wraps a layer's function
+        for a while: bench/stores.py)."""
+        self._programs = {}
+
     def _forward(self, n, *, train):
         """The forward schedule: every unit from the input to the logits (and, under stochastic rounding, the units'
         keys of this pass first)."""
