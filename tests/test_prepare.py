@@ -263,6 +263,31 @@ sys.exit(prepare.main(argv))
 """
 
 
+def interrupt_when_ready(argv, ready, *, env=None, check=None):
+    """Start argv, wait until it touches `ready`, run `check`, send SIGINT; (returncode, stdout, stderr)."""
+    child = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # Python turns SIGINT into KeyboardInterrupt only if it starts with SIGINT's default action, which a test
+        # run launched in the background (SIGINT ignored) would not hand down
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not ready.exists():
+            child.kill()
+            pytest.fail(f"the child never got mid-work: {child.communicate()[1]!r}")
+        if check is not None:
+            check()
+        child.send_signal(signal.SIGINT)
+        stdout, stderr = child.communicate(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    return child.returncode, stdout, stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage,earlier", [("download", False), ("write", False), ("write", True)])
 def test_ctrl_c_says_in_one_line_what_it_left_and_exits_130(tmp_path, capsys, cifar_archive, stage, earlier):
@@ -274,30 +299,17 @@ def test_ctrl_c_says_in_one_line_what_it_left_and_exits_130(tmp_path, capsys, ci
     before = {p.name: p.read_bytes() for p in out.iterdir()} if earlier else {}
     argv = ["--archive", str(cifar_archive)] if stage == "write" else []
     ready = tmp_path / "ready"
-    child = subprocess.Popen(
-        [sys.executable, "-c", INTERRUPTED_CHILD, stage, str(ready), md5(cifar_archive), "cifar10", "--out", str(out),
-         *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        # Python turns SIGINT into KeyboardInterrupt only if it starts with SIGINT's default action, which a test
-        # run launched in the background (SIGINT ignored) would not hand down
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if not ready.exists():
-            child.kill()
-            pytest.fail(f"the child never got mid-work: {child.communicate()[1]!r}")
+
+    def a_temporary_file_is_there():
         assert [p for p in out.iterdir() if p.name.endswith(".tmp")], "no temporary file to be left behind"
-        child.send_signal(signal.SIGINT)
-        stdout, stderr = child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+
+    returncode, stdout, stderr = interrupt_when_ready(
+        [sys.executable, "-c", INTERRUPTED_CHILD, stage, str(ready), md5(cifar_archive), "cifar10", "--out", str(out),
+         *argv], ready, check=a_temporary_file_is_there)
     target = out / "cifar10.h5"
     expected = (f"interrupted: {target} was not replaced (the one there is as it was)" if earlier else
                 f"interrupted: {target} was not written")
-    assert (child.returncode, stderr) == (130, expected + "\n")
+    assert (returncode, stderr) == (130, expected + "\n")
     if stage == "download":  # the progress line ended, not run into by what comes next
         assert stdout.endswith(" / 3.0 MiB\n"), stdout
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing new, nothing changed
@@ -309,21 +321,9 @@ def test_ctrl_c_while_it_loads_its_libraries_is_one_line_and_130(tmp_path):
     ready, slow = tmp_path / "ready", tmp_path / "slow" / "h5py"
     slow.mkdir(parents=True)  # an h5py that takes its time to import, until the test's SIGINT
     (slow / "__init__.py").write_text(f"import pathlib, time\npathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)\n")
-    child = subprocess.Popen([sys.executable, "-m", "minibp.prepare", "cifar10", "--out", str(tmp_path / "out")],
-                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=f"{tmp_path / 'slow'}:{ROOT}"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists() and child.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert ready.exists(), child.communicate()
-        child.send_signal(signal.SIGINT)
-        _, stderr = child.communicate(timeout=30)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    assert (child.returncode, stderr) == (130, "interrupted while python3 -m minibp.prepare started: nothing was "
-                                               "written\n")
+    returncode, _, stderr = interrupt_when_ready(
+        [sys.executable, "-m", "minibp.prepare", "cifar10", "--out", str(tmp_path / "out")], ready,
+        env=dict(os.environ, PYTHONPATH=f"{tmp_path / 'slow'}:{ROOT}"))
+    assert (returncode, stderr) == (130, "interrupted while python3 -m minibp.prepare started: nothing was "
+                                         "written\n")
     assert not (tmp_path / "out").exists()
