@@ -22,6 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from . import cli
 from .integrity import write_atomic
 from .kernels import KernelError
 from .run import checkpoint, modelspec, splits
@@ -167,4 +168,4 @@ def confusion_csv(confusion, names):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, layers
+from . import __version__, cli, layers
 from .constants import GAMMA_MIN
 from .integrity import atomic_file
 from .kernels import KernelError
@@ -386,4 +386,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

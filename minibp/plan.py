@@ -15,11 +15,9 @@ a chunk of images at a time); --device plans for either, whatever this machine h
 import contextlib
 import argparse
 import json
-import os
-import signal
 import sys
 
-from . import backend, models
+from . import backend, cli, models
 from .arena import format_bytes
 from .io import data
 from .quant import BITS, Store
@@ -122,17 +120,5 @@ def main(argv=None):
     return 0
 
 
-def run():
-    """main() as a command: a reader that stops reading (`| head`) ends it quietly, with the status a program
-    killed by SIGPIPE has."""
-    try:
-        status = main()
-        sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit writes there
-        status = 128 + signal.SIGPIPE
-    return status
-
-
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(cli.run(main))

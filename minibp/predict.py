@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cli
 from .arena import format_bytes
 from .integrity import atomic_file, check_own
 from .io import data
@@ -214,4 +215,4 @@ def report(model, classes, probabilities, labels, files, args):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))
