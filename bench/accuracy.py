@@ -35,6 +35,7 @@ import numpy as np
 from gradients import label, store_options
 from options import cpu_model, modes_option, net_options
 from minibp import train
+from minibp.quant import Store
 from minibp.run import checkpoint
 
 DEFAULT_SCHEDULE = "0:0.02,50:0.1,400:0.01,650:0.001"  # warm-up, then steps at 1/2 and 13/16 of 800
@@ -159,7 +160,8 @@ def main(argv=None):
             else:
                 argv = common + ["--overwrite",  # a run stopped before its first checkpoint starts again
                                  "--data", args.data, "--data-dir", args.data_dir, "--model", args.model,
-                                 "--bits", store["bits"], "--window", store["window"], "--batch", str(args.batch),
+                                 "--bits", store["bits"], "--batch", str(args.batch),
+                                 *(["--window", store["window"]] if Store(store["bits"]).has_window else []),
                                  *(["--rounding", store["rounding"]] if store["rounding"] != "nearest" else []),
                                  *(["--clip", str(store["clip"])] if "clip" in store else []),
                                  "--lr-schedule", args.lr_schedule, "--seed", str(seed),

@@ -365,3 +365,11 @@ def test_fit_takes_a_numpy_array_of_no_dimension_as_its_value():
     assert OPTIONS["batch"].from_python("batch", np.array(16)) == 16
     assert OPTIONS["momentum"].from_python("momentum", np.array(0.5, np.float32)) == 0.5
     assert OPTIONS["augment"].from_python("augment", np.array("crop")) == "crop"
+
+
+@pytest.mark.parametrize("bits", ["exact", "naive"])
+def test_a_window_for_a_store_without_one_is_refused_not_ignored(bits):
+    with pytest.raises(ValueError, match=f"--window chooses a k-bit store's window: --bits {bits} codes through none "
+                                         "of its choosing"):
+        RunConfig.new(dict(bits=bits, window="range"))
+    assert RunConfig.new(dict(bits="4", window="range")).window == "range"

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io import data
-from ..quant import DEFAULT_WINDOW, Store
+from ..quant import BITS, DEFAULT_WINDOW, Store
 from . import modelspec
 from .options import (ADAMW_DECAY, BUILT_IN_AUGMENT, CHANGEABLE, DATA_SETS, DEFINING, EVERY_RUN, IMAGENET_DEFAULTS,
                       OPTIONS, RunOptions, check_fields, default_of, option, option_fields, whole)
@@ -71,7 +71,8 @@ class RunConfig(RunOptions):
             raise ValueError("--data names a prepared data set and --data-file a file of your own: give one")
         if "data_dir" in given and given.get("data_file") is not None:
             raise ValueError("--data-dir is where --data's file is; --data-file names its file itself: give one")
-        _check_applies(given, optimizer=given.get("optimizer", default_of("optimizer")))
+        _check_applies(given, optimizer=given.get("optimizer", default_of("optimizer")),
+                       bits=given.get("bits", default_of("bits")))
         values = with_defaults(given)  # sub-batches per rank, as given: _recorded counts them over all ranks
         if values.get("data_file") is not None:  # the file's own name is the data's, in every message and folder
             values["data"] = data.file_name(values["data_file"])
@@ -117,7 +118,7 @@ class RunConfig(RunOptions):
         """(configuration, changed) of this saved run resumed at `iteration` with the options `given` (as new
         takes them): the changeable ones applied, changed = {field: [saved, new]}; a ValueError listing every
         defining option given another value than the run's. path: the checkpoint, as the messages name it."""
-        _check_applies(given, optimizer=self.optimizer)
+        _check_applies(given, optimizer=self.optimizer, bits=self.bits)
         given = _recorded(given, ranks=ranks)
         differ = [f"{option(k)} {given[k]} (the run has {getattr(self, k)})" if k != "sub_batches" or ranks == 1 else
                   f"{ranks} ranks x --sub-batches {given[k] // ranks} (the run has {self.sub_batches} sub-batches a "
@@ -188,12 +189,15 @@ def with_defaults(given):
     return values
 
 
-def _check_applies(given, *, optimizer):
-    """A ValueError for an option given that the run's optimizer has no use for: refused, not ignored, since the
-    run would record it and a resume that changed it would be refused for nothing."""
+def _check_applies(given, *, optimizer, bits):
+    """A ValueError for an option given that the run's optimizer or store has no use for: refused, not ignored,
+    since the run would record it and a resume that changed it would be refused for nothing."""
     if optimizer == "adamw" and "momentum" in given:
         raise ValueError("--momentum is SGD's: --optimizer adamw has none (its betas are 0.9, 0.999); leave "
                          "--momentum out")
+    if "window" in given and bits in BITS and not Store(bits).has_window:
+        raise ValueError(f"--window chooses a k-bit store's window: --bits {bits} codes through none of its choosing; "
+                         "leave --window out")
 
 
 def _check_batch(batch, sub_batches, *, ranks):
