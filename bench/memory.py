@@ -66,7 +66,8 @@ def child(model, model_args, batch, mode, data):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    net_options(parser, model="resnet164", batch=128, data="cifar10", data_choices=["cifar10", "cifar100", "fashion-mnist"])
+    net_options(parser, model="resnet164", batch=128, data="cifar10",
+                data_choices=["cifar10", "cifar100", "fashion-mnist"])
     modes_option(parser, "exact,8,4")
     parser.add_argument("--model-arg", action="append", default=[], type=parse_model_arg, metavar="NAME=VALUE",
                         help="a keyword argument of your own net's function, as the trainer's (repeat it)")

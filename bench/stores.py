@@ -157,7 +157,8 @@ def table(k, rows, title):
     for name, r in rows.items():
         r = np.array(r)
         lines.append(f"{name:<15} {k + r[:, 3].mean():10.3f}  {np.median(r[:, 0]):9.5f} {r[:, 0].max():8.5f}  "
-                     f"{np.median(r[:, 1]):8.5f} {r[:, 1].max():8.5f}  {np.median(r[:, 2]):10.5f} {r[:, 2].max():8.5f}  "
+                     f"{np.median(r[:, 1]):8.5f} {r[:, 1].max():8.5f}  "
+                     f"{np.median(r[:, 2]):10.5f} {r[:, 2].max():8.5f}  "
                      f"{r[:, 4].mean():8.3%} {int(r[:, 5].sum()):9d}")
     med = {name: np.median(np.array(r)[:, 1]) for name, r in rows.items()}
     best = min(med, key=med.get)

@@ -25,7 +25,8 @@ from minibp.layers import conv  # noqa: E402
 def tf32(a):
     """a (float32) rounded to TF32's 10-bit mantissa, to nearest even, kept as float32."""
     bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    return ((bits + np.uint32(0x0FFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)).view(np.float32)
+    odd = (bits >> np.uint32(13)) & np.uint32(1)  # ties go to the even neighbour
+    return ((bits + np.uint32(0x0FFF) + odd) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 ROUNDINGS = {  # how an emulated GEMM forms op(a) @ op(b) in float32

@@ -147,7 +147,8 @@ class Net(Chain):
     # ------------------------------------------------------------------ allocation and state
 
     def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, clip=None, store=None,
-                seed=0, training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False, check_plan=None):
+                seed=0, training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False,
+                check_plan=None):
         """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, or
         by its words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
         "block" or "fixed"; the naive ablation's is fixed), `rounding`, how a value becomes a code

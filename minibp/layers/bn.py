@@ -19,7 +19,8 @@ from ..quant import check_window
 from .launch import launch
 
 ROWS_PER_CHUNK = 16      # rows the backward's reduction sums in order into one row of partial sums
-STATS_CHUNK = 64         # rows a chunk of the statistics' sums, about its own shift; a block window's block: whole chunks
+# rows a chunk of the statistics' sums, about its own shift; a block window's block is whole chunks
+STATS_CHUNK = 64
 STATS_VALUES = {False: 3, True: 5}  # the statistics' partial rows (kernels/bn.cu PartialRow): with the extremes, 5
 
 # stats is a unit's (4, C) statistics: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma
@@ -109,7 +110,8 @@ def batchnorm_finish(gamma, beta, stats, *, eps, part=None, rows=None, running=N
     if running is not None and (running.shape != (2, S) or not 0 <= offset <= S - C):
         raise ValueError(f"running must be (2, S) with this unit's {C} channels from offset {offset}, got "
                          f"{running.shape}")
-    apart = bits and window == "block" and windows.shape[0] > FINISH_BLOCKS  # the block windows in a kernel of their own
+    # the block windows in a kernel of their own
+    apart = bits and window == "block" and windows.shape[0] > FINISH_BLOCKS
     kernels.load("bn.cu", gamma.dtype).batchnorm_finish(
         rows=rows or 1, C=C, chunks=chunks, rows_per_chunk=STATS_CHUNK, eps=eps, momentum=momentum,
         mean_weight=1 - momentum, variance_weight=(1 - momentum) * (rows or 1) / max((rows or 1) - 1, 1), S=S,

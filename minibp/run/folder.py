@@ -235,8 +235,8 @@ def read_metrics(path):
 
 def numbered_records(path):
     """(line number, record) of each record of a metrics file, read a line at a time (a file of any size is
-    read in bounded memory; NotOwnFile for a link, a FIFO or a device). A torn last line (a crash or a full disk mid-write) is
-    dropped with a warning; damage anywhere else, or a line longer than MAX_LINE bytes, is a ValueError
+    read in bounded memory; NotOwnFile for a link, a FIFO or a device). A torn last line (a crash or a full
+    disk mid-write) is dropped with a warning; damage anywhere else, or a line longer than MAX_LINE bytes, is a ValueError
     naming the file and the line."""
     path = Path(path)
     records, torn = [], None  # torn: the number of a line that did not parse, kept until a later line shows

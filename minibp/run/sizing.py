@@ -71,7 +71,8 @@ def largest_batch(net, *, store, budget, training=True, optimizer="sgd", grad_no
     return lo
 
 
-def compile_within_memory(net, *, batch, store, hint="lower --batch, or compute it in parts with --sub-batches", **options):
+def compile_within_memory(net, *, batch, store,
+                          hint="lower --batch, or compute it in parts with --sub-batches", **options):
     """net.compile(batch=, store=, **options), refused before anything is allocated unless its plan fits the
     memory available now; the refusal gives the plan's size and the largest batch that fits."""
     planned = {k: options[k] for k in ("training", "optimizer", "grad_norm") if k in options}  # what plans differ by
