@@ -2,7 +2,8 @@
 
 Read in this order (docs/architecture.md, "Reading path"); each module imports only those before it.
 The engine, here: backend (NumPy or CuPy) -> constants (numbers shared with the kernels) -> integrity
-(checksums, atomic writes) -> build (the CPU builds) -> kernels (one loader for CUDA sources on both devices)
+(checksums, atomic writes) -> build (the CPU builds) -> program (every device call, recorded and replayed) ->
+kernels (one loader for CUDA sources on both devices) -> blas (the matrix product; cuBLAS bound by minibp)
 -> arena (every buffer planned, one allocation) -> quant (the k-bit store) -> params (the parameter table)
 -> checks -> layers -> units -> chain -> optim -> net (the approximate-activation schedule) -> models (the
 paper's ResNets) -> step (one training step) -> dist (several processes).
@@ -12,7 +13,8 @@ A run's libraries, run/: modelspec (a ResNet's name or your own net) -> schedule
 options, declared) -> config (RunConfig, checked whole) -> splits -> folder (lock and metrics log) -> checkpoint
 -> sizing (a plan fitted to the memory) -> evaluation (loss and accuracy over a split) -> trained (minibp.load)
 -> startup (a run's start) -> session (a run's loop).
-The command lines, python3 -m minibp.X: train (and minibp.fit), evaluate, predict, plan, plot, prepare.
+The command lines, python3 -m minibp.X: train (and minibp.fit), evaluate, predict, export, plan, plot, prepare;
+cli is what the printing ones share.
 """
 __version__ = "0.1.0"
 
