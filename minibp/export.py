@@ -24,6 +24,7 @@ the graph disagreed with the run's net, 2 a bad option or input, 130 stopped by 
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from . import __version__, cli, layers
 from .constants import GAMMA_MIN
-from .integrity import atomic_file
+from .integrity import write_atomic
 from .kernels import KernelError
 from .run import modelspec
 from .run.trained import checkpoint_path, load
@@ -306,11 +307,10 @@ def targets(checkpoint, formats, out):
     return {f: folder / (Path(checkpoint).stem + FORMATS[f]) for f in formats}
 
 
-def _write(path, data):
+def _write(path, data, *, overwrite):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_file(path) as tmp:
-            Path(tmp).write_bytes(data)
+        write_atomic(path, data, replace=overwrite)  # a file that appeared meanwhile is never replaced
     except OSError as e:
         raise Failed(f"cannot write {path} ({e.strerror or e})") from None
 
@@ -323,11 +323,10 @@ def export(run, *, which=None, formats=None, out=None, overwrite=False, report=N
     (the command line's print).
     A bad option or input is a ValueError (FileNotFoundError, ImportError) before anything is written; a
     failed write or a graph that disagrees with the net is Failed."""
-    if which is not None and which not in WHICH:
-        raise ValueError(f"which is 'best', 'last' or None, got {which!r}")
     formats = _formats(formats, out)
-    paths = targets(checkpoint_path(run, which), formats, out)
-    existing = [str(p) for p in paths.values() if p.exists()]
+    checkpoint = checkpoint_path(run, which)  # chosen once: the files are named after what they hold
+    paths = targets(checkpoint, formats, out)
+    existing = [str(p) for p in paths.values() if os.path.lexists(p)]
     if existing and not overwrite:
         raise ValueError(f"{' and '.join(existing)} {'exist' if len(existing) > 1 else 'exists'}: pass --overwrite "
                          "to replace, or choose another --out")
@@ -335,7 +334,7 @@ def export(run, *, which=None, formats=None, out=None, overwrite=False, report=N
         _library(name)
     serialize = _library("safetensors.numpy").save if "safetensors" in formats else None
     report = report or (lambda line: None)
-    model = load(run, which=which, batch=CHECK_IMAGES)
+    model = load(checkpoint, batch=CHECK_IMAGES)
     built = modelspec.describe(model.config.model, model.config.model_args)
     report(f"{model.path} (iteration {model.iteration}): {built}, {len(model.net.units)} units, "
            f"{model.net.num_parameters:,} parameters")
@@ -349,7 +348,7 @@ def export(run, *, which=None, formats=None, out=None, overwrite=False, report=N
         tensors = weights(model)
         files["safetensors"] = (serialize(tensors, metadata=metadata(model)), f"{len(tensors)} arrays")
     for name, (data, what) in files.items():
-        _write(paths[name], data)
+        _write(paths[name], data, overwrite=overwrite)
         report(f"wrote {paths[name]} ({what})")
     return paths
 
@@ -379,9 +378,6 @@ def main(argv=None):
     except Failed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # a file being written is removed whole (atomic_file); those written stay
-        print("stopped: no file is left half written", file=sys.stderr)
-        return 130
     return 0
 
 

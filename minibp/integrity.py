@@ -204,7 +204,8 @@ def _same_file(name, status):
     return (now.st_dev, now.st_ino) == (status.st_dev, status.st_ino)
 
 
-def write_atomic(path, data):
-    """Publish data (bytes-like, or text written as UTF-8) at path whole (atomic_file)."""
-    with atomic_file(path) as tmp:
+def write_atomic(path, data, *, replace=True):
+    """Publish data (bytes-like, or text written as UTF-8) at path whole (atomic_file; replace=False: never over a
+    file that is there)."""
+    with atomic_file(path, replace=replace) as tmp:
         Path(tmp).write_bytes(data.encode() if isinstance(data, str) else data)

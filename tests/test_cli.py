@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from minibp import train
+from minibp import cli, train
 from runs import ROOT, base_args
 
 
@@ -30,3 +30,11 @@ def test_a_command_stops_quietly_when_its_reader_does(tmp_path, data_dir):
         done.stdout.close()  # the reader has gone before the first line
         err = done.stderr.read().decode()
         assert (name, done.wait(), err) == (name, 128 + signal.SIGPIPE, "")
+
+
+def test_ctrl_c_is_one_line_and_130(capsys):
+    def interrupted():
+        raise KeyboardInterrupt
+
+    assert cli.run(interrupted) == 128 + signal.SIGINT
+    assert capsys.readouterr().err == "stopped: no file is left half written\n"

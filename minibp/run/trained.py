@@ -68,12 +68,12 @@ def checkpoint_path(run, which=None):
     """The checkpoint file of a run folder (which: "best", "last", or None: best.h5 where there is one), or
     `run` itself when it is a file."""
     run = Path(run)
+    if which not in (None, "best", "last"):
+        raise ValueError(f"which is 'best', 'last' or None, got {which!r}")
     if run.is_file():
         return run
     if not run.is_dir():
         raise FileNotFoundError(f"no run folder or checkpoint at {run}")
-    if which not in (None, "best", "last"):
-        raise ValueError(f"which is 'best', 'last' or None, got {which!r}")
     best, last = run / "best.h5", run / "checkpoint.h5"
     has_best = os.path.lexists(best)  # (a link there too: load refuses it, never reads through it)
     if which == "best" and not has_best:
