@@ -82,11 +82,14 @@ def available_memory():
     if device == "gpu":
         # free on the device, plus what CuPy's pool holds unused (it hands that out first)
         return int(xp.cuda.runtime.memGetInfo()[0]) + int(xp.get_default_memory_pool().free_bytes())
+    return host_memory()
+
+
+def host_memory():
+    """Bytes the host can allocate now (MemAvailable), or None where the system does not say."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError, IndexError):
+        return None

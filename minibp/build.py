@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from . import constants
-from .integrity import sha256_bytes
+from .integrity import descriptor_path, sha256_bytes
 
 
 class KernelError(RuntimeError):
@@ -155,11 +155,6 @@ def _not_private(st):
     return None
 
 
-def _through(fd, path):
-    """A path that reaches the file open as fd whatever later happens to its name; path without /proc."""
-    return Path(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") else Path(path)
-
-
 def _make_folders(path):
     """mkdir -p path, each folder it makes 0700 whatever the umask (os.makedirs: 0777 under umask 000)."""
     for folder in [*reversed(path.parents), path]:
@@ -247,7 +242,7 @@ def _writable_cache(cache, fd):
     """(path, descriptor) of the folder to build in: the cache open as fd if this process can write there,
     else a private temporary folder (fd is then closed). The caller closes the descriptor returned."""
     try:
-        tempfile.TemporaryFile(dir=_through(fd, cache)).close()  # mkdir succeeds on an existing read-only folder
+        tempfile.TemporaryFile(dir=descriptor_path(fd, cache)).close()  # mkdir succeeds on a read-only folder
         return cache, fd
     except OSError as e:
         os.close(fd)
@@ -332,7 +327,7 @@ def _pinned(fd, path):
     kept = _PINNED.setdefault((st.st_dev, st.st_ino), fd)
     if kept != fd:
         os.close(fd)
-    return _through(kept, path)
+    return Path(descriptor_path(kept, path))
 
 
 def _write_private(path, data):
@@ -444,7 +439,7 @@ def cached_library(path, wrapper, real_name, include_dir):
               file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
-            library = _build(command, wrapper, path, real_name, _through(build_fd, cache), name)
+            library = _build(command, wrapper, path, real_name, Path(descriptor_path(build_fd, cache)), name)
         finally:
             print(f" ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
         return _pinned(library, cache / name)

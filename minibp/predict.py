@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import cli
+from . import backend, cli
 from .arena import format_bytes
 from .integrity import atomic_file, check_own
 from .io import data
@@ -56,17 +56,34 @@ def read_npy(path):
     is read: a ValueError of one line for a file that is not one, or holds no such images, or declares more than
     it holds or than the memory takes."""
     try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version not in ((1, 0), (2, 0)):
-                raise ValueError(f"format {version[0]}.{version[1]}")
-            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-                np.lib.format.read_array_header_2_0
-            shape, _, dtype = read_header(f)
-            held = os.fstat(f.fileno()).st_size - f.tell()
+        f = open(path, "rb")
+    except OSError as e:
+        raise ValueError(f"{path} is not a NumPy array file (.npy: {e.strerror or e})") from None
+    with f:  # the very file checked is the one read
+        shape, dtype, held = _npy_header(path, f)
+        _check_npy(path, shape, dtype, held)
+        f.seek(0)
+        return np.lib.format.read_array(f, allow_pickle=False)
+
+
+def _npy_header(path, f):
+    """(shape, dtype, bytes after the header) of the .npy file open as f; a ValueError where it is not one."""
+    try:
+        version = np.lib.format.read_magic(f)
+        if version not in ((1, 0), (2, 0)):
+            raise ValueError(f"format {version[0]}.{version[1]}")
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+            np.lib.format.read_array_header_2_0
+        shape, _, dtype = read_header(f)
+        return shape, dtype, os.fstat(f.fileno()).st_size - f.tell()
     except (ValueError, OSError, EOFError) as e:  # (never numpy's advice on pickles: nothing is unpickled here)
         why = str(e).split(";")[0].split("\n")[0]
         raise ValueError(f"{path} is not a NumPy array file (.npy: {why})") from None
+
+
+def _check_npy(path, shape, dtype, held):
+    """A ValueError for a header that declares no uint8 images, more than the file holds, or more than the
+    memory takes."""
     if dtype.hasobject:
         raise ValueError(f"{path} holds Python objects ({dtype}), which minibp never reads: {IMAGES}")
     if dtype != np.uint8:
@@ -78,11 +95,10 @@ def read_npy(path):
     if declared > held:
         raise ValueError(f"{path} declares {shape} uint8 ({format_bytes(declared)}) but holds {format_bytes(held)}: "
                          "it is cut short or damaged")
-    free = data.host_memory()
+    free = backend.host_memory()
     if free is not None and declared > free:
         raise ValueError(f"{path} holds {format_bytes(declared)} of images, more than the {format_bytes(free)} of "
                          "memory available: predict them in parts")
-    return np.load(path, allow_pickle=False)
 
 
 def list_images(inputs):

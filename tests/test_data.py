@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import host
+from minibp import backend
 from minibp.io import data
 from runs import ROOT
 
@@ -260,7 +261,7 @@ def test_a_split_the_file_does_not_hold_is_refused_before_it_is_read(clean, dama
 def test_a_split_larger_than_the_memory_is_refused_before_it_is_read(tmp_path, monkeypatch):
     # compressed zeros: a small file whose splits are large in memory
     path = make_file(tmp_path / "cifar10.h5")
-    monkeypatch.setattr(data, "host_memory", lambda: 500)  # bytes: the test split takes 800
+    monkeypatch.setattr(backend, "host_memory", lambda: 500)  # bytes: the test split takes 800
     with pytest.raises(ValueError, match=r"its train and test splits take .* in memory, more than the .* available"):
         data.load_dataset(path)
     with pytest.raises(ValueError, match=r"its test split takes .* in memory, more than the .* available"):

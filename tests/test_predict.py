@@ -4,8 +4,7 @@ unless --overwrite and never through a link."""
 import numpy as np
 import pytest
 
-from minibp import predict, train
-from minibp.io import data
+from minibp import backend, predict, train
 from runs import make_dataset, one_line_error
 
 
@@ -94,7 +93,7 @@ def test_an_npy_that_declares_more_than_it_holds_is_refused_before_reading(run, 
 
 def test_an_npy_larger_than_the_memory_is_refused_before_reading(run, tmp_path, capsys, monkeypatch):
     np.save(tmp_path / "x.npy", np.zeros((4000, 8, 8, 3), np.uint8))  # 750 KiB
-    monkeypatch.setattr(data, "host_memory", lambda: 2**18)
+    monkeypatch.setattr(backend, "host_memory", lambda: 2**18)
     code, line = predicted(capsys, run[0], tmp_path / "x.npy")
     assert code == 2 and "memory" in line
 

@@ -343,16 +343,6 @@ READ_BYTES = 64 << 20  # the most of a split read at once, its checksum summed a
 CHECKSUMS = ("images_sha256", "labels_sha256")  # a split's
 
 
-def host_memory():
-    """Bytes the host can allocate now (MemAvailable), or None where the system does not say."""
-    try:
-        with open("/proc/meminfo") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return int(fields["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError, IndexError):
-        return None
-
-
 def _load(path, splits):
     path = Path(path)
     if not path.is_file():
@@ -463,7 +453,7 @@ def _stored_problem(what, dataset):
 def _check_memory(where, groups):
     """A ValueError where the splits (their HDF5 groups) take more memory than the host has free."""
     needed = sum(g["images"].nbytes + 8 * len(g["labels"]) for g in groups)  # labels read as int64
-    free = host_memory()
+    free = backend.host_memory()
     if free is not None and needed > free:
         names = " and ".join(g.name.strip("/") for g in groups)
         raise ValueError(f"{where}: its {names} split{'s take' if len(groups) > 1 else ' takes'} "
