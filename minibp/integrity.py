@@ -182,7 +182,7 @@ def atomic_file(path, *, replace=True):
         except FileNotFoundError:
             mode = new_file_mode()
         os.fchmod(fd, mode)  # mkstemp makes the file private
-        if not _same_file(tmp, made):  # another's file at the temporary name: never published as ours
+        if not same_file(tmp, made):  # another's file at the temporary name: never published as ours
             raise OSError(errno.ESTALE, "its temporary file was replaced while it was written", tmp)
         check_own(path)
         if replace:
@@ -190,16 +190,17 @@ def atomic_file(path, *, replace=True):
         else:
             os.link(tmp, path)  # FileExistsError where path is there, whenever it appeared
     finally:
-        if _same_file(tmp, made):  # only the file made: whatever else is at its name stays
+        if same_file(tmp, made):  # only the file made: whatever else is at its name stays
             os.unlink(tmp)
         os.close(fd)
 
 
-def _same_file(name, status):
-    """Whether the name holds the file of os.stat_result status (not following a link)."""
+def same_file(name, status):
+    """Whether the name holds the file of os.stat_result status (not following a link); False where it holds
+    nothing that can be looked at."""
     try:
         now = os.lstat(name)
-    except FileNotFoundError:
+    except OSError:
         return False
     return (now.st_dev, now.st_ino) == (status.st_dev, status.st_ino)
 

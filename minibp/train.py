@@ -42,7 +42,7 @@ from . import dist
 from .integrity import shown
 from .kernels import KernelError
 from .run import modelspec, startup
-from .run.config import RunConfig, with_defaults
+from .run.config import RunConfig, absolute_paths, with_defaults
 from .run.folder import FolderLost, RunDir
 from .run.options import OPTIONS, Invocation, RunOptions, option_fields, read_command_line
 from .run.session import Diverged, Session, WriteFailed
@@ -158,8 +158,7 @@ def _session(invocation, given, group, *, function=None, python=False):
 def _as_agreed(invocation, given):
     """What ranks must agree on, each option as this rank resolves it: a fresh run's at its default where not given
     (a rank without --rounding runs nearest, and is named so), a resume's as "(the run's)"; paths absolute."""
-    given = dict(given, **{k: str(Path(given[k]).resolve()) for k in ("data_dir", "data_file")
-                           if given.get(k) is not None})
+    given = absolute_paths(given)
     resolved = ({name: given.get(name, "(the run's)") for name, _ in option_fields(RunOptions)} if invocation.resume
                 else with_defaults(given))
     return dict(resolved, **invocation.__dict__)
@@ -198,7 +197,6 @@ def _run(invocation, given, group=None, *, function=None, python=False):
     finally:
         if group is None or group.rank == 0:
             run.release()
-
 
 
 if __name__ == "__main__":

@@ -91,6 +91,11 @@ def test_model_arguments_are_recorded_as_json_would_give_them_back():
         model_args({"channels": {8, 16}})
     with pytest.raises(ValueError, match="cannot be recorded"):
         model_args({"scale": float("nan")})
+    # NumPy's scalars and arrays of no dimension mean what they mean in fit's own options
+    assert model_args({"width": np.int64(8), "depth": np.array(3), "drop": np.float32(0.5)}) == \
+        {"width": 8, "depth": 3, "drop": 0.5}
+    with pytest.raises(ValueError, match="cannot be recorded"):
+        model_args({"widths": np.array([16, 32])})
 
 
 def test_imagenet_defaults_are_the_papers_setting():

@@ -17,16 +17,15 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
-
 from ..io import data
 from ..quant import BITS, DEFAULT_WINDOW, Store
 from . import modelspec
 from .options import (ADAMW_DECAY, BUILT_IN_AUGMENT, CHANGEABLE, DATA_SETS, DEFINING, EVERY_RUN, IMAGENET_DEFAULTS,
-                      OPTIONS, RunOptions, check_fields, default_of, option, option_fields, whole)
+                      OPTIONS, RunOptions, check_fields, default_of, option, option_fields, python_value, whole)
 from .schedule import parse_schedule
 
 
+PATHS = ("data_dir", "data_file", "init_from")  # the options that name a file or folder, recorded absolute
 FOLDER_NAME = 48  # the most characters of the data's and the model's names in a default run folder's name
 
 
@@ -71,14 +70,12 @@ class RunConfig(RunOptions):
             raise ValueError("--data names a prepared data set and --data-file a file of your own: give one")
         if "data_dir" in given and given.get("data_file") is not None:
             raise ValueError("--data-dir is where --data's file is; --data-file names its file itself: give one")
-        _check_applies(given, optimizer=given.get("optimizer", default_of("optimizer")),
-                       bits=given.get("bits", default_of("bits")))
-        values = with_defaults(given)  # sub-batches per rank, as given: _recorded counts them over all ranks
+        values = with_defaults(given)  # every field; sub-batches per rank, as given: _recorded counts them over all
+        _check_applies(given, optimizer=values["optimizer"], bits=values["bits"])
         if values.get("data_file") is not None:  # the file's own name is the data's, in every message and folder
             values["data"] = data.file_name(values["data_file"])
         values = _recorded(values, ranks=ranks)  # data_dir made absolute: the run resumes from any folder
-        _check_batch(values.get("batch", default_of("batch")), values.get("sub_batches", default_of("sub_batches")),
-                     ranks=ranks)
+        _check_batch(values["batch"], values["sub_batches"], ranks=ranks)
         return cls(**values)
 
     @classmethod
@@ -207,14 +204,17 @@ def _check_batch(batch, sub_batches, *, ranks):
         raise ValueError(f"--batch ({batch}) must be a positive multiple of {named} ({sub_batches})")
 
 
+def absolute_paths(given):
+    """The options given with the paths among them (PATHS) absolute: a run resumes from any folder, and ranks
+    started in different folders compare the same paths."""
+    return dict(given, **{k: str(Path(given[k]).resolve()) for k in PATHS if given.get(k) is not None})
+
+
 def _recorded(given, *, ranks):
     """The options given, in the form a run records them: paths absolute (a run resumes from any folder), the
     model's spec as modelspec.canonical makes it, its arguments as JSON gives them back, the augmentation in
     AUGMENTS' order, and the sub-batches counted over all ranks."""
-    recorded = dict(given)
-    for key in ("data_dir", "data_file", "init_from"):
-        if recorded.get(key) is not None:
-            recorded[key] = str(Path(recorded[key]).resolve())
+    recorded = absolute_paths(given)
     if "model" in recorded:
         recorded["model"] = modelspec.canonical(recorded["model"])
     if "model_args" in recorded:
@@ -245,9 +245,10 @@ def model_args(pairs):
     return recorded
 
 
-
 def _numpy_scalar(value):
-    """A NumPy scalar as the Python value it means (json.dumps' default); a TypeError for anything else."""
-    if isinstance(value, (np.bool_, np.number, np.str_)):
-        return value.item()
-    raise TypeError(f"{type(value).__name__} is not JSON")
+    """A NumPy scalar (or array of no dimension) as the Python value it means (json.dumps' default); a TypeError
+    for anything else."""
+    plain = python_value(value)
+    if plain is value:
+        raise TypeError(f"{type(value).__name__} is not JSON")
+    return plain

@@ -32,7 +32,7 @@ import time
 import weakref
 from pathlib import Path
 
-from ..integrity import NotOwnFile, check_own, open_own, shown, stale_temporaries, write_atomic
+from ..integrity import NotOwnFile, check_own, open_own, same_file, shown, stale_temporaries, write_atomic
 
 LOCK, CHECKPOINT, BEST, METRICS = "lock", "checkpoint.h5", "best.h5", "metrics.jsonl"
 HOLDER_BYTES = 1 << 16  # what is read of a lock file: a pid and a newline (anything longer is not a trainer's)
@@ -143,12 +143,7 @@ class RunDir:
         if self._forked:
             raise FolderLost(f"this process (pid {os.getpid()}) is a fork of the trainer that holds {self.path}: it "
                              "writes nothing to it")
-        held = os.fstat(self._lock_file.fileno())
-        try:
-            now = os.lstat(self.path / LOCK)
-        except OSError:
-            now = None
-        if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
+        if not same_file(self.path / LOCK, os.fstat(self._lock_file.fileno())):
             raise FolderLost(f"{self.path / LOCK} was removed or replaced while this trainer held it (the folder "
                              f"or its lock deleted): another trainer may use {self.path} now, so this one stops "
                              "without writing to it")
@@ -209,14 +204,8 @@ class MetricsLog:
         """Append a record, stamped with the wall-clock time (Unix seconds) as its field "time". An OSError
         when the file was removed or replaced since it was opened: its later records would be lost unseen."""
         self._check()
-        if self._watched:
-            held = os.fstat(self.file.fileno())
-            try:
-                now = os.lstat(self.path)
-            except OSError:
-                now = None
-            if now is None or (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino):
-                raise OSError("removed or replaced while the run appended to it")
+        if self._watched and not same_file(self.path, os.fstat(self.file.fileno())):
+            raise OSError("removed or replaced while the run appended to it")
         line = memoryview((json.dumps(dict(record, time=round(time.time(), 3))) + "\n").encode())
         while line:  # a raw write may take part of the line
             line = line[self.file.write(line):]

@@ -73,8 +73,7 @@ class Option:
         """A value given from Python (fit's keyword `name`) as the command line would read its text: a TypeError
         for a value of another kind, a ValueError for one the choices lack."""
         flag = option(name)
-        if isinstance(value, (np.bool_, np.number, np.str_)) or isinstance(value, np.ndarray) and value.ndim == 0:
-            value = value.item()  # NumPy's scalars (and arrays of no dimension) mean what Python's do
+        value = python_value(value)
         if self.words is not None and isinstance(value, (list, tuple, np.ndarray)):  # ["crop", "flip"]
             words = list(np.ravel(value)) if isinstance(value, np.ndarray) else list(value)
             if not all(isinstance(w, str) for w in words):
@@ -100,6 +99,13 @@ class Option:
             raise ValueError(f"argument {flag}: invalid choice: {value!r} (choose from "
                              f"{', '.join(map(repr, self.choices))})")
         return value
+
+
+def python_value(value):
+    """NumPy's scalars and arrays of no dimension as the Python values they mean; anything else as it is."""
+    if isinstance(value, (np.bool_, np.number, np.str_)) or isinstance(value, np.ndarray) and value.ndim == 0:
+        return value.item()
+    return value
 
 
 def _option(default, **option):
@@ -133,7 +139,7 @@ def _augment(v):
 
 
 POSITIVE, NON_NEGATIVE = "a positive integer", "a non-negative integer"
-# (named here: inside RunConfig's body its field `data` hides the module)
+# (named here: inside RunOptions' body its field `data` hides the module)
 DATA_SETS, TRANSFORMS = data.DATASETS + ("imagenet",), ", ".join(data.AUGMENTS)
 FINITE = "a finite non-negative number"
 MODEL, STORE, SCHEDULE, FOLDER, PROCESSES, IMAGENET = GROUPS

@@ -10,7 +10,6 @@ train.py's.
 import functools
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from ..io import imagenet
 from . import checkpoint, startup
 from .evaluation import evaluate
 from .folder import MetricsLog, read_metrics
+from .options import option
 
 
 class Diverged(Exception):
@@ -204,7 +204,7 @@ class Session:
                  **({} if norm is None else dict(grad_norm=norm)))
 
     def validate(self):
-        """Loss and accuracy on the test split, printed and logged. A loss that is not finite (the running
+        """Loss and accuracy on the validation split (the test split where the data hold none), printed and logged. A loss that is not finite (the running
         statistics of a net whose training steps are finite, e.g. on images of a pixel or two) is said and
         logged as such (loss and accuracy null), and training goes on: its steps' own checks stop a divergence."""
         try:
@@ -278,7 +278,7 @@ class Session:
         if self.python:
             return "fit(..., " + "".join(f"{k}={v!r}, " for k, v in change.items()) + "resume=True)"
         return (f"{self.command} --out {self.out} --resume"
-                + "".join(f" --{k.replace('_', '-')} {v}" for k, v in change.items()))
+                + "".join(f" {option(k)} {v}" for k, v in change.items()))
 
     def diverged(self, what):
         """Diverged, saying what and how to go on: from the last good state on disk (the last checkpoint, or
