@@ -42,12 +42,13 @@ from minibp.step import TrainStep
 MODES = ("eager", "replayed")
 
 
-def build(model, *, batch, bits, conv, seed=0):
+def build(model, *, mode, batch, bits, conv, seed=0):
+    """A TrainStep of its own net: eager (graph=False: the passes' programs one by one, on a GPU too) or the
+    replayed whole step (graph=True: a CUDA graph on a GPU)."""
     shape, classes = DATA_SHAPES["cifar10"]
     net = models.by_name(model, input_shape=shape, classes=classes).compile(batch=batch, bits=bits, seed=seed,
                                                                               conv=conv)
-    return TrainStep(net, SGD(net), graph=None if backend.device == "gpu" else False), \
-        TrainStep(net, SGD(net), graph=True)
+    return TrainStep(net, SGD(net), graph=mode == "replayed")
 
 
 def one_step(step, images, labels, iteration):
@@ -73,10 +74,7 @@ def empty_kernels(step):
 def measure(model, args, rng):
     """{mode: row} for one model: each mode's own net from the same weights, the modes alternating."""
     shape = DATA_SHAPES["cifar10"][0]
-    steps = {}
-    for mode in MODES:
-        eager, replayed = build(model, batch=args.batch, bits=args.bits, conv=args.conv)
-        steps[mode] = eager if mode == "eager" else replayed
+    steps = {mode: build(model, mode=mode, batch=args.batch, bits=args.bits, conv=args.conv) for mode in MODES}
     images = rng.standard_normal((args.rounds + 3, args.batch) + shape).astype(np.float32)
     labels = rng.integers(0, 10, (args.rounds + 3, args.batch))
     rows = {mode: dict(times=[], hosts=[]) for mode in MODES}
@@ -129,7 +127,7 @@ def gpu_path_calls(model, args):
     counts = {}
     try:
         for path in ("gemm", "cudnn"):
-            _, step = build(model, batch=args.batch, bits=args.bits, conv=path)
+            step = build(model, mode="replayed", batch=args.batch, bits=args.bits, conv=path)
             step._images[...] = 0
             recorded = step._step_program()
             counts[path] = (len(recorded), len(step.net.units), collections.Counter(recorded.names))

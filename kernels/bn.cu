@@ -56,11 +56,11 @@ __device__ __forceinline__ real_t restored(const Row& w, float q, int c, bool st
 enum PartialRow { SUM = 0, SUM_SQ = 1, CHUNK_SHIFT = 2, LEAST = 3, MOST = 4 };
 
 // partial[SUM, chunk, c] = the sum over the chunk's rows of d = x - shift, partial[SUM_SQ, chunk, c] of d^2, with
-// shift = partial[SHIFT, chunk, c], the chunk's first x: near its rows' mean (a chunk is neighbouring pixels), so one
-// pass keeps the variance's digits whatever the mean; and (range and block windows) partial[LEAST], partial[MOST]
-// the chunk's least and largest x. A block's own rows alone, so x may be written as it is read: with residual
-// (a block's shortcut, (rows, C)), x = x + residual first, in place; with saved, saved = x (the input of a residual
-// block, kept). A thread takes its channels a piece at a time: SCRATCH consecutive channels (the CPU's one thread:
+// shift = partial[CHUNK_SHIFT, chunk, c], the chunk's first x: near its rows' mean (a chunk is neighbouring
+// pixels), so one pass keeps the variance's digits whatever the mean; and (range and block windows)
+// partial[LEAST], partial[MOST] the chunk's least and largest x. A block's own rows alone, so x may be written as
+// it is read: with residual (a block's shortcut, (rows, C)), x = x + residual first, in place; with saved,
+// saved = x (the input of a residual block, kept). A thread takes its channels a piece at a time: SCRATCH consecutive channels (the CPU's one thread:
 // its loops over a piece vectorise), or one channel (a GPU thread's).
 template <bool ONE_THREAD>
 __device__ void statistics_rows(long long rows, int C, int rows_per_chunk, bool extremes, real_t* __restrict__ x,
@@ -425,8 +425,7 @@ extern "C" __global__ void batchnorm_backward_finish(int C, long long chunks, in
 }
 
 // One row's dx = gamma_c / sigma_c * (dy - dbeta_c / M - xhat~ * dgamma_c / M) [+ residual_grad] [and
-// shortcut_grad = dx], the batch's
-// dbeta and dgamma in w.sums.
+// shortcut_grad = dx], the batch's dbeta and dgamma in w.sums.
 template <int BITS, class Row>
 __device__ __forceinline__ void backward_dx_row(const Row& w, const real_t* __restrict__ da, const StoreIn& s,
                                                 real_t inv_count, const real_t* residual_grad, real_t* shortcut_grad,

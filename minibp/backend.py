@@ -65,6 +65,15 @@ def to_host(array):
     return array.get() if device == "gpu" else numpy.asarray(array)
 
 
+def copy_in(dst, src):
+    """dst[...] = src, src a host or device array: a host one copied straight into the device buffer (no temporary
+    on the device beside the plan; on the GPU a synchronous copy, done before any later launch reads dst)."""
+    if device == "gpu" and isinstance(src, numpy.ndarray):
+        dst.set(numpy.ascontiguousarray(src))
+    else:
+        xp.copyto(dst, src)
+
+
 def is_device_array(array):
     """True for an array of the active array module (numpy.ndarray on cpu, cupy.ndarray on gpu)."""
     return isinstance(array, xp.ndarray)

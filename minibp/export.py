@@ -216,7 +216,7 @@ def _unit_nodes(g, step, state, eps, x):
     """(output, projection output or None) of a unit's nodes on x."""
     name = f"unit{step['unit']}"
     param = lambda role: state[f"params/{name}.{role}"]
-    if step["activation"] == "bn-relu":  # the kernels' clamp of gamma (kernels/bn.cu batchnorm_coefficients)
+    if step["activation"] == "bn-relu":  # the kernels' clamp of gamma (kernels/bn.cu batchnorm_finish)
         mean, var = state[f"running/{name}.bn"]
         inputs = [x] + [g.constant(f"{name}.{role}", value) for role, value in (
             ("gamma", np.maximum(param("gamma"), np.float32(GAMMA_MIN))), ("beta", param("beta")),

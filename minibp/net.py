@@ -182,8 +182,9 @@ class Net(Chain):
         else:  # the net's own state, as it is (a diverged one says so at its next forward)
             table.set_state(self.units, self.arena, kept, require_finite=False)
         self._n = 0
-        for kind in ("forward", "loss", "backward") if training else ("evaluate",):  # every call checked and bound
-            self.program(kind, batch)
+        # every call checked and bound now, as a one-sub-batch TrainStep and forward() will replay them
+        for kind in ("forward", "loss", "backward") if training else ("evaluate",):
+            self.program(kind, batch, accumulate=False)
         return self
 
     def initialize(self, *, seed=0):
@@ -211,11 +212,11 @@ class Net(Chain):
     def forward(self, images, labels, *, train=True, sync=True, draw=None):
         """(loss, accuracy) as floats of a batch (N <= the compiled batch). train: batch statistics, running
         ones updated, stores written for backward(); else the running statistics. A loss that is not finite
-        leaves the running statistics as they were and raises FloatingPointError. sync=False: (loss, accuracy)
-        stay device scalars, unchecked. draw (stochastic rounding): which random draw the stores take, with the
-        compile's seed (quant.rounding_key); by default the training forward passes since compile are counted 0,
-        1, 2, ... (step.py numbers them by iteration and sub-batch, so that a resumed run draws as an
-        uninterrupted one)."""
+        leaves the running statistics as they were and raises FloatingPointError. sync=False: (loss,
+        accuracy) stay on the device, unchecked: views of arena["loss"][0], which the next forward overwrites.
+        draw (stochastic rounding): which random draw the stores take, with the compile's seed
+        (quant.rounding_key); by default the training forward passes since compile are counted 0, 1, 2, ...
+        (step.py numbers them by iteration and sub-batch, so that a resumed run draws as an uninterrupted one)."""
         if labels is None:
             raise ValueError("forward() needs labels (N,) to compute the loss; net.predict(images) needs none")
         self._check_images(images)
@@ -224,7 +225,7 @@ class Net(Chain):
         checks.check_labels(labels, images.shape[0], self.classes)
         n = self.load_batch(images, labels)
         if train and self.store.stochastic and draw is not None:
-            self.arena["draw"][...] = checks.index(draw, "draw")
+            backend.copy_in(self.arena["draw"], np.array([checks.index(draw, "draw")], np.int64))
         self.program("forward" if train else "evaluate", n).run()
         self.program("loss", n, accumulate=False).run()
         self._n = n if train else 0
@@ -254,9 +255,9 @@ class Net(Chain):
         n = images.shape[0]
         if not 1 <= n <= self.batch:
             raise ValueError(f"a batch of {n} images does not fit the {self.batch} the net was compiled for")
-        _copy_in(self.arena["input"][:n], images)
+        backend.copy_in(self.arena["input"][:n], images)
         if labels is not None:
-            _copy_in(self.arena["labels"][:n], labels.astype(np.int64, copy=False))
+            backend.copy_in(self.arena["labels"][:n], labels.astype(np.int64, copy=False))
         return n
 
     # ------------------------------------------------------------------ the passes, recorded once
@@ -380,15 +381,6 @@ class Net(Chain):
     def _check_compiled(self):
         if self.arena is None:
             raise RuntimeError("compile the net first: net.compile(batch=..., bits=...)")
-
-
-def _copy_in(dst, src):
-    """dst[...] = src, src a host or device array: a host one straight into the device buffer (no temporary on the
-    device beside the plan)."""
-    if backend.device == "gpu" and isinstance(src, np.ndarray):
-        dst.set(np.ascontiguousarray(src))
-    else:
-        backend.xp.copyto(dst, src)
 
 
 def _check_optimizer(optimizer, grad_norm):

@@ -69,7 +69,6 @@ class _FlatOptimizer:
     def _init(self, net, clip_norm):
         self.net = net
         self.clip_norm = _clip_norm(clip_norm)
-        self._measured = None  # a weak reference to the arena whose grad_norm the last step wrote
         self._recorded = None  # (a weak reference to the arena, the step's Program)
         self._check_net()
 
@@ -95,7 +94,7 @@ class _FlatOptimizer:
         if the net was not compiled with grad_norm=True or no step has measured it since the last compile.
         A host read: on the GPU it waits for the device (read it when logging, not every step)."""
         arena = self.net.arena
-        if self._measured is None or self._measured() is not arena or "grad_norm" not in arena:
+        if self._recorded is None or self._recorded[0]() is not arena or "grad_norm" not in arena:
             return None
         if backend.device == "gpu":  # a graph's step runs on its own stream
             backend.xp.cuda.runtime.deviceSynchronize()
@@ -113,12 +112,7 @@ class _FlatOptimizer:
         if iteration is not None or self.uses_iteration:
             iteration = checks.index(iteration, "iteration")
         self._check_net()  # a recompile may have made it an evaluation net
-        values = np.array([lr, *self._bias_corrections(iteration)], np.float64)
-        scalars = self.net.arena["scalars"]
-        if backend.device == "gpu":
-            scalars.set(values)
-        else:
-            scalars[...] = values
+        backend.copy_in(self.net.arena["scalars"], np.array([lr, *self._bias_corrections(iteration)], np.float64))
 
     def _bias_corrections(self, iteration):
         return (1.0, 1.0)
@@ -133,7 +127,6 @@ class _FlatOptimizer:
                 grad_norm = self._record_norm()
                 self._record_update(kernels.load("sgd.cu", self.net.dtype), arena["scalars"], grad_norm)
             self._recorded = (weakref.ref(arena), recorded)
-            self._measured = weakref.ref(arena) if grad_norm is not None or "grad_norm" in arena else None
         return self._recorded[1]
 
     def _record_norm(self):

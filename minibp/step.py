@@ -7,18 +7,18 @@ replayed.
     TrainStep(net, opt, group=dist.start())            # one rank's share of a batch (dist.py): see below
 
 Eager: net.forward / net.backward for each sub-batch (the first backward sets the gradients, the others add to
-them), then opt.step: each pass is a
-recorded program replayed (program.py), and the loss comes back to the host after every forward, so a loss
-that is not finite raises FloatingPointError at once (and leaves the running statistics as they were).
+them), then opt.step: each pass is a recorded program replayed (program.py), and the loss comes back to the
+host after every forward, so a loss that is not finite raises FloatingPointError at once (and leaves the
+running statistics as they were).
 
 Replayed (graph=True): the whole step is one program, recorded once from the passes' programs: for each
 sub-batch, copy its images and labels from fixed staging buffers into the net's input buffers, then the
 forward, loss and backward passes (the first sub-batch's set the loss sums and the gradients, the others add
-to them); then the optimizer's step. What changes
-from step to step lives on the device and is written before each replay: the batch (staged on the host),
-the learning rate and AdamW's bias corrections (arena["scalars"]) and stochastic rounding's first draw
-(arena["draw"], which each forward counts on). So one program serves a whole run: any schedule, AdamW,
-clipping (whose norm is computed and read on the device) and stochastic rounding.
+to them); then the optimizer's step. What changes from step to step lives on the device and is written before
+each replay: the batch (staged on the host), the learning rate and AdamW's bias corrections
+(arena["scalars"]) and stochastic rounding's first draw (arena["draw"], which each forward counts on). So one
+program serves a whole run: any schedule, AdamW, clipping (whose norm is computed and read on the device) and
+stochastic rounding.
 - On a GPU the program is captured once as a CUDA graph and relaunched: the host issues one launch a step
   instead of thousands of calls. Every buffer is the arena's, at a fixed address, and the staging buffers are
   pinned host memory, so the device memory is the plan's. The first step runs the program eagerly on the
@@ -148,8 +148,7 @@ class TrainStep:
         """What changes from step to step, on the device: the optimizer's scalars and the first draw."""
         self.opt.set_scalars(lr=lr, iteration=self._iteration)
         if first_draw is not None and "draw" in self.net.arena:
-            draw = self.net.arena["draw"]
-            draw.set(np.array([first_draw], np.int64)) if backend.device == "gpu" else draw.fill(first_draw)
+            backend.copy_in(self.net.arena["draw"], np.array([first_draw], np.int64))
 
     def _step_program(self):
         """The whole step as one Program (the module docstring), recorded at its first use."""

@@ -3,7 +3,8 @@
     BatchNormReLU            the layer a unit holds: its statistics, its store and windows, one call a pass
     StoreView                a unit's store at one batch size: the buffers the kernels read and write
     batchnorm_statistics     the kernels' wrappers, one per pass, on arrays the caller gives (tests call them)
-    batchnorm_coefficients
+    batchnorm_finish         (the statistics' finish; code_windows, the block windows beyond FINISH_BLOCKS;
+    rounding_keys             stochastic rounding's keys of a pass)
     batchnorm_relu_forward / _restore / _backward
     batchnorm_relu_*_ref     the same in plain NumPy
 
@@ -208,9 +209,8 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
                             accumulate=True):
     """dx = dL/dx of the unit's BN + ReLU from da = dL/da and the store (stochastic: its levels are the bins'
     edges); dgamma, dbeta accumulate (+=), or with accumulate=False are set (=). Three kernels: the partial sums of
-    dbeta and dgamma (and, given
-    restored (..., C), the restored activation batchnorm_relu_restore writes, from the same read of the store),
-    their sums, dx.
+    dbeta and dgamma (and, given restored (..., C), the restored activation batchnorm_relu_restore writes, from
+    the same read of the store), their sums, dx.
 
     partial is (>= 2 * reduction_chunks(rows) * C,) scratch and sums (2, C) receives this batch's dbeta, dgamma.
     residual_grad, when given, is added to dx (the residual gradient arriving at a block's input); shortcut_grad,
@@ -297,8 +297,8 @@ def batchnorm_relu_backward_ref(da, xhat, mask, gamma, sigma):
 
 
 def update_running(running, increment, *, momentum):
-    """running = momentum * running + increment, in place: the running statistics' one rule, for a unit's
-    (BatchNormReLU) and for a whole net's deferred increments (Net.add_running)."""
+    """running = momentum * running + increment, in place: the rule batchnorm_finish applies to a unit's running
+    statistics in its kernel, here for a whole net's deferred increments (Net.add_running)."""
     running *= momentum
     running += increment
 
