@@ -28,10 +28,10 @@ def net_input(input_shape, dtype):
     return tuple(int(s) for s in input_shape), dtype
 
 
-def check_channels(units, k):
-    """At k bits every batch-norm unit's channel count must be a multiple of 8 / k (a code byte holds 8 / k
-    channels of one row)."""
-    for u in units:
+def check_channels(units, bits):
+    """At k bits a batch-norm unit's channel count must be a multiple of 8 / k (a code byte holds 8 / k channels of
+    one row); bits: every unit's k (0: exact), or a list of each unit's."""
+    for u, k in zip(units, [bits] * len(units) if isinstance(bits, int) else bits):
         if k and u.bn_channels % (8 // k):
             raise ValueError(f"unit {u.index} has {u.bn_channels} channels: at {k} bits the channel count "
                              f"must be a multiple of {8 // k}")

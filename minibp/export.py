@@ -239,7 +239,7 @@ def onnx_model(model):
     onnx = _library("onnx")
     _library("onnx.numpy_helper")
     net = model.net
-    if net.store.naive:
+    if net.naive:
         raise ValueError(f"{model.path} is a naive run, which predicts through its 4-bit codes: an ONNX graph "
                          "would not compute what it does (export its weights: --format safetensors)")
     g, state, residual = _Graph(onnx), net.state(), None

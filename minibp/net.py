@@ -34,7 +34,7 @@ from .checks import positive_int
 from .optim import OPTIMIZERS, SCALARS, norm_chunks
 from .params import key
 from .layers import ConvPath, update_running
-from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store
+from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store, per_unit
 from .units import Step
 
 
@@ -68,6 +68,7 @@ class Net(Chain):
         self.eps, self.bn_momentum = eps, bn_momentum
         super().__init__(self.input_shape)
         self.arena, self.training, self.conv_path = None, None, None  # set by compile
+        self.stores = ()                # (quant.Store,) one a unit, set by compile
         self._n = 0                     # the batch of the last training forward, which backward reads
         self.deferred_running = None    # (2, S) while defer_running() defers the running statistics' updates
         self._programs = {}             # the recorded passes (program()), dropped by a compile
@@ -81,15 +82,28 @@ class Net(Chain):
     num_parameters = property(lambda self: sum(int(np.prod(p.shape)) for _, _, p in self.parameter_table()))
     num_decayed = property(lambda self: sum(int(np.prod(p.shape)) for _, _, p in self.parameter_table() if p.decayed))
 
+    def _stores(self, store, **words):
+        """One quant.Store a unit (quant.per_unit) from plan()'s or compile()'s store or its words."""
+        return per_unit(_store(store, **words), len(self.units))
+
+    @property
+    def store(self):
+        """The one quant.Store every unit keeps; None for a mix (a memory budget's: `stores` has them)."""
+        kept = {s for u, s in zip(self.units, self.stores) if u.bn_channels} or set(self.stores[:1])
+        return kept.pop() if len(kept) == 1 else None
+
+    stochastic = property(lambda self: any(s.stochastic for s in self.stores))  # a store rounds at random
+    naive = property(lambda self: any(s.naive for s in self.stores))            # a store is fed forward
+
     def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
              conv_path=None, optimizer="sgd", grad_norm=False):
-        """The table of every buffer a step at this batch and store needs (store: a quant.Store, or the one
-        Store(bits, window) names); allocates nothing. training=False: an evaluation's (no stores, gradients
+        """The table of every buffer a step at this batch and store needs (store: a quant.Store for every unit, a
+        list of one a unit (a mix: quant.per_unit), or the one Store(bits, window) names); allocates nothing. training=False: an evaluation's (no stores, gradients
         or momentum). conv_path: a built layers.ConvPath adds the buffers its convs need (cuDNN's).
         optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
         global gradient norm (optim.py: clipping, last_grad_norm). Both matter only to a training plan."""
-        store = _store(store, bits=bits, window=window)
-        N = self._check_request(batch=batch, store=store, optimizer=optimizer, grad_norm=grad_norm)
+        stores = self._stores(store, bits=bits, window=window)
+        N = self._check_request(batch=batch, stores=stores, optimizer=optimizer, grad_norm=grad_norm)
         dtype, units = self.dtype, self.units
         plan = Plan()
         plan.add("input", (N,) + self.input_shape, dtype, "input batch")
@@ -113,7 +127,7 @@ class Net(Chain):
             plan.add("scalars", (len(SCALARS),), np.float64, "workspace")
             plan.add("draw", (1,), np.int64, "workspace")  # (planned whatever the rounding: it costs no memory)
             plan.add("rounding_keys", (len(units),), np.int64, "workspace")
-        for u in units:
+        for u, store in zip(units, stores):  # each unit's store, windows and statistics, sized by its own store
             for own in u.own_buffers(N, store=store, keep=training or store.naive):
                 plan.add(key(u.index, own.role), own.shape, own.dtype or dtype, own.category)
         S = sum(u.bn_channels for u in units)
@@ -135,13 +149,13 @@ class Net(Chain):
             conv_path.plan_buffers(plan, dtype=dtype)
         return plan
 
-    def _check_request(self, *, batch, store, optimizer, grad_norm):
+    def _check_request(self, *, batch, stores, optimizer, grad_norm):
         """The batch (a positive int) once a plan of it could be made; a one-line error naming the fault."""
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
         _check_optimizer(optimizer, grad_norm)
         N = positive_int(batch, "batch")
-        checks.check_channels(self.units, store.k)
+        checks.check_channels(self.units, [s.k for s in stores])
         return N
 
     # ------------------------------------------------------------------ allocation and state
@@ -149,8 +163,8 @@ class Net(Chain):
     def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, clip=None, store=None,
                 seed=0, training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False,
                 check_plan=None):
-        """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, or
-        by its words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
+        """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, as a
+        list of one a unit (a mix of bits, as a memory budget solves it: quant.per_unit), or by its words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
         "block" or "fixed"; the naive ablation's is fixed), `rounding`, how a value becomes a code
         ("nearest" or "stochastic"; stochastic draws from seed and forward()'s draw), and `clip`, the range or
         block window's in standard deviations (None: quant.Store's default for the window and bits). The first compile
@@ -160,15 +174,15 @@ class Net(Chain):
         conv but the classifier). optimizer ("sgd" or "adamw") and grad_norm plan the optimizer's buffers (plan()):
         optim.AdamW needs optimizer="adamw", clipping grad_norm=True. check_plan: called with the plan before
         anything is allocated, to refuse it by raising (run/sizing.compile_within_memory: does it fit?)."""
-        store = _store(store, bits=bits, window=window, rounding=rounding, clip=clip)
-        batch = self._check_request(batch=batch, store=store, optimizer=optimizer, grad_norm=grad_norm)
+        stores = self._stores(store, bits=bits, window=window, rounding=rounding, clip=clip)
+        batch = self._check_request(batch=batch, stores=stores, optimizer=optimizer, grad_norm=grad_norm)
         conv_path = ConvPath(conv, self.units, batch=batch, dtype=self.dtype)
-        plan = self.plan(batch=batch, store=store, training=training, input_grad=input_grad, optimizer=optimizer,
+        plan = self.plan(batch=batch, store=list(stores), training=training, input_grad=input_grad, optimizer=optimizer,
                          grad_norm=grad_norm, conv_path=conv_path)  # the one plan of this compile
         if check_plan is not None:
             check_plan(plan)
         kept = self.state() if self.arena is not None else None
-        self.store, self.seed = store, seed
+        self.stores, self.seed = stores, seed
         self.batch, self.training, self.conv_path = batch, training, conv_path
         self.arena, self._programs = None, {}  # the old arena goes before the new one comes, with the passes on it
         self.arena = Arena(plan)
@@ -224,7 +238,7 @@ class Net(Chain):
             raise RuntimeError("this net was compiled for evaluation (training=False): it cannot train")
         checks.check_labels(labels, images.shape[0], self.classes)
         n = self.load_batch(images, labels)
-        if train and self.store.stochastic and draw is not None:
+        if train and self.stochastic and draw is not None:
             backend.copy_in(self.arena["draw"], np.array([checks.index(draw, "draw")], np.int64))
         self.program("forward" if train else "evaluate", n).run()
         self.program("loss", n, accumulate=False).run()
@@ -391,9 +405,6 @@ def _check_optimizer(optimizer, grad_norm):
 
 
 def _store(store, **words):
-    """The store plan() and compile() were given: `store` itself, or the quant.Store its words make."""
-    if store is None:
-        return Store(**words)
-    if not isinstance(store, Store):
-        raise TypeError(f"store must be a minibp.quant.Store, got {type(store).__name__}")
-    return store
+    """The store plan() and compile() were given: `store` itself (a quant.Store, or one a unit), or the quant.Store
+    its words make."""
+    return Store(**words) if store is None else store

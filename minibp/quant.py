@@ -158,6 +158,43 @@ class Store:
         return f"bits {self.bits} ({self.window} window{', stochastic rounding' if self.stochastic else ''}{clip})"
 
 
+    def at(self, bits):
+        """This store at other bits, the window, rounding and clip kept where those bits have them: a memory
+        budget's choice for one unit (exact keeps nothing to round or clip)."""
+        k = BITS[parse_bits(bits)[0]]
+        return Store(str(bits), self.window, self.rounding if k else DEFAULT_ROUNDING, self.clip if k else None)
+
+
+def per_unit(store, count):
+    """(Store,) * count, one a unit: `store` for every unit, or the sequence of count Stores given (a memory
+    budget's mix, one a unit, whatever the units without batch norm are given: they keep no codes)."""
+    if isinstance(store, Store):
+        return (store,) * count
+    stores = tuple(store) if isinstance(store, (list, tuple)) else None
+    if stores is None or len(stores) != count or not all(isinstance(s, Store) for s in stores):
+        raise TypeError(f"store must be a minibp.quant.Store, or a list of {count} of them (one a unit), got "
+                        f"{type(store).__name__}" + (f" of {len(stores)}" if stores is not None else ""))
+    if len({(s.window, s.rounding, s.clip) for s in stores if s.has_window}) > 1:
+        raise ValueError("a mix of stores differs in bits alone: its k-bit units share one window, rounding and clip")
+    return stores
+
+
+def describe(stores):
+    """The stores of the units that keep one, in the words of every message: "bits 4 (block window)" when they
+    are one store, else the mix, "412 units exact, 300 at 8 bits, 289 at 4 (block window)"."""
+    if len(set(stores)) <= 1:
+        return str(stores[0]) if stores else "no stores"
+    parts = []
+    for bits in BITS:
+        n = sum(s.bits == bits for s in stores)
+        if n:
+            words = "exact" if bits == "exact" else "naive" if bits == "naive" else f"at {bits}"
+            parts.append(f"{n} {('unit ' if n == 1 else 'units ') if not parts else ''}{words}"
+                         + (" bits" if words.startswith("at") and not any("bits" in p for p in parts) else ""))
+    coded = next((s for s in stores if s.has_window), None)
+    return ", ".join(parts) + ("" if coded is None else " " + str(coded).split(" ", 2)[2])
+
+
 def clip_of(window, bits):
     """The range or block window's clip at k = bits, in standard deviations."""
     return (BLOCK_CLIP if window == "block" else RANGE_CLIP)[bits]

@@ -32,7 +32,7 @@ class Unit:
         is_classifier             it ends the net: its output is the logits
         bn_channels               channels whose running statistics the net keeps for it (0: none)
         parameters()              [Param]: its parameters by role
-        own_buffers(n, *, store, keep)   [Own]: its own buffers for a batch of n under the net's quant.Store;
+        own_buffers(n, *, store, keep)   [Own]: its own buffers for a batch of n under its quant.Store;
                                   keep=False (an evaluation): only what an evaluation needs
         shared_sizes(n, *, training)     {shared buffer name: elements it uses} (net.py's SHARED)
         bind(*, p, g, own, running)      its views: parameters and gradients by role, own buffers by role,
@@ -147,7 +147,7 @@ class ConvUnit(Unit):
         a = x
         if self.bn is not None:
             a = s.shared("a", self.in_shape)
-            self.bn.forward(x, a, store=s.store, train=s.train, gamma=self.p["gamma"], beta=self.p["beta"], eps=s.eps,
+            self.bn.forward(x, a, store=s.stores[self.index], train=s.train, gamma=self.p["gamma"], beta=self.p["beta"], eps=s.eps,
                             partial=s.shared("partial") if s.train else None, momentum=s.bn_momentum,
                             running_before=s.running_before, increments=s.increments,
                             rounding_key=s.rounding_key(self.index), residual=residual, saved=saved)
@@ -173,7 +173,7 @@ class ConvUnit(Unit):
         a = s.shared("a", self.in_shape) if bn is not None else s.shared("input", self.in_shape)
         restore_first = bn is not None and pool is not None
         if restore_first:
-            bn.restore(a, store=s.store, beta=self.p["beta"])
+            bn.restore(a, store=s.stores[self.index], beta=self.p["beta"])
         conv_in = a
         if pool is not None:
             conv_in = s.shared("pooled", self.conv_in_shape)
@@ -209,7 +209,7 @@ class ConvUnit(Unit):
             layers.add_and_keep_grad(dx, residual_grad=residual_grad, shortcut_grad=shortcut_grad)
             return
         C = self.in_shape[2]
-        bn.backward(da, dx, store=s.store, beta=self.p["beta"], dgamma=self.g["gamma"], dbeta=self.g["beta"],
+        bn.backward(da, dx, store=s.stores[self.index], beta=self.p["beta"], dgamma=self.g["gamma"], dbeta=self.g["beta"],
                     partial=s.shared("partial"), sums=s.shared("bn_sums")[: 2 * C].reshape(2, C),
                     residual_grad=residual_grad, shortcut_grad=shortcut_grad, restored=a if restore else None,
                     accumulate=s.accumulate)
@@ -267,16 +267,16 @@ class ReluConvUnit(Unit):
 
 
 class Step:
-    """One pass's view of the net for its units: batch n, the net's store (quant.Store), the shared buffers, and
-    where a training forward's running statistics and rounding keys go."""
+    """One pass's view of the net for its units: batch n, each unit's store (quant.Store: stores[index]), the shared
+    buffers, and where a training forward's running statistics and rounding keys go."""
 
     def __init__(self, net, n, *, train, accumulate=True):
         self.net, self.n, self.train, self.accumulate = net, n, train, accumulate  # accumulate: a backward's grads +=
-        self.store, self.eps, self.bn_momentum = net.store, net.eps, net.bn_momentum
+        self.stores, self.eps, self.bn_momentum = net.stores, net.eps, net.bn_momentum
         self.running_before = net.arena["running_before"] if train else None
         self.increments = net.deferred_running if train else None  # (2, S) while Net.defer_running defers them
         # stochastic rounding: the (units,) keys of this training forward (rounding_keys, kernels/bn.cu)
-        self.keys = net.arena["rounding_keys"] if train and net.store.stochastic else None
+        self.keys = net.arena["rounding_keys"] if train and net.stochastic else None
 
     def rounding_key(self, index):
         """Unit index's stochastic-rounding key in this pass, a device (1,) int64 view; None when it does not round

@@ -370,3 +370,51 @@ def test_the_memory_checks_plan_the_optimizers_buffers(monkeypatch):
         compile_within_memory(net, batch=64, store=store, optimizer="adamw", grad_norm=True)
     compile_within_memory(net, batch=64, store=store)
     assert "second_moment" not in net.arena
+
+
+# ----------------------------------------------------------------------------- a store a unit (a mix)
+
+def test_a_mix_plans_each_units_store_by_its_own_bits():
+    """compile(store=[...]) takes a quant.Store a unit: each unit's store and windows are sized by its own, the rest of
+    the plan is the uniform plan's, and one Store for all is the list of it repeated."""
+    net = small_net()
+    bits = ["exact", "8", "4", "2", "exact", "4", "8", "2"][:len(net.units)]
+    mix = [quant.Store(b) for b in bits]
+    plan = net.plan(batch=4, store=mix)
+    for u, store in zip(net.units, mix):
+        name = f"unit{u.index}.store"
+        if u.bn_channels:
+            want = 4 * int(np.prod(u.in_shape)) * (4 if store.bits == "exact" else store.k / 8)
+            assert plan[name].nbytes == want, name
+            assert (f"unit{u.index}.windows" in plan) == (store.bits != "exact")
+    uniform = net.plan(batch=4, store=quant.Store("4"))
+    assert net.plan(batch=4, store=[quant.Store("4")] * len(net.units)).buffers == uniform.buffers
+    assert net.compile(batch=4, store=mix).stores == tuple(mix) and net.store is None
+    assert net.compile(batch=4, store=[quant.Store("4")] * len(net.units)).store == quant.Store("4")
+
+
+def test_a_mix_is_refused_in_one_line_where_it_does_not_fit_the_units():
+    net = small_net()
+    with pytest.raises(TypeError, match=f"a list of {len(net.units)} of them \\(one a unit\\), got list of 2"):
+        net.plan(batch=4, store=[quant.Store("4")] * 2)
+    with pytest.raises(ValueError, match="differs in bits alone"):
+        net.plan(batch=4, store=[quant.Store("4", "range")] + [quant.Store("4")] * (len(net.units) - 1))
+
+
+def test_each_unit_reads_its_own_store(rng):
+    """Units after the one coded unit (in backward order: before it) see exact gradients: with unit i at 4 bits and
+    every other exact, every gradient of a unit above i is the exact net's bit for bit, unit i's own is not, and the
+    loss (an exact forward) is the same."""
+    x, y = batch(rng, 4)
+    exact = small_net().compile(batch=4, bits="exact", seed=3)
+    i = 3
+    mix = [quant.Store("exact")] * len(exact.units)
+    mix[i] = quant.Store("4")
+    mixed = small_net().compile(batch=4, store=mix, seed=3)
+    losses = [n.forward(device(x), y) for n in (exact, mixed)]
+    for n in (exact, mixed):
+        n.backward(accumulate=False)
+    assert losses[0] == losses[1]
+    for u in exact.units:
+        same = np.array_equal(host(exact.grad_views[f"unit{u.index}.w"]), host(mixed.grad_views[f"unit{u.index}.w"]))
+        assert same == (u.index > i), u.index

@@ -4,7 +4,7 @@ optimizer's step takes the run's iteration (AdamW's bias correction)."""
 import numpy as np
 import pytest
 
-from minibp import backend, train
+from minibp import backend, quant, train
 from minibp.run import checkpoint
 from minibp.optim import SGD, AdamW
 from minibp.step import TrainStep, graph_capture_refused
@@ -86,6 +86,29 @@ def test_a_replayed_step_is_the_eager_step_bit_for_bit(rng, optimizer, rounding,
         assert all(np.array_equal(stores[k], stores_r[k]) for k in stores)
     else:
         np.testing.assert_allclose(losses_r, losses, rtol=1e-5)
+
+
+def test_a_replayed_step_of_a_mix_is_the_eager_step_bit_for_bit(rng):
+    """A store a unit (a memory budget's mix: exact, 8, 4 and 2 bits, rounding at random): replayed as eager."""
+    needs_graphs()
+    data = batches(rng, 3, 8)
+    finals = []
+    for graph in (False, True):
+        units = len(tiny_resnet(classes=3).units)
+        mix = [quant.Store(("exact", "8", "4", "2")[i % 4], rounding="nearest" if i % 4 == 0 else "stochastic")
+               for i in range(units)]
+        net = tiny_resnet(classes=3).compile(batch=4, store=mix, seed=1)
+        step = TrainStep(net, SGD(net), sub_batches=2, graph=graph)
+        for iteration, (images, labels) in enumerate(data):
+            step.run(images, labels, lr=0.05, iteration=iteration)
+        finals.append((step.result(), net.state(), _stores(net)))
+    (loss, state, stores), (loss_r, state_r, stores_r) = finals
+    if backend.device == "cpu":
+        assert loss == loss_r
+        assert all(np.array_equal(state[k], state_r[k]) for k in state)
+        assert all(np.array_equal(stores[k], stores_r[k]) for k in stores)
+    else:
+        np.testing.assert_allclose(loss_r, loss, rtol=1e-5)
 
 
 @pytest.mark.gpu

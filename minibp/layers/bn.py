@@ -305,27 +305,40 @@ def update_running(running, increment, *, momentum):
 
 @dataclass(frozen=True)
 class StoreView:
-    """A unit's store at a batch of n, as the kernels take it: the second link of the chain quant.Store (the
-    policy) -> StoreView (this unit's buffers at n) -> the unit's launches, bound once when a pass is recorded
-    (program.py) -> Unit and StoreIn / StoreOut (kernels/bn_walk.cuh) -> the row a thread is dealt (LaneRow or
-    WideRow). Built once per batch size (BatchNormReLU.view); every pass of the unit reads this one. Its fields
-    are the store's arguments, in the order every kernel of bn.cu takes them:
+    """A unit's store at a batch of n, as its launches take it: the second link of the chain quant.Store (the
+    unit's policy) -> StoreView (this unit's buffers at n, and the policy's decisions, made here once) -> the
+    unit's launches, bound once when a pass is recorded (program.py) -> Unit and StoreIn / StoreOut
+    (kernels/bn_walk.cuh) -> the row a thread is dealt (LaneRow or WideRow). Built once per batch size
+    (BatchNormReLU.view); every pass of the unit reads this one. Its first fields are the store's arguments, in
+    the order every kernel of bn.cu takes them (kernel_args):
 
         bits        0 (exact: x_copy) or k (codes)
         stochastic  the codes' levels are the bins' edges (quant.Store.stochastic)
         x_copy      (n, H, W, C) float      exact mode's copy of x
         codes       (n*H*W*C*k/8,) uint8    the packed k-bit codes
         windows     (blocks, 3, C)          k bits: a window per channel, blocks(n*H*W) blocks (block window) or 1
+
+    and then what the statistics' and the finish's launches read of the policy:
+
+        window      the window the codes go through ("fixed" where nothing is coded): the statistics find each
+                    chunk's extremes for the range and block windows
+        clip        the range or block window's clip in standard deviations (None: quant.clip_of's)
+        naive       the codes are fed forward too (the ablation)
     """
     bits: int = 0
     stochastic: bool = False
     x_copy: object = None
     codes: object = None
     windows: object = None
+    window: str = "fixed"
+    clip: float = None
+    naive: bool = False
+
+    KERNEL_ARGS = ("bits", "stochastic", "x_copy", "codes", "windows")
 
     def kernel_args(self):
         """The keywords of the kernels' wrappers above (batchnorm_relu_forward, _restore, _backward)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}  # (views: no copies)
+        return {name: getattr(self, name) for name in self.KERNEL_ARGS}  # (views: no copies)
 
 
 UNCODED = StoreView()  # an evaluation's forward: no store written, no window taken
@@ -369,8 +382,8 @@ class BatchNormReLU:
         self._views = {}  # (n, store) -> StoreView: a compile binds new buffers
 
     def view(self, n, store):
-        """The StoreView of a batch of n under the store (quant.Store), made at its first use; whether there
-        are block windows is decided here, once (store.block)."""
+        """The StoreView of a batch of n under the store (quant.Store), made at its first use: the one place the
+        store's buffers are cut to n and its window decided."""
         view = self._views.get((n, store))
         if view is None:
             values = elements(n, self.in_shape)
@@ -379,7 +392,8 @@ class BatchNormReLU:
             else:
                 windows = self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2])) if store.block else 1]
                 view = StoreView(bits=store.k, stochastic=store.stochastic,
-                                 codes=self.own["store"][: values * store.k // 8], windows=windows)
+                                 codes=self.own["store"][: values * store.k // 8], windows=windows,
+                                 window=store.window, clip=store.window_clip, naive=store.naive)
             self._views[n, store] = view
         return view
 
@@ -389,22 +403,21 @@ class BatchNormReLU:
         saved = x then (a block's input, kept). Training: the batch's statistics (their pass adds and saves), the
         running ones updated (their values before kept in running_before, the net's (2, S)), or their increments
         written to increments (2, S) instead (Net.defer_running), and the store written (a stochastic store's codes
-        rounded at random by the draws of rounding_key, a device (1,) int64 array). Evaluation: the running
-        statistics, and no store but the naive net's, whose codes go forward."""
+        rounded at random by the draws of rounding_key, a device (1,) int64 array; other stores ignore it).
+        Evaluation: the running statistics, and no store but the naive net's, whose codes go forward."""
         n, stats = x.shape[0], self.own["stats"]
-        coded = train or store.naive  # (uncoded: no codes, so no window to take)
-        view = self.view(n, store) if coded else UNCODED
+        view = self.view(n, store) if train or store.naive else UNCODED  # (uncoded: no codes, so no window)
         if train:
-            part = batchnorm_statistics(x, partial=partial, window=store.window, residual=residual, saved=saved)
+            part = batchnorm_statistics(x, partial=partial, window=view.window, residual=residual, saved=saved)
         else:
             part = None
             add_and_save(x, residual=residual, saved=saved)
         batchnorm_finish(gamma, beta, stats, eps=eps, part=part, rows=elements(n, self.in_shape[:2]),
                          running=self.running.array, offset=self.running.offset, momentum=momentum,
-                         running_before=running_before, increments=increments, bits=view.bits,
-                         window=store.window if train else "fixed", windows=view.windows,
-                         stochastic=view.stochastic, clip=store.window_clip)
-        batchnorm_relu_forward(x, stats, beta, a, naive=store.naive, rounding_key=rounding_key, **view.kernel_args())
+                         running_before=running_before, increments=increments, bits=view.bits, window=view.window,
+                         windows=view.windows, stochastic=view.stochastic, clip=view.clip)
+        batchnorm_relu_forward(x, stats, beta, a, naive=view.naive,
+                               rounding_key=rounding_key if view.stochastic else None, **view.kernel_args())
 
     def restore(self, a, *, store, beta):
         """a (n, H, W, C) from the store: the exact activation (exact mode) or a~."""
