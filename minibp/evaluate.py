@@ -25,7 +25,9 @@ import numpy as np
 from . import cli
 from .integrity import write_atomic
 from .kernels import KernelError
-from .run import checkpoint, modelspec, splits
+from .quant import describe
+from .run import checkpoint, memory, modelspec, splits
+from .run.budget import unit_bits
 from .run.config import RunConfig
 from .run.evaluation import scores
 from .run.sizing import compile_within_memory
@@ -59,7 +61,7 @@ def main(argv=None):
     try:
         check(args)
         path = checkpoint_path(args.run, args.which)
-        saved, config, run_data, scored = score(path, args)
+        saved, config, run_data, net, scored = score(path, args)
     except FloatingPointError as e:
         print(f"error: the checkpoint's net gives a non-finite loss on the {args.split} split ({e})", file=sys.stderr)
         return 1
@@ -73,11 +75,12 @@ def main(argv=None):
     names = saved.class_names or split.class_names or tuple(str(c) for c in range(len(scored.confusion)))
     result = dict(checkpoint=str(path), iteration=saved.iteration, split=args.split, images=len(split.labels),
                   loss=scored.loss, accuracy=scored.accuracy, model=config.model, model_args=config.model_args,
-                  bits=config.bits, window=config.window, data=config.data)
+                  bits=config.bits if config.memory is None else unit_bits(net, net.stores), window=config.window,
+                  data=config.data)
     if args.per_class or args.confusion:
         result.update(classes=list(names), per_class=[None if np.isnan(a) else a for a in scored.per_class()],
                       confusion=scored.confusion.tolist())
-    print(json.dumps(result) if args.json else "\n".join(report(path, saved, config, run_data, scored, args, names)))
+    print(json.dumps(result) if args.json else "\n".join(report(path, saved, config, run_data, net, scored, args, names)))
     if args.confusion:
         try:
             write_atomic(args.confusion, confusion_csv(scored.confusion, names).encode())
@@ -118,19 +121,20 @@ def score(path, args):
     if not config.imagenet:
         saved.check_data_checksum(run_data.train.sha256, run_data.path)
     batch = min(args.batch or config.sub_batch, len(split.labels))  # no bigger than the split
-    compile_within_memory(net, batch=batch, store=config.store, training=False, hint="lower --batch")
+    compile_within_memory(net, batch=batch, store=memory.kept(net, config, saved), training=False,
+                          hint="lower --batch")
     checkpoint.restore(net, saved)
-    return saved, config, run_data, scores(net, split, run_data.mean, workers=args.workers)
+    return saved, config, run_data, net, scores(net, split, run_data.mean, workers=args.workers)
 
 
-def report(path, saved, config, run_data, scored, args, names):
+def report(path, saved, config, run_data, net, scored, args, names):
     """The lines printed: the checkpoint and its accuracy; with --per-class each class's and the matrix."""
     which = ("the run's best validation" if saved.validation is not None else
              "the last checkpoint")
     of = f" ({run_data.validates_on})" if args.split == "val" else ""
     split = run_data.split(args.split)
     lines = [f"{path} ({which}, iteration {saved.iteration}): {modelspec.describe(config.model, config.model_args)}, "
-             f"{config.store}: {args.split} accuracy {scored.accuracy:.4f} (loss {scored.loss:.4f}) on "
+             f"{describe(net.unit_stores)}: {args.split} accuracy {scored.accuracy:.4f} (loss {scored.loss:.4f}) on "
              f"{len(split.labels):,} {config.data} images{of}"]
     if saved.validation is not None and args.split == "test" and saved.validation.get("split") == "test":
         lines.append("note: this run chose best.h5 on the test split, so its test accuracy is not a fair estimate "

@@ -89,11 +89,12 @@ class Net(Chain):
     @property
     def store(self):
         """The one quant.Store every unit keeps; None for a mix (a memory budget's: `stores` has them)."""
-        kept = {s for u, s in zip(self.units, self.stores) if u.bn_channels} or set(self.stores[:1])
+        kept = set(self.unit_stores) or set(self.stores[:1])
         return kept.pop() if len(kept) == 1 else None
 
-    stochastic = property(lambda self: any(s.stochastic for s in self.stores))  # a store rounds at random
-    naive = property(lambda self: any(s.naive for s in self.stores))            # a store is fed forward
+    unit_stores = property(lambda self: [s for u, s in zip(self.units, self.stores) if u.bn_channels])  # that keep one
+    stochastic = property(lambda self: any(s.stochastic for s in self.unit_stores))  # a store rounds at random
+    naive = property(lambda self: any(s.naive for s in self.unit_stores))            # a store is fed forward
 
     def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
              conv_path=None, optimizer="sgd", grad_norm=False):

@@ -164,3 +164,13 @@ def test_a_rank_that_dies_or_stops_ends_the_job_and_the_checkpoint_resumes(work,
     assert resumed.returncode == 0, resumed.stderr
     assert not integrity.stale_temporaries(work / out / "checkpoint.h5")
     assert json.loads((work / out / "metrics.jsonl").read_text().splitlines()[-1])["iter"] == saved.iteration + 1
+
+
+def test_two_ranks_solve_one_memory_budget_alike(work):
+    """--memory under mpirun: rank 0 calibrates, every rank solves its record again and they agree; the checkpoint
+    records the ranks the budget was solved for (each process holds its share of the batch)."""
+    result = train(options(work, "two-memory", memory="auto"), ranks=2)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("stores: ") == 1 and result.stdout.count("memory: peak") == 1
+    record = checkpoint.load(work / "two-memory" / "checkpoint.h5").memory
+    assert record["ranks"] == 2 and record["sub_batches"] % 2 == 0

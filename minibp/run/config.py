@@ -71,7 +71,7 @@ class RunConfig(RunOptions):
         if "data_dir" in given and given.get("data_file") is not None:
             raise ValueError("--data-dir is where --data's file is; --data-file names its file itself: give one")
         values = with_defaults(given)  # every field; sub-batches per rank, as given: _recorded counts them over all
-        _check_applies(given, optimizer=values["optimizer"], bits=values["bits"])
+        _check_applies(given, optimizer=values["optimizer"], bits=values["bits"], memory=values["memory"])
         if values.get("data_file") is not None:  # the file's own name is the data's, in every message and folder
             values["data"] = data.file_name(values["data_file"])
         values = _recorded(values, ranks=ranks)  # data_dir made absolute: the run resumes from any folder
@@ -115,7 +115,7 @@ class RunConfig(RunOptions):
         """(configuration, changed) of this saved run resumed at `iteration` with the options `given` (as new
         takes them): the changeable ones applied, changed = {field: [saved, new]}; a ValueError listing every
         defining option given another value than the run's. path: the checkpoint, as the messages name it."""
-        _check_applies(given, optimizer=self.optimizer, bits=self.bits)
+        _check_applies(given, optimizer=self.optimizer, bits=self.bits, memory=self.memory)
         given = _recorded(given, ranks=ranks)
         differ = [f"{option(k)} {given[k]} (the run has {getattr(self, k)})" if k != "sub_batches" or ranks == 1 else
                   f"{ranks} ranks x --sub-batches {given[k] // ranks} (the run has {self.sub_batches} sub-batches a "
@@ -154,6 +154,7 @@ class RunConfig(RunOptions):
     def folder(self):
         """The run folder where --out is not given: runs/<data>-<model>-<bits>[-<window>][-stochastic][-clip<S>]-
         seed<seed>, the window, the rounding and the clip named where they are not the defaults."""
+        bits = self.bits if self.memory is None else "memory" + self.memory.replace(" ", "")
         store = f"-{self.store.window}" if self.store.has_window and self.store.window != DEFAULT_WINDOW else ""
         store += "-stochastic" if self.store.stochastic else ""
         store += "" if self.clip is None else f"-clip{self.clip:g}"
@@ -162,7 +163,8 @@ class RunConfig(RunOptions):
             name = f"{name[:FOLDER_NAME - 9]}-{hashlib.sha256(self.data.encode(errors='replace')).hexdigest()[:8]}"
         model = modelspec.short_name(self.model)
         model = model if len(model) <= FOLDER_NAME else model[:FOLDER_NAME]
-        return Path(f"runs/{name}-{model}-{self.bits}{store}-seed{self.seed}")
+        bits = "".join(c if c.isalnum() or c in "-_." else "_" for c in bits)
+        return Path(f"runs/{name}-{model}-{bits}{store}-seed{self.seed}")
 
     def data_path(self):
         """The HDF5 data file the run trains on: its --data-file, or <data-dir>/<data>.h5."""
@@ -186,9 +188,20 @@ def with_defaults(given):
     return values
 
 
-def _check_applies(given, *, optimizer, bits):
+def _check_applies(given, *, optimizer, bits, memory):
     """A ValueError for an option given that the run's optimizer or store has no use for: refused, not ignored,
-    since the run would record it and a resume that changed it would be refused for nothing."""
+    since the run would record it and a resume that changed it would be refused for nothing. --memory chooses the
+    bits and the sub-batches itself."""
+    if memory is not None:
+        if "bits" in given:
+            raise ValueError("--memory chooses each unit's bits: leave --bits out (--window, --rounding and --clip "
+                             "still apply)")
+        if "sub_batches" in given:
+            raise ValueError("--memory chooses the sub-batches, the fewest at which the run fits: leave --sub-batches "
+                             "out (--max-sub-batches N allows more where they lower the error)")
+    elif "max_sub_batches" in given:
+        raise ValueError("--max-sub-batches is --memory's: --sub-batches gives a run without a budget its "
+                         "sub-batches")
     if optimizer == "adamw" and "momentum" in given:
         raise ValueError("--momentum is SGD's: --optimizer adamw has none (its betas are 0.9, 0.999); leave "
                          "--momentum out")

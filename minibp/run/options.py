@@ -25,6 +25,7 @@ from ..io import data
 from ..optim import OPTIMIZERS
 from ..quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS
 from .schedule import COSINE_SYNTAX, REFERENCE_SCHEDULE, STEPS_SYNTAX
+from .sizing import parse_memory
 
 # ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate
 # divided by 10 every 160k iterations); validation about once an epoch (5,004 iterations).
@@ -129,6 +130,13 @@ def _optional(check):
 
 def _text(v):
     return isinstance(v, str) and v != ""
+
+
+def _memory(v):
+    try:
+        return isinstance(v, str) and (parse_memory(v) or 0) >= 0
+    except ValueError:
+        return False
 
 
 def _augment(v):
@@ -239,6 +247,16 @@ class RunOptions:
     sub_batches: int = _option(1, kind=DEFINING, group=STORE, type=int, metavar="K", check=whole(1),
                                must_be=POSITIVE, help="sub-batches a batch is computed in, the gradients accumulated "
                                                       "(default 1)")
+    memory: str = _option(None, kind=DEFINING, group=STORE, metavar="SIZE", before=None, check=_optional(_memory),
+                          must_be="auto or a size such as 1.25GiB",
+                          help="fit the whole run in this much memory (a size such as 1.25GiB, or auto: what is "
+                               "available now, less a margin): each batch-norm unit's store (exact, 8, 4 or 2 bits) "
+                               "and the fewest sub-batches are chosen for it, the batch kept; on a GPU it bounds "
+                               "the device's pool (default: off, --bits chooses one store for every unit)")
+    max_sub_batches: int = _option(None, kind=DEFINING, group=STORE, type=int, metavar="N", before=None,
+                                   check=_optional(whole(1)), must_be=POSITIVE,
+                                   help="with --memory: up to N sub-batches where more lower the predicted "
+                                        "gradient error (default: the fewest at which the run fits)")
     graph: bool = _option(None, kind=CHANGEABLE, group=STORE, type=bool, negatable=True, before=False,
                           check=lambda v: v is None or isinstance(v, bool), must_be="true, false or null",
                           help="--graph replays each training step, recorded once (one CUDA graph on a GPU; on the "

@@ -56,6 +56,7 @@ class Session:
         self.stale = 0          # validations since the best that did not beat it (--patience counts them)
         self.started_from = None  # {checkpoint, iteration, taken, fresh}: --init-from's weights, as recorded
         self.closing = False    # the loop is over: train() is closing the metrics and the data reader
+        self.memory = None      # a --memory run's memory.Memory: its mix, sub-batches and record
 
 
     def start(self, config, given, *, function=None):
@@ -71,7 +72,10 @@ class Session:
         self.data = startup.load_data(config, saved, self.group)
         self.train_split, self.batches = self.data.train, self.data.batches
         self.net = startup.build_net(config, self.data, saved, function=function)
-        self.step = startup.make_step(self.net, config, ranks=self.ranks, group=self.group)
+        self.step, self.memory = startup.make_step(self.net, config, ranks=self.ranks, group=self.group,
+                                                   run_data=self.data, saved=saved)
+        if self.memory is not None:  # the sub-batches its budget solved for
+            self.config = config = self.memory.config
         why = None
         if saved is not None:
             checkpoint.restore(self.net, saved)
@@ -90,7 +94,7 @@ class Session:
         if changed:
             self.log(kind="resume", iter=self.iteration, changed=changed)
         print(startup.header(config, self.net, self.step, self.data, ranks=self.ranks, started_from=self.started_from,
-                             why=why))
+                             why=why, memory=self.memory))
         if saved:
             newer = ("" if Path(saved.path).name != self.run.best_path.name else " (newer than its checkpoint.h5)"
                      if os.path.lexists(self.run.checkpoint_path) else " (it has no checkpoint.h5)")
@@ -135,6 +139,8 @@ class Session:
                                              f"validation accuracy {self.best[0]:.4f})")
         print(f"done: {self.iteration} iterations in {self.clock.elapsed()}; checkpoint {self.run.checkpoint_path}"
               f"{best}, metrics {self.run.metrics_path}")
+        if self.memory is not None:
+            print(self.memory.peak_line())
         return 0, self.net
 
     def loop(self):
@@ -263,7 +269,7 @@ class Session:
                 checkpoint.save(path, self.net, iteration=self.iteration, config=self.config.as_dict(),
                                 data_state=self.batches.state(), class_names=getattr(split, "class_names", None),
                                 data=facts, mean=self.data.mean, validation=validation,
-                                started_from=self.started_from)
+                                started_from=self.started_from, memory=self.memory and self.memory.record)
             else:  # the same state as rank 0's: stop with it
                 checkpoint.check_finite(self.net.state())
         except checkpoint.NotFinite as e:

@@ -5,6 +5,8 @@ and the planner's --budget all ask these questions of Net.plan, the table the ar
 import math
 import re
 
+import numpy as np
+
 from .. import backend
 from ..arena import format_bytes
 from ..params import key
@@ -100,3 +102,99 @@ def unit_rows(net, plan):
         names = (key(u.index, role) for role in ("store", "windows"))
         return sum(plan[n].nbytes for n in names if n in plan and plan[n].category == "activation stores")
     return [(u.index, u.in_shape, stores(u)) for u in net.units if key(u.index, "store") in plan]
+
+
+# ----------------------------------------------------------------------------- a whole run within a budget
+
+SLACK = 32 * 2**20  # the small change a budget keeps beyond what it counts (Python's objects, h5py's and NumPy's
+#                     small buffers, the OpenMP threads' stacks): bench/budget.py measures the peak against it
+AUTO_MARGIN = 0.05  # --memory auto leaves this share of the memory available now (at least MIN_MARGIN): the
+MIN_MARGIN = 256 * 2**20  # page cache MemAvailable counts, and other processes' growth while the run lasts
+GPU_MARGIN = 512 * 2**20  # a GPU's: cuBLAS's and cuDNN's own handles and kernels take device memory outside the pool
+
+
+def process_bytes(field="VmRSS"):
+    """This process's resident memory now (VmRSS) or at its peak so far (VmHWM), from /proc; None where the system
+    does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def pool_bytes():
+    """The bytes CuPy's pool holds now (the GPU's arena and whatever else it allocated)."""
+    return int(backend.xp.get_default_memory_pool().total_bytes())
+
+
+class Footprint:
+    """What a memory budget holds besides the step's arena, and the peak the process reaches, on either device.
+
+    On the CPU the budget bounds the process's resident memory (its peak, VmHWM), and a run's footprint is:
+        measured       the process's resident memory when it solves (the interpreter, NumPy, h5py, the kernels'
+                       libraries and BLAS, brought to their steady state by a warm-up pass of a tiny net, and the
+                       data held in memory with its batch buffers): read from /proc, not modelled
+        transient(n)   the most any later moment adds beside the arena, whichever is largest: a checkpoint (the
+                       state copied to the host, the file built in memory, the data order), a validation (a pass's
+                       images made float), or the calibration (its copy of the exact gradient)
+        SLACK          the small change
+    On a GPU the budget bounds CuPy's pool (its high-water mark): the arena, and nothing beside it (the batches,
+    checkpoints and the calibration's copies are the host's; the CUDA context and the libraries' handles are
+    outside the pool, which --memory auto leaves GPU_MARGIN for)."""
+
+    def __init__(self, net, *, per_process, train_images, replay=False, adamw=False):
+        itemsize = np.dtype(net.dtype).itemsize
+        P, S = net.num_parameters, sum(u.bn_channels for u in net.units)
+        self.gpu = backend.device == "gpu"
+        self.image_values = int(np.prod(net.input_shape))
+        self.state = (P * (3 if adamw else 2) + 2 * S) * itemsize    # params, momentum (and AdamW's), running
+        self.checkpoint = 2 * self.state + 8 * train_images           # the state, its file in memory, the order
+        self.staging = (per_process * (self.image_values * itemsize + 8)) if replay else 0  # a replayed step's
+        self.measured = 0
+
+    def measure(self, warm_up=None):
+        """Read the process's resident memory now (after warm_up(), which brings the libraries to their steady
+        state); on a GPU the pool's bytes outside any arena (none, once the net's old arena is freed)."""
+        if self.gpu:
+            self.measured = 0
+            return self
+        if warm_up is not None:
+            warm_up()
+        self.measured = process_bytes() or 0
+        return self
+
+    def overhead(self, n, *, calibration=0):
+        """The bytes a budget holds beside an arena of passes of n images (calibration: the calibration's own)."""
+        if self.gpu:
+            return 0
+        validation = 3 * n * self.image_values * 4
+        return self.measured + self.staging + max(self.checkpoint, validation, calibration) + SLACK
+
+    def peak(self):
+        """What the budget bounds, at its highest so far: the resident memory's peak, or the pool's bytes."""
+        return pool_bytes() if self.gpu else process_bytes("VmHWM")
+
+    what = property(lambda self: "the pool's high-water mark" if self.gpu else "peak resident memory")
+
+
+def auto_budget():
+    """--memory auto: the memory this run may take now, less a margin (AUTO_MARGIN, at least MIN_MARGIN; a GPU's
+    GPU_MARGIN): on the CPU the process's resident memory and MemAvailable, on a GPU the free device memory and
+    what CuPy's pool holds unused. A ValueError where the system does not say."""
+    available = backend.available_memory()
+    if available is None:
+        raise ValueError("--memory auto: this system does not say how much memory is available; give a size")
+    if backend.device == "gpu":
+        return pool_bytes() + available - GPU_MARGIN
+    return (process_bytes() or 0) + available - max(MIN_MARGIN, int(AUTO_MARGIN * available))
+
+
+def parse_memory(text):
+    """--memory's value: 'auto', or a size as --budget takes it; (text, bytes or None for auto)."""
+    if str(text).strip().lower() == "auto":
+        return None
+    return check_budget(parse_bytes(text))

@@ -5,7 +5,7 @@ piece a function of the configuration, so that the loop (session.py) holds only 
     config = RunConfig.new(fine_tuned(given))      # a fresh run: --init-from's model where --model is not given
     run_data = load_data(config, saved, group)     # the data, its order restored on a resume
     net = build_net(config, run_data, saved)       # built as the spec says; on a resume, checked against it
-    step = make_step(net, config, ranks=1)         # compiled within memory, with its optimizer
+    step, memory = make_step(net, config, ranks=1) # compiled within memory (--memory: solved for it), its optimizer
     started_from, why = take_weights(net, config.init_from)   # --init-from: the arrays that fit, taken
     print(header(config, net, step, run_data, ranks=1))
 
@@ -20,7 +20,7 @@ from ..integrity import shown
 from ..io import data, imagenet
 from ..optim import SGD, AdamW
 from ..step import TrainStep
-from . import checkpoint, modelspec, splits
+from . import checkpoint, memory, modelspec, splits
 from .config import RunConfig
 from .folder import BEST, CHECKPOINT
 from .options import DEFINING, option, option_fields
@@ -161,15 +161,43 @@ def build_net(config, run_data, saved, *, function=None):
     return net
 
 
-def make_step(net, config, *, ranks, group=None):
-    """The run's TrainStep: net compiled for a sub-batch (refused before allocation where it does not fit the
-    memory), its optimizer, its share of the sub-batches (ranks)."""
-    clip = config.clip_norm
-    compile_within_memory(net, batch=config.sub_batch, store=config.store, seed=config.seed,
+def make_step(net, config, *, ranks, group=None, run_data=None, saved=None):
+    """(the run's TrainStep, its memory.Memory or None): net compiled for a sub-batch (refused before allocation where
+    it does not fit the memory), its optimizer, its share of the sub-batches (ranks). A --memory run's stores and
+    sub-batches are solved for its budget first (memory.py): from its checkpoint's record on a resume (saved), else
+    calibrated and solved (under several ranks on rank 0, each rank then solving the record again and all of them
+    agreeing on the mix)."""
+    clip, solved = config.clip_norm, None
+    store = config.store
+    if config.memory is not None:
+        solved = _memory(net, config, ranks=ranks, group=group, run_data=run_data, saved=saved)
+        config, store = solved.config, list(solved.stores)
+    compile_within_memory(net, batch=config.sub_batch, store=store, seed=config.seed,
                           optimizer=config.optimizer, grad_norm=clip is not None)
     opt = (AdamW(net, weight_decay=config.weight_decay, clip_norm=clip) if config.optimizer == "adamw"
            else SGD(net, momentum=config.momentum, weight_decay=config.weight_decay, clip_norm=clip))
-    return TrainStep(net, opt, sub_batches=config.sub_batches // ranks, graph=config.graph, group=group)
+    return TrainStep(net, opt, sub_batches=config.sub_batches // ranks, graph=config.graph, group=group), solved
+
+
+def _memory(net, config, *, ranks, group, run_data, saved):
+    """The memory.Memory of a --memory run (make_step's)."""
+    if saved is not None:
+        if saved.memory is None:
+            raise ValueError(f"{saved.path} is damaged: a --memory run's checkpoint without its memory record")
+        return memory.resumed(net, config, run_data, saved.memory, path=saved.path)
+    if group is None:
+        return memory.solved(net, config, run_data, ranks=ranks)
+    record = group.on_rank_0(lambda: memory.solved(net, config, run_data, ranks=ranks).record)
+    solved = memory.resumed(net, config, run_data, record, path="rank 0's memory record")
+    mixes = group.gather_objects((solved.record["bits"], solved.config.sub_batches))
+    differ = next((rank for rank, mix in enumerate(mixes) if mix != mixes[0]), None)
+    if differ is not None:
+        error = ValueError(f"rank {differ} solves --memory {config.memory} to another mix than rank 0 "
+                           f"({mixes[differ][1]} sub-batches against {mixes[0][1]}, or other stores): every rank "
+                           "needs the same minibp, net and data")
+        error.on_every_rank = True
+        raise error
+    return solved
 
 
 def started(started_from, why):
@@ -181,7 +209,7 @@ def started(started_from, why):
             + (f"; fresh: {fresh}" + (f"; and {more} more" if more > 0 else "") if fresh else "; nothing fresh"))
 
 
-def header(config, net, step, run_data, *, ranks, started_from=None, why=None):
+def header(config, net, step, run_data, *, ranks, started_from=None, why=None, memory=None):
     """The lines a run starts with: the net, the data, the store, the batch and the device; the optimizer and
     schedule; where a fine-tuned run's weights came from (started_from, why: take_weights'); the augmentation
     and the validation split; the plan of a step."""
@@ -192,9 +220,12 @@ def header(config, net, step, run_data, *, ranks, started_from=None, why=None):
     lines = [f"{modelspec.describe(config.model, config.model_args)} ({len(net.units)} units, "
              f"{net.num_parameters:,} parameters) on {shown(config.data)} ({len(run_data.train.labels):,} training "
              f"images), "
-             f"{config.store}, batch {config.batch}{in_sub_batches}, device {backend.device}"
+             f"{config.store if memory is None else 'memory ' + config.memory}, batch {config.batch}{in_sub_batches}, "
+             f"device {backend.device}"
              f"{', one CUDA graph a step' if step.graph else ', the step replayed' if step.replay else ''}",
              training(config)]
+    if memory is not None:
+        lines.append(memory.header())
     if why is not None:
         lines.append(started(started_from, why))
     lines += [f"augment {config.augment}; validates on {run_data.validates_on}",

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import backend
-from . import checkpoint, modelspec
+from . import checkpoint, memory, modelspec
 from .config import RunConfig
 from .sizing import compile_within_memory
 
@@ -98,7 +98,8 @@ def load(run, *, which=None, batch=256):
     shape, classes = tuple(saved.data["shape"]), int(saved.data["classes"])
     net = modelspec.build(config.model, model_args=config.model_args, input_shape=shape, classes=classes)
     saved.check_parameters(net, modelspec.describe(config.model, config.model_args))
-    compile_within_memory(net, batch=batch, store=config.store, training=False, hint="lower batch=")
+    compile_within_memory(net, batch=batch, store=memory.kept(net, config, saved), training=False,
+                          hint="lower batch=")
     checkpoint.restore(net, saved)
     return Trained(net=net, mean=saved.mean, class_names=saved.class_names, config=config, path=path,
                    iteration=saved.iteration, validation=saved.validation)
