@@ -160,3 +160,12 @@ def test_ranks_that_solve_other_mixes_are_refused_in_one_line(tmp_path, data_dir
                                          r"data$") as refused:
         startup.make_step(tiny_resnet(classes=4), config, ranks=2, group=OtherMix(), run_data=run_data)
     assert refused.value.on_every_rank
+
+
+def test_fit_takes_a_memory_budget(tmp_path, data_dir, fixed_footprint):
+    """fit(memory=...) is --memory: the net it returns keeps the solved mix (a store a unit)."""
+    b = halfway_budget()
+    net = train.fit("resnet11", data=str(data_dir / "cifar10.h5"), out=str(tmp_path / "fit"), memory=f"{b}B",
+                    batch=16, iters=2, lr_schedule="0:0.05", val_every=2)
+    record = checkpoint.load(tmp_path / "fit" / "checkpoint.h5").memory
+    assert budget.unit_bits(net, net.stores) == record["bits"] and net.store is None

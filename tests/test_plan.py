@@ -85,3 +85,23 @@ def test_the_planner_takes_the_trainers_model_specs_and_a_data_file(tmp_path, ca
     assert capsys.readouterr().out.startswith("vgg_example.py:build(width=8) on mine (")
     assert plan.main(["--model", str(tmp_path / "none.py") + ":build"]) == 2
     assert "no file" in capsys.readouterr().err
+
+
+def test_memory_solves_a_budget_and_lists_each_units_store(capsys):
+    """--memory: the sub-batches and a store a unit, the bytes within the budget, each unit's store in --units and
+    --json; with --bits or --budget, or below the least budget, refused in one line."""
+    assert plan.main(["--model", "resnet20", "--memory", "16GiB", "--units", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["memory"]["sub_batches"] == 1 and set(result["bits"]) == {"exact"}
+    assert all(row["store"] == "exact" for row in result["unit_stores"])
+    assert plan.main(["--model", "resnet1001", "--memory", "1.25GiB", "--units"]) == 0
+    out = capsys.readouterr().out
+    assert "stores: " in out and " at 4 bits" in out and "at 2 (block window)" in out
+    solved = [line.split() for line in out.splitlines() if line[:4].strip().isdigit()]
+    assert {row[-3] for row in solved} == {"4", "2"}  # a mix, unit by unit
+    for argv, message in [(["--bits", "4"], "--memory chooses each unit's bits"),
+                          (["--budget", "1GiB"], "--budget gives the largest batch of each store"),
+                          ([], "needs at least")]:
+        memory = ["--memory", "1MiB"] if message == "needs at least" else ["--memory", "1GiB"]
+        assert plan.main(["--model", "resnet20"] + memory + argv) == 2
+        assert capsys.readouterr().err.startswith(f"error: {message}")

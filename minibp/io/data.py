@@ -91,8 +91,9 @@ def file_name(path):
 
 
 def describe(path):
-    """{name, shape (H, W, C), classes} of a data file, read without its arrays (the planner's, the run
-    folder's name); a FileNotFoundError or a one-line ValueError for a file that is missing or not one."""
+    """{name, shape (H, W, C), classes, train_images, held_bytes} of a data file, read without its arrays (the
+    planner's, the run folder's name; held_bytes: what a run holds of it in memory, every split's images and
+    int64 labels); a FileNotFoundError or a one-line ValueError for a file that is missing or not one."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no data file {path}")
@@ -104,8 +105,10 @@ def describe(path):
             problem = _classes_problem(classes)
             if problem:
                 raise ValueError(f"{path}: {problem}")
+            splits = [f[f"{split}/images"] for split in SPLITS if isinstance(f.get(f"{split}/images"), h5py.Dataset)]
+            held = sum(int(np.prod(a.shape)) * a.dtype.itemsize + 8 * int(a.shape[0]) for a in splits)
             return dict(name=_text(f.attrs.get("name", path.stem)) or path.stem, shape=tuple(images.shape[1:]),
-                        classes=int(classes))
+                        classes=int(classes), train_images=int(images.shape[0]), held_bytes=held)
     except OSError as e:
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ValueError(f"{path} is not a readable HDF5 file ({why})") from None

@@ -41,6 +41,7 @@ class Solution:
     arena_bytes: int        # the plan's allocation at that mix and pass size
     overhead_bytes: int     # the process beyond its arena (sizing.Footprint), at that pass size
     error: float            # the mix's predicted error, sum_u err(u, s_u)
+    budget: int             # the budget solved for
 
     total_bytes = property(lambda self: self.arena_bytes + self.overhead_bytes)  # what the budget holds
 
@@ -171,7 +172,7 @@ def _solve_at(costs, errors, s, *, budget, overhead):
         picks = knapsack(unit_bytes, errors, capacity)
     arena = fixed + int(unit_bytes[np.arange(len(picks)), picks].sum())
     return Solution(sub_batches=s, stores=costs.stores(picks), arena_bytes=arena, overhead_bytes=int(overhead(n)),
-                    error=float(errors[np.arange(len(picks)), picks].sum()))
+                    error=float(errors[np.arange(len(picks)), picks].sum()), budget=int(budget))
 
 
 def stores_of(net, bits, store):

@@ -89,11 +89,11 @@ def solved(net, config, run_data, *, ranks, say=print):
     A ValueError where the budget holds no run, naming the least one and what it takes."""
     costs, footprint = costs_of(net, config, ranks=ranks), footprint_of(net, config, run_data, ranks=ranks)
     budget_bytes = parse_memory(config.memory)
-    footprint.measure(warm_up=lambda: _warm_up(net))
+    footprint.measure(warm_up=lambda: warm_up(net))
     if budget_bytes is None:
         budget_bytes = auto_budget()
     cal_bytes = calibration.calibration_bytes(net)
-    _check_least(net, config, costs, footprint, budget_bytes, cal_bytes)
+    check_least(costs, footprint, budget_bytes)
     n = _calibration_size(net, config, costs, footprint, budget_bytes, cal_bytes, run_data)
     images, labels = calibration_images(config, run_data, n)
 
@@ -142,26 +142,26 @@ def _from_record(net, config, record, costs, footprint):
 
 def _calibration_size(net, config, costs, footprint, budget_bytes, cal_bytes, run_data):
     """The calibration's images: calibration.IMAGES at most, the process's batch at most, the training split's
-    images at most, and as many as an exact arena holds within the budget (_check_least: at least one)."""
+    images at most, and as many as an exact arena holds within the budget (check_least: at least one)."""
     most = min(calibration.IMAGES, costs.per_process, _split_size(run_data.train))
     for n in range(most, 1, -1):
-        if _calibration_total(net, config, footprint, n, cal_bytes) <= budget_bytes:
+        if _calibration_total(costs, footprint, n, cal_bytes) <= budget_bytes:
             return n
     return 1
 
 
-def _calibration_total(net, config, footprint, n, cal_bytes):
+def _calibration_total(costs, footprint, n, cal_bytes):
     """The bytes a calibration on n images takes: an exact arena at n, beside the process and the gradient's copy."""
-    plan = net.plan(batch=n, store=config.store.at("exact"), optimizer=config.optimizer,
-                    grad_norm=config.clip_norm is not None)
+    plan = costs.net.plan(batch=n, store=costs.choices[-1], **costs.planned)
     return footprint.overhead(n, calibration=cal_bytes) + plan.allocation_bytes
 
 
-def _check_least(net, config, costs, footprint, budget_bytes, cal_bytes):
+def check_least(costs, footprint, budget_bytes):
     """A ValueError naming the least budget and what it takes, where the budget is below it: 2 bits in every unit
-    at a pass of one image, and the calibration's exact gradient of one image."""
+    at a pass of one image, and the calibration's exact gradient of one image (the run's, and the planner's)."""
+    cal_bytes = calibration.calibration_bytes(costs.net)
     solve, S = budget.least_budget(costs, lambda n: footprint.overhead(n, calibration=cal_bytes))
-    least = max(solve, _calibration_total(net, config, footprint, 1, cal_bytes))
+    least = max(solve, _calibration_total(costs, footprint, 1, cal_bytes))
     if budget_bytes < least:
         raise ValueError(f"needs at least {format_bytes(least)}: {budget.least_words(costs, S)}, and one image's "
                          f"exact gradient to calibrate the error model (given {format_bytes(budget_bytes)})")
@@ -171,7 +171,7 @@ def _split_size(split):
     return len(split.labels) if hasattr(split, "labels") else len(split)
 
 
-def _warm_up(net):
+def warm_up(net):
     """A pass of a tiny net of the run's kind: every kernel library loaded, BLAS's and OpenMP's buffers made, so that
     the resident memory read after it is the process's steady state."""
     C = net.input_shape[2]
