@@ -104,3 +104,23 @@ def out_path(path, *, default, parser, args):
         path = default if made_it else Path(tempfile.mkdtemp(prefix="minibp-bench-")) / Path(default).name
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return str(path)
+
+
+def flat_gradient(net, images, labels):
+    """The whole parameter gradient (host float64, flat) of one batch, batch statistics in BN."""
+    net.forward(images, labels, draw=0)
+    net.backward(accumulate=False)
+    return backend.to_host(net.grads).astype(np.float64)
+
+
+def probe_batches(split, mean, batch, count, *, seed, augment=False):
+    """count batches of a data.Split (images on the device, labels), drawn as a run draws them."""
+    batches = data.Batches(split, batch=batch, mean=mean, augment=("crop", "flip") if augment else (), seed=seed)
+    return [batches.next() for _ in range(count)]
+
+
+def cifar_shaped(split):
+    """A 28x28 grey data.Split as the paper's CIFAR shape: padded to 32x32 (with zeros) and in three channels, so
+    that a CIFAR net's plans are the paper's and its gradients come from real images."""
+    images = np.repeat(np.pad(split.images, ((0, 0), (2, 2), (2, 2), (0, 0))), 3, axis=3)
+    return data.Split(images, split.labels, split.classes, f"{split.name}-32x32x3")

@@ -134,14 +134,22 @@ def solve(costs, errors, *, budget, overhead, max_sub_batches=None):
     pass of n images. max_sub_batches: S may go up to it where more sub-batches lower the error (default: the
     fewest that fit)."""
     errors = monotone_errors(errors)
+    fewest = fewest_sub_batches(costs, budget=budget, overhead=overhead)
+    candidates = [s for s in costs.sub_batches() if s == fewest or max_sub_batches is not None and
+                  fewest < s <= max_sub_batches]
+    solutions = [_solve_at(costs, errors, s, budget=budget, overhead=overhead) for s in candidates]
+    return min(solutions, key=lambda sol: (sol.error, sol.sub_batches))
+
+
+def fewest_sub_batches(costs, *, budget, overhead):
+    """The fewest sub-batches at which 2 bits in every unit fit the budget; a ValueError naming the least budget
+    and what it takes where none does."""
     fits = [s for s in costs.sub_batches() if _cheapest_total(costs, s, overhead) <= budget]
     if not fits:
         least, S = least_budget(costs, overhead)
         raise ValueError(f"needs at least {format_bytes(least)}: {least_words(costs, S)} (given "
                          f"{format_bytes(budget)})")
-    candidates = [s for s in fits if s == fits[0] or max_sub_batches is not None and s <= max_sub_batches]
-    solutions = [_solve_at(costs, errors, s, budget=budget, overhead=overhead) for s in candidates]
-    return min(solutions, key=lambda sol: (sol.error, sol.sub_batches))
+    return fits[0]
 
 
 def least_budget(costs, overhead):

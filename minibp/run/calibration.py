@@ -2,62 +2,117 @@
 
     errors = calibrate(net, images, labels, store=config.store, seed=config.seed)   # (units, 3): 2, 4, 8 bits
 
-err(u, k), the predicted error of unit u's store at k bits, is the squared error k-bit stores put into the unit's own
-parameter gradient: ||g_u(k) - g_u(exact)||^2, measured on the calibration images with every unit at k bits, the
-weights as the run starts. The squared errors of a gradient add over independent sources, and a unit's store
-perturbs first the gradient of its own conv (through a~) and its batch norm (through xhat~); the error it sends down
-through dx lands in the units below it, where this measure charges it to them (docs/method.md, "A memory budget",
-derives the model and says what it leaves out). So sum_u err(u, s_u) predicts the squared error of the whole
-gradient, exactly for a uniform store on these images and as that sum for a mix; bench/budget.py checks it against
-measurement.
+err(u, k), the predicted error of unit u's store at k bits, is the squared error that store puts into the whole
+parameter gradient, at the weights the run starts from. A unit's store perturbs the gradient twice: its own
+parameters' directly (its conv's through a~, its batch norm's through xhat~), and every unit's below it through the
+gradient it sends down (dx), which a residual stream carries to the first layers, where it adds up: in a ResNet-164
+the error of the last stage's stores lands almost all on the first stage's gradients, thousands of times their
+own. So the calibration measures both:
 
-The calibration runs four passes on a batch of n images (exact, then 8, 4 and 2 bits), each net.compile within the
-budget: its arena is the net's own, at n, checked by check_plan before it is allocated. It changes nothing a run
-keeps: the caller compiles the net again for its mix and starts it from its initial weights.
+    own(u, k)      ||g_u(k) - g_u(exact)||^2 of unit u's own parameters with every unit at k bits
+    total(G)       ||g(G at 4 bits) - g(exact)||^2 of the whole gradient with only the group G of units at 4 bits,
+                   for GROUPS groups of consecutive units, the net's depth in equal parts
+    err(u, k)    = total(G) * own(u, k) / sum_{v in G} own(v, 4)
+
+each group's whole error shared among its units as their own errors are, and carried to k by the unit's own ratio.
+The squared errors of independent sources add, so sum_u err(u, s_u) predicts a mix's: exactly for a group's
+uniform store, as a share within a group (docs/method.md, "A memory budget"); bench/error_model.py and
+bench/budget.py check it against measurement.
+
+The calibration computes 4 + GROUPS gradients of its images (exact; 8, 4 and 2 bits in every unit; each group at 4
+bits), each in passes of `batch` images as a step computes its sub-batches (the run's pass size where an exact pass
+of it fits the budget, fewer where not), each net.compile within the budget: its arena is the net's own, at that
+pass size, checked by check_plan before it is allocated. It changes nothing a run keeps: the caller compiles the net
+again for its mix and starts it from its initial weights.
 """
 import numpy as np
 
 from .. import backend
-from ..params import key
 
 BITS = (2, 4, 8)      # the columns of the errors, as budget.solve takes them
-IMAGES = 32           # the calibration's images at most (fewer where the budget holds fewer exact)
+IMAGES = 32           # the calibration's images at most
+GROUPS = 8            # the groups of units whose whole error is measured (fewer in a net of fewer units)
 
 
-def calibrate(net, images, labels, *, store, seed, check_plan=None, say=None):
+def calibrate(net, images, labels, *, store, seed, batch=None, check_plan=None, say=None):
     """(units, 3) float64: each batch-norm unit's err(u, k) at 2, 4 and 8 bits (the module docstring), measured on
-    images (n, H, W, C) and labels (n,), on the host. store: the run's (its window, rounding and clip);
-    check_plan: refuses a calibration arena that does not fit (Net.compile's); say: progress lines. Beside the
-    arena it holds one float32 copy of the exact gradient on the host (calibration_bytes)."""
+    images (n, H, W, C) and labels (n,), on the host, in passes of batch images (default n; it divides n). store: the
+    run's (its window, rounding and clip); check_plan: refuses a calibration arena that does not fit
+    (Net.compile's); say: progress lines. Beside the arena it holds two copies of the gradient on the host
+    (calibration_bytes)."""
     n = len(images)
+    batch = batch or n
+    passes = n // batch
+    if passes * batch != n:
+        raise ValueError(f"the calibration's {n} images are not whole passes of {batch}")
     units = [u for u in net.units if u.bn_channels]
-    exact, errors = None, {}
-    for bits in ("exact",) + tuple(str(k) for k in reversed(BITS)):
+    slices = _unit_slices(net, units)
+    groups = np.array_split(np.arange(len(units)), min(GROUPS, len(units)))
+    configurations = [("exact", "exact")] + [(f"{k} bits", [str(k)] * len(units)) for k in reversed(BITS)]
+    configurations += [(f"units {g[0]}-{g[-1]} at 4 bits", ["4" if i in set(g) else "exact" for i in range(len(units))])
+                       for g in groups]
+    exact, own, total = None, {}, []
+    for step, (name, bits) in enumerate(configurations, 1):
         if say is not None:
-            say(f"memory: calibrating the error model on {n} images: {bits}{' bits' if bits != 'exact' else ''}")
-        net.compile(batch=n, store=store.at(bits), seed=seed, check_plan=check_plan)
-        net.forward(backend.xp.asarray(images), labels, draw=0)
-        net.backward(accumulate=False)
+            say(f"memory: calibrating the error model on {n} images ({passes} pass{'es' * (passes > 1)} of {batch}), "
+                f"{step}/{len(configurations)}: {name}")
+        stores = store.at("exact") if bits == "exact" else _stores(net, units, bits, store)
+        gradient = _gradient(net, images, labels, stores=stores, batch=batch, seed=seed, check_plan=check_plan)
         if exact is None:
-            exact = [[backend.to_host(net.grad_views[name]).copy() for name in _names(u)] for u in units]
+            exact = gradient.copy()
+            continue
+        gradient -= exact
+        if step <= 1 + len(BITS):
+            own[bits[0]] = [_squared(gradient, mine) for mine in slices]
         else:
-            errors[bits] = [sum(_squared_distance(backend.to_host(net.grad_views[name]), e)
-                                for name, e in zip(_names(u), mine)) for u, mine in zip(units, exact)]
-    return np.array([errors[str(k)] for k in BITS], np.float64).T
+            total.append(_squared(gradient, [slice(0, len(gradient))]))
+    own = np.array([own[str(k)] for k in BITS], np.float64).T  # (units, 3)
+    errors = np.zeros_like(own)
+    for group, whole in zip(groups, total):
+        errors[group] = whole * own[group] / max(own[group, 1].sum(), np.finfo(np.float64).tiny)
+    return errors
 
 
 def calibration_bytes(net):
-    """The host bytes calibrate() holds beside the net's arena: the exact gradient's copy (float), and a role's
-    difference in float64 at a time."""
-    sizes = [int(np.prod(p.shape)) for u in net.units for p in u.parameters()]
-    return sum(sizes) * np.dtype(net.dtype).itemsize + 2 * max(sizes, default=0) * 8
+    """The host bytes calibrate() holds beside the net's arena: the exact gradient's copy and a gradient's."""
+    return 2 * net.num_parameters * np.dtype(net.dtype).itemsize
 
 
-def _names(u):
-    """The names of the unit's parameters, every role (its conv's, its batch norm's): its part of the gradient."""
-    return [key(u.index, p.role) for p in u.parameters()]
+def _gradient(net, images, labels, *, stores, batch, seed, check_plan):
+    """The whole parameter gradient (host, flat, a copy) of the images in passes of batch, as a step sums its
+    sub-batches', the net compiled with these stores."""
+    net.arena = None  # the last arena goes first, and its state is not copied: every pass starts from the seed's
+    net.compile(batch=batch, store=stores, seed=seed, check_plan=check_plan)
+    passes = len(images) // batch
+    for p in range(passes):
+        part = slice(p * batch, (p + 1) * batch)
+        net.forward(backend.xp.asarray(images[part]), labels[part], draw=p)
+        net.backward(loss_scale=1.0 / passes, accumulate=p > 0)
+    return np.array(backend.to_host(net.grads), copy=True)
 
 
-def _squared_distance(a, b):
-    d = a.astype(np.float64) - b
-    return float(np.dot(d.ravel(), d.ravel()))
+def _stores(net, units, bits, store):
+    """One store a unit: each batch-norm unit's bits (in units' order) at the run's window, rounding and clip."""
+    chosen = dict(zip((u.index for u in units), bits))
+    return [store.at(chosen.get(u.index, "exact")) for u in net.units]
+
+
+def _unit_slices(net, units):
+    """Each unit's slices of the flat gradient (its parameters, every role), in the parameter table's layout."""
+    mine, offset = {u.index: [] for u in units}, 0
+    for _, u, p in net.parameter_table():
+        size = int(np.prod(p.shape))
+        if u.index in mine:
+            mine[u.index].append(slice(offset, offset + size))
+        offset += size
+    return [mine[u.index] for u in units]
+
+
+def _squared(values, slices, chunk=1 << 20):
+    """The sum of squares of values over slices, in float64, a chunk at a time (no copy of the whole)."""
+    total = 0.0
+    for s in slices:
+        for start in range(s.start, s.stop, chunk):
+            part = values[start:min(start + chunk, s.stop)].astype(np.float64)
+            total += float(np.dot(part, part))
+    return total

@@ -38,7 +38,8 @@ class Memory:
                 f"({format_bytes(r['arena'] + r['overhead'])} of {format_bytes(r['budget'])}: the arena "
                 f"{format_bytes(r['arena'])}, the process beside it {format_bytes(r['overhead'])}); "
                 f"{self.config.sub_batches} sub-batch{'es' * (self.config.sub_batches > 1)} of "
-                f"{self.config.sub_batch}; the error model calibrated on {r['calibration_images']} images")
+                f"{self.config.sub_batch}; the error model calibrated on {r['calibration_images']} images in passes "
+                f"of {r.get('calibration_pass', r['calibration_images'])}")
 
     def peak_line(self):
         """The end's line: the peak measured beside the plan and the budget."""
@@ -94,20 +95,24 @@ def solved(net, config, run_data, *, ranks, say=print):
         budget_bytes = auto_budget()
     cal_bytes = calibration.calibration_bytes(net)
     check_least(costs, footprint, budget_bytes)
-    n = _calibration_size(net, config, costs, footprint, budget_bytes, cal_bytes, run_data)
-    images, labels = calibration_images(config, run_data, n)
+    cal_overhead = lambda n: footprint.overhead(n, calibration=cal_bytes)  # noqa: E731
+    fewest = budget.fewest_sub_batches(costs, budget=budget_bytes, overhead=cal_overhead)
+    m = _calibration_pass(costs, footprint, budget_bytes, cal_bytes,
+                          min(costs.per_process // fewest, _split_size(run_data.train)))
+    count = max(m, min(calibration.IMAGES, _split_size(run_data.train)) // m * m)
+    images, labels = calibration_images(config, run_data, count)
 
     def check_plan(plan):
-        if footprint.overhead(n, calibration=cal_bytes) + plan.allocation_bytes > budget_bytes:
+        if cal_overhead(m) + plan.allocation_bytes > budget_bytes:
             raise ValueError(f"the calibration's arena of {format_bytes(plan.allocation_bytes)} does not fit the "
                              f"budget of {format_bytes(budget_bytes)}")
-    errors = calibration.calibrate(net, images, labels, store=config.store, seed=config.seed, check_plan=check_plan,
-                                   say=say)
+    errors = calibration.calibrate(net, images, labels, store=config.store, seed=config.seed, batch=m,
+                                   check_plan=check_plan, say=say)
     net.arena = None  # the calibration's arena goes before the run's comes
     if backend.device == "gpu":
         backend.xp.get_default_memory_pool().free_all_blocks()
-    record = dict(budget=int(budget_bytes), measured=int(footprint.measured), ranks=ranks, calibration_images=n,
-                  errors=errors.tolist())
+    record = dict(budget=int(budget_bytes), measured=int(footprint.measured), ranks=ranks, calibration_images=count,
+                  calibration_pass=m, errors=errors.tolist())
     return _from_record(net, config, record, costs, footprint)
 
 
@@ -140,13 +145,12 @@ def _from_record(net, config, record, costs, footprint):
     return Memory(stores=solution.stores, config=run, record=complete, footprint=footprint)
 
 
-def _calibration_size(net, config, costs, footprint, budget_bytes, cal_bytes, run_data):
-    """The calibration's images: calibration.IMAGES at most, the process's batch at most, the training split's
-    images at most, and as many as an exact arena holds within the budget (check_least: at least one)."""
-    most = min(calibration.IMAGES, costs.per_process, _split_size(run_data.train))
-    for n in range(most, 1, -1):
-        if _calibration_total(costs, footprint, n, cal_bytes) <= budget_bytes:
-            return n
+def _calibration_pass(costs, footprint, budget_bytes, cal_bytes, n):
+    """The calibration's pass size: the run's, n, where an exact pass of it fits the budget beside the process,
+    else the most that does (check_least: at least one)."""
+    for m in range(min(n, calibration.IMAGES), 1, -1):
+        if _calibration_total(costs, footprint, m, cal_bytes) <= budget_bytes:
+            return m
     return 1
 
 

@@ -2,6 +2,7 @@
 and a net compiled only after its plan is known to fit the memory available now (the trainer, the evaluator
 and the planner's --budget all ask these questions of Net.plan, the table the arena allocates from).
 """
+import ctypes
 import math
 import re
 
@@ -126,6 +127,18 @@ def process_bytes(field="VmRSS"):
     return None
 
 
+def return_freed_memory():
+    """Have glibc give large freed blocks back to the system at once. Its allocator raises the size from which it maps
+    a block of its own each time such a block is freed (up to 32 MiB), so that arrays of a few MiB freed and made
+    again (a calibration's arenas, a checkpoint's copies) come to stay on its heap, and the resident memory grows past
+    what is in use. A fixed threshold (M_MMAP_THRESHOLD, 128 KiB) keeps it what is in use. Elsewhere: nothing."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(ctypes.c_int(-3), ctypes.c_int(128 * 1024))  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def pool_bytes():
     """The bytes CuPy's pool holds now (the GPU's arena and whatever else it allocated)."""
     return int(backend.xp.get_default_memory_pool().total_bytes())
@@ -162,6 +175,7 @@ class Footprint:
         if self.gpu:
             self.measured = 0
             return self
+        return_freed_memory()
         if warm_up is not None:
             warm_up()
         self.measured = process_bytes() or 0
