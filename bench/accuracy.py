@@ -7,7 +7,8 @@
     python bench/accuracy.py --quick --data-dir DIR   # seconds: the CI check that the script runs
 
 A mode is a store as gradients.py names it: exact, naive, or k bits through a window ("4:range",
-"4:fixed"), rounded at random with a third part ("2:block:stochastic"). Each mode and seed trains with
+"4:fixed"), rounded at random with a third part ("2:block:stochastic"), or a memory budget ("memory=323MiB": the
+trainer's --memory, which solves each unit's store). Each mode and seed trains with
 python3 -m minibp.train into OUT/<data>-<model>-<mode>-seed<s> (resumable: an interrupted bench continues
 the runs it finds); the table prints each mode's final test accuracy per seed, their mean, standard
 deviation and spread (largest minus smallest), and the mean's difference to exact's (or --baseline's) with
@@ -116,6 +117,15 @@ def mean_minutes(minutes, mode, seeds):
     return f"{np.mean(trained):.1f}" if trained else "-"
 
 
+def trainer_store(store):
+    """The trainer's options of a mode (gradients.store_options'): --memory, or --bits and its window, rounding, clip."""
+    if "memory" in store:
+        return ["--memory", store["memory"]]
+    return ["--bits", store["bits"], *(["--window", store["window"]] if Store(store["bits"]).has_window else []),
+            *(["--rounding", store["rounding"]] if store["rounding"] != "nearest" else []),
+            *(["--clip", str(store["clip"])] if "clip" in store else [])]
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     net_options(parser, model="resnet20", batch=128, data="fashion-mnist", data_dir=True)
@@ -160,10 +170,7 @@ def main(argv=None):
             else:
                 argv = common + ["--overwrite",  # a run stopped before its first checkpoint starts again
                                  "--data", args.data, "--data-dir", args.data_dir, "--model", args.model,
-                                 "--bits", store["bits"], "--batch", str(args.batch),
-                                 *(["--window", store["window"]] if Store(store["bits"]).has_window else []),
-                                 *(["--rounding", store["rounding"]] if store["rounding"] != "nearest" else []),
-                                 *(["--clip", str(store["clip"])] if "clip" in store else []),
+                                 "--batch", str(args.batch), *trainer_store(store),
                                  "--lr-schedule", args.lr_schedule, "--seed", str(seed),
                                  *(["--augment", args.augment] if args.augment else []),
                                  "--val-every", str(max(args.iters // 4, 1)),

@@ -26,6 +26,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,13 @@ def run(model, args, folder):
     start = lambda: models.by_name(model, input_shape=shape, classes=classes)  # noqa: E731  (seed 0: the run's)
     exact_by_s, noise = {}, None
     rows = []
+    costs = budget.Costs(start(), store=quant.Store("4"), per_process=batch)
+    unit_bytes, fixed = costs.at(batch)
+    worst = fixed + int(unit_bytes[:, -1].sum()) - 1  # just short of every unit exact: the most cells
+    began = time.perf_counter()
+    budget.solve(costs, budget.prior_errors(costs), budget=worst, overhead=lambda n: 0)
+    print(f"solving a budget for {len(costs.units)} units (the most cells, the plans of its pass size included): "
+          f"{time.perf_counter() - began:.2f} s", flush=True)
     print(f"\n{model}, batch {batch}: budget, what the trainer chose, its peak, and the gradient errors", flush=True)
     for name, b in budgets(path, model, batch, least):
         out = Path(folder) / f"run-{name}"

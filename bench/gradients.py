@@ -17,7 +17,10 @@ from minibp.quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, check_rounding, check
 
 def store_options(mode):
     """'4:range' -> dict(bits='4', window='range', rounding='nearest'); '2:block:stochastic' rounds at random;
-    '2:block:stochastic:clip=4' adds clip=4.0 (quant.Store's); exact and naive have no window of their choosing."""
+    '2:block:stochastic:clip=4' adds clip=4.0 (quant.Store's); exact and naive have no window of their choosing.
+    'memory=323MiB' -> dict(memory='323MiB'): the trainer's --memory, which chooses each unit's bits itself."""
+    if str(mode).startswith("memory="):
+        return dict(memory=str(mode)[len("memory="):])
     parts = str(mode).split(":")
     clip = None
     if len(parts) == 4 and parts[3].startswith("clip="):
@@ -34,6 +37,8 @@ def store_options(mode):
 def label(mode):
     """A mode as tables print it: 'exact', 'naive', '4 range', '2 block sr' (stochastic rounding)."""
     options = store_options(mode)
+    if "memory" in options:
+        return f"memory {options['memory']}"
     if options["bits"] in ("exact", "naive"):
         return options["bits"]
     return (f"{options['bits']} {options['window']}" + (" sr" if options["rounding"] == "stochastic" else "")

@@ -38,18 +38,24 @@ def test_the_knapsack_is_every_assignments_best(rng):
         assert errors[rows, picks].sum() == pytest.approx(best, rel=1e-12, abs=1e-300)
 
 
-def test_rounded_cells_still_fit_and_stay_close(rng):
-    """Costs far from whole cells (a large net): the answer fits, and is as good as the best assignment of a capacity
-    smaller by a cell a unit (each cost rounds up by less than one, the capacity down by less than one)."""
+def test_the_greedy_of_a_large_net_fits_and_is_within_a_step_of_the_best(rng):
+    """Costs whose greatest common divisor leaves more than CELLS cells (a ResNet's): the linear relaxation's greedy,
+    which fits, and is as good as the best assignment of a capacity smaller by its largest step (it stops short of
+    the relaxation's optimum by less than one step, and that optimum bounds the exact one); a larger capacity never
+    gives a larger error."""
     units = 6
-    costs = np.sort(rng.integers(10**6, 10**9, (units, 4)), axis=1)
-    errors = monotone_errors(rng.random((units, 3)) * [100, 10, 1])
-    cell = -(-int((costs - costs.min(axis=1, keepdims=True)).max(axis=1).sum()) // budget.CELLS)
-    for capacity in np.linspace(costs.min(axis=1).sum(), costs.max(axis=1).sum(), 25).astype(np.int64):
-        picks = knapsack(costs, errors, capacity)
-        assert costs[np.arange(units), picks].sum() <= capacity
-        smaller = brute_force(costs, errors, capacity - (units + 1) * cell)
-        assert smaller is None or errors[np.arange(units), picks].sum() <= smaller * (1 + 1e-12)
+    for _ in range(8):
+        costs = np.sort(rng.integers(10**6, 10**9, (units, 4)), axis=1) + 1  # odd: a divisor of 1 byte
+        errors = monotone_errors(rng.random((units, 3)) * [100, 10, 1])
+        largest = int((costs - costs[:, :1]).max())
+        previous = np.inf
+        for capacity in np.linspace(costs.min(axis=1).sum(), costs.max(axis=1).sum(), 16).astype(np.int64):
+            picks = knapsack(costs, errors, capacity)
+            error = errors[np.arange(units), picks].sum()
+            assert costs[np.arange(units), picks].sum() <= capacity and error <= previous
+            smaller = brute_force(costs, errors, capacity - largest)
+            assert smaller is None or error <= smaller * (1 + 1e-12)
+            previous = error
 
 
 def test_errors_fall_with_bits_and_exact_is_free():

@@ -14,13 +14,15 @@ The problem (docs/method.md, "A memory budget"):
     S          the fewest sub-batches at which 2 bits in every unit fit: a mix fits at no fewer, and a larger
                budget never needs more. max_sub_batches lets S go up to that many where more lower the error.
     s          at that S, the least sum_u err(u, s_u) of the units' predicted errors (calibration.py) under the
-               bytes: a multiple-choice knapsack, solved exactly by a dynamic programme over the bytes above the
-               all-2-bit mix, in cells of one size for the net and S (each unit's extra bytes rounded up to whole
-               cells, the spare bytes down, so that what it returns fits). A budget that holds every unit exact
-               keeps every unit exact.
+               bytes: a multiple-choice knapsack. Where the bytes above the all-2-bit mix, counted in their greatest
+               common divisor, span at most CELLS (a small net), a dynamic programme solves it exactly; otherwise
+               (a ResNet's 10^5 to 10^6 such cells) the greedy of its linear relaxation: each unit's steps along
+               the lower convex hull of its (bytes, error) points, all in order of error saved per byte, taken
+               while they fit, which is within one step's bytes of the optimum. A budget that holds every unit
+               exact keeps every unit exact.
 
-An exact optimum at a fixed cell size is monotone: a larger budget never gives a larger predicted error at the same
-S. Another choice of store (recomputing a unit's segment from an exact input) would be one more column of
+Both are monotone, and which of them solves depends on the net and S, not the budget: a larger budget never gives a
+larger predicted error at the same S. Another choice of store (recomputing a unit's segment from an exact input) would be one more column of
 (bytes, error): the programme does not change (docs/method.md).
 """
 from dataclasses import dataclass
@@ -31,7 +33,7 @@ from ..arena import align_up, format_bytes
 from ..quant import per_unit
 
 CHOICES = ("2", "4", "8", "exact")  # a unit's stores, cheapest first (the knapsack's columns)
-CELLS = 1 << 15                     # cells the spare bytes are counted in: the programme is units x CHOICES x CELLS
+CELLS = 1 << 15                     # the most cells an exact programme counts the bytes in (units x CHOICES x CELLS)
 
 
 @dataclass(frozen=True)
@@ -82,21 +84,29 @@ class Costs:
 
 def knapsack(costs, errors, capacity):
     """The column of each row (unit) that minimises the sum of errors with the sum of costs at most capacity, or None
-    where even the cheapest columns do not fit. costs: (units, choices) bytes; errors: (units, choices). Exact in
-    cells of ceil(span / CELLS) bytes (span: the most any mix can add to the cheapest), costs rounded up to cells,
-    the capacity down; ties go to the cheaper column."""
+    where even the cheapest columns do not fit. costs: (units, choices) bytes, the cheapest first; errors: (units,
+    choices). Exact (a dynamic programme) where the costs above the cheapest, in units of their greatest common
+    divisor, span at most CELLS; otherwise the greedy of the linear relaxation (_greedy). Which of the two depends on
+    the costs alone, not the capacity, so that either is monotone in it; ties go to the cheaper column."""
     costs, errors = np.asarray(costs, np.int64), np.asarray(errors, np.float64)
-    units, choices = costs.shape
     cheapest = costs.min(axis=1)
     spare = int(capacity) - int(cheapest.sum())
     if spare < 0:
         return None
     extra = costs - cheapest[:, None]
-    cell = max(1, -(-int(extra.max(axis=1).sum()) // CELLS))  # of the net and pass size, not of the budget
-    weights = -(-extra // cell)
-    W = int(min(spare // cell, weights.max(axis=1).sum()))
-    best = np.zeros(W + 1)                                  # best[c]: the least error of the rows so far in c cells
-    chosen = np.empty((units, W + 1), np.uint8)             # the column row u took at each c
+    cell = max(int(np.gcd.reduce(extra.ravel())), 1)
+    weights = extra // cell  # whole cells: exact
+    if int(weights.max(axis=1).sum()) > CELLS:
+        return _greedy(extra, errors, spare)
+    return _programme(weights, errors, min(spare // cell, int(weights.max(axis=1).sum())))
+
+
+def _programme(weights, errors, W):
+    """The exact multiple-choice knapsack in W cells: best[c], the least error of the rows so far within c cells,
+    updated row by row; the columns recovered backwards."""
+    units, choices = weights.shape
+    best = np.zeros(W + 1)
+    chosen = np.empty((units, W + 1), np.uint8)  # the column row u took at each c
     candidates = np.empty((choices, W + 1))
     for u in range(units):
         candidates.fill(np.inf)
@@ -110,6 +120,30 @@ def knapsack(costs, errors, capacity):
     for u in range(units - 1, -1, -1):
         picks[u] = chosen[u, c]
         c -= int(weights[u, picks[u]])
+    return picks
+
+
+def _greedy(extra, errors, spare):
+    """The linear relaxation's greedy: every row's steps along the lower convex hull of its (bytes, error) points, all
+    rows' steps in order of error saved per byte, taken while they fit and no further (so a larger spare takes a
+    longer prefix: monotone). Within one step's bytes of the relaxation's optimum, which bounds the exact one."""
+    steps = []  # (error saved per byte, row, step, bytes, column)
+    for u in range(len(extra)):
+        j, step = int(np.argmin(extra[u])), 0
+        while True:
+            dearer = [(errors[u, j] - errors[u, i]) / (extra[u, i] - extra[u, j]) if extra[u, i] > extra[u, j] and
+                      errors[u, i] < errors[u, j] else -1.0 for i in range(extra.shape[1])]
+            i = int(np.argmax(dearer))
+            if dearer[i] <= 0:
+                break
+            steps.append((-dearer[i], u, step, int(extra[u, i] - extra[u, j]), i))
+            j, step = i, step + 1
+    picks = np.argmin(extra, axis=1)
+    for _, u, _, nbytes, column in sorted(steps):
+        if nbytes > spare:
+            break
+        spare -= nbytes
+        picks[u] = column
     return picks
 
 
@@ -144,12 +178,12 @@ def solve(costs, errors, *, budget, overhead, max_sub_batches=None):
 def fewest_sub_batches(costs, *, budget, overhead):
     """The fewest sub-batches at which 2 bits in every unit fit the budget; a ValueError naming the least budget
     and what it takes where none does."""
-    fits = [s for s in costs.sub_batches() if _cheapest_total(costs, s, overhead) <= budget]
-    if not fits:
+    fits = next((s for s in costs.sub_batches() if _cheapest_total(costs, s, overhead) <= budget), None)
+    if fits is None:
         least, S = least_budget(costs, overhead)
         raise ValueError(f"needs at least {format_bytes(least)}: {least_words(costs, S)} (given "
                          f"{format_bytes(budget)})")
-    return fits[0]
+    return fits
 
 
 def least_budget(costs, overhead):
