@@ -184,7 +184,8 @@ def main(argv=None):
         for model in args.models.split(","):
             split = fashion if model == "resnet20" else cifar_shaped(fashion)
             rhos += run(model, split, args, rng)
-    print(f"\nSpearman rank correlations: {', '.join(f'{r:.3f}' for r in rhos)} (goal: at least 0.9)")
+    if rhos:
+        print(f"\nSpearman rank correlations: {', '.join(f'{r:.3f}' for r in rhos)} (goal: at least 0.9)")
     return 0
 
 
