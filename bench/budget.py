@@ -95,6 +95,22 @@ def gradient(net, batch, sub_batches):
     return backend.to_host(net.grads).astype(np.float64)
 
 
+def solve_time(net, batch):
+    """Time a solve as a run makes it: the units' costs planned for the pass size, then the mix, at the budget just
+    short of every unit exact (the slowest for the exact programme), after one untimed solve of another net (imports
+    and first calls)."""
+    warm = models.by_name("resnet11", input_shape=(8, 8, 3), classes=2)
+    budget.solve(budget.Costs(warm, store=quant.Store("4"), per_process=2), budget.prior_errors(
+        budget.Costs(warm, store=quant.Store("4"), per_process=2)), budget=2**40, overhead=lambda n: 0)
+    began = time.perf_counter()
+    costs = budget.Costs(net, store=quant.Store("4"), per_process=batch)
+    unit_bytes, fixed = costs.at(batch)
+    budget.solve(costs, budget.prior_errors(costs), budget=fixed + int(unit_bytes[:, -1].sum()) - 1,
+                 overhead=lambda n: 0)
+    print(f"solving a budget for {len(costs.units)} units, the plans of its pass size included: "
+          f"{time.perf_counter() - began:.2f} s", flush=True)
+
+
 def run(model, args, folder):
     path, train = data_file(folder, args)
     shape, classes, batch = train.images.shape[1:], train.classes, args.batch
@@ -108,13 +124,7 @@ def run(model, args, folder):
     start = lambda: models.by_name(model, input_shape=shape, classes=classes)  # noqa: E731  (seed 0: the run's)
     exact_by_s, noise = {}, None
     rows = []
-    costs = budget.Costs(start(), store=quant.Store("4"), per_process=batch)
-    unit_bytes, fixed = costs.at(batch)
-    worst = fixed + int(unit_bytes[:, -1].sum()) - 1  # just short of every unit exact: the most cells
-    began = time.perf_counter()
-    budget.solve(costs, budget.prior_errors(costs), budget=worst, overhead=lambda n: 0)
-    print(f"solving a budget for {len(costs.units)} units (the most cells, the plans of its pass size included): "
-          f"{time.perf_counter() - began:.2f} s", flush=True)
+    solve_time(start(), batch)
     print(f"\n{model}, batch {batch}: budget, what the trainer chose, its peak, and the gradient errors", flush=True)
     for name, b in budgets(path, model, batch, least):
         out = Path(folder) / f"run-{name}"
@@ -184,11 +194,16 @@ def main(argv=None):
     parser.add_argument("--noise", type=int, default=4, help="batches SGD's noise is measured over (default 4)")
     parser.add_argument("--data-dir", default="data")
     seed_option(parser)
+    parser.add_argument("--solve-time", action="store_true", help="only time a solve for each of --models")
     parser.add_argument("--quick", action="store_true", help="ResNet-11 on random 8x8 data, batch 16: seconds")
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.batch, args.noise = "resnet11", 16, 2
     print(f"CPU: {cpu_model()}")
+    if args.solve_time:
+        for model in args.models.split(","):
+            solve_time(models.by_name(model, input_shape=(32, 32, 3), classes=10), args.batch)
+        return 0
     ok = True
     with tempfile.TemporaryDirectory(prefix="minibp-budget-") as folder:
         for model in args.models.split(","):

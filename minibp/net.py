@@ -207,10 +207,11 @@ class Net(Chain):
         self._check_compiled()
         table.initialize(self.units, self.arena, seed=seed, dtype=self.dtype)
 
-    def state(self):
-        """The trained state as named host arrays (params.py): what a checkpoint keeps."""
+    def state(self, *, copy=True):
+        """The trained state as named host arrays (params.py): what a checkpoint keeps. copy=False: on the CPU
+        read-only views of the arena, valid until the next step (a checkpoint's write: no second copy)."""
         self._check_compiled()
-        return table.get_state(self.units, self.arena)
+        return table.get_state(self.units, self.arena, copy=copy)
 
     def load_state(self, state):
         """Set parameters, running statistics and (optional) momentum and second moment from named arrays; a state

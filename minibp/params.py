@@ -140,8 +140,18 @@ def _state_views(units, arena):
     return views
 
 
-def get_state(units, arena):
-    return {name: backend.to_host(view).copy() for name, view in _state_views(units, arena).items()}
+def get_state(units, arena, *, copy=True):
+    """The state as named host arrays: copies, or (copy=False) the arena's own views on the CPU, read-only (a
+    checkpoint's write, which reads them while nothing steps: no second copy of the state beside the arena). A GPU's
+    state comes to the host as one copy either way."""
+    state = {}
+    for name, view in _state_views(units, arena).items():
+        host = backend.to_host(view)
+        if host is view:  # the CPU's arena itself
+            host = host.copy() if copy else host.view()
+            host.flags.writeable = bool(copy)
+        state[name] = host
+    return state
 
 
 def set_state(units, arena, state, *, require_finite=True):

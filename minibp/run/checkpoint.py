@@ -182,7 +182,7 @@ def save(path, net, *, iteration, config, data_state, class_names=None, data=Non
     names and (optional) facts of the data (a dict), the training images' mean, this state's validation
     and where the run started from (dicts) to path, atomically. Raises NotFinite (writing nothing) if the
     net diverged."""
-    state = net.state()
+    state = net.state(copy=False)  # (read while nothing steps: no copy of the state beside the arena)
     check_finite(state)
     arrays = {f"state/{name}": array for name, array in state.items()}
     arrays["data_order"] = np.asarray(data_state["order"], np.int64)
