@@ -11,21 +11,23 @@
 #           against the eager one, bit for bit
 #   fit     bench/gpu.py --fit 11GiB: the paper's GPU, ResNet-1001's largest batch at 4 bits and exact, run, and
 #           PyTorch's
+#   memory  python3 -m minibp.train --memory 11GiB: ResNet-1001 at batch 128 on random CIFAR-shaped data, 3 steps: the
+#           mix solved for the device's pool, its calibration, and the pool's bytes against the budget
 #   dist    2 ranks on the one GPU (NCCL through CuPy, OpenMPI's root switches) against --sub-batches 2 (only when
 #           named: time allowing)
-# Each part has its own time limit ($SMOKE_SECONDS, $TESTS_SECONDS, $BENCH_SECONDS, $FIT_SECONDS) and the next
+# Each part has its own time limit ($SMOKE_SECONDS, $TESTS_SECONDS, $BENCH_SECONDS, $FIT_SECONDS, $MEMORY_SECONDS) and the next
 # goes on after a failure; logs go to ${OUT:-bench/results}/ (gpu_check.log: all but the tests' lines;
 # gpu_tests.log: those; gpu_failures.log: each failing test's report as it fails). Installs nothing from the network:
 # wheels carried in .whl/ (the cuDNN frontend) go to /tmp/site, and minibp itself is installed editable.
 #
-#   bash bench/gpu_check.sh                 # smoke tests bench fit: about 9 minutes
+#   bash bench/gpu_check.sh                 # smoke tests bench fit memory: about 10 minutes
 #   bash bench/gpu_check.sh smoke bench     # some parts
 set -uo pipefail
 cd "$(dirname "$0")/.."
 results=${OUT:-bench/results}
 mkdir -p "$results"
 log="$results/gpu_check.log"
-parts=${*:-smoke tests bench fit}
+parts=${*:-smoke tests bench fit memory}
 export MINIBP_DEVICE=gpu PYTHONUNBUFFERED=1 PYTHONPATH="$PWD:${PYTHONPATH:-}"
 # The GPU machines run commands as root, which OpenMPI's mpirun refuses unless told (the MPI tests start it).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -81,6 +83,16 @@ fit() {
     timeout "${FIT_SECONDS:-90}" python3 bench/gpu.py --models '' --fit 11GiB
     echo "== fit exit $?"
 }
+memory() {
+    echo "== python3 -m minibp.train --memory 11GiB: ResNet-1001 at batch 128, 3 steps"
+    python3 -c "import numpy as np; from minibp.io import data; r = np.random.default_rng(0)
+data.write('/tmp/memory.h5', train=(r.integers(0, 256, (512, 32, 32, 3), dtype=np.uint8), r.integers(0, 10, 512)),
+           test=(r.integers(0, 256, (128, 32, 32, 3), dtype=np.uint8), r.integers(0, 10, 128)), classes=10)"
+    timeout "${MEMORY_SECONDS:-90}" python3 -m minibp.train --data-file /tmp/memory.h5 --model resnet1001 --batch 128 \
+        --memory 11GiB --iters 3 --val-every 3 --log-every 1 --lr-schedule 0:0.01 --out /tmp/memory-run --overwrite \
+        | grep -v "^ "
+    echo "== memory exit $?"
+}
 dist() {
     echo "== 2 ranks on one GPU against --sub-batches 2"
     timeout 60 python3 -m pytest -q -p no:cacheprovider -x tests/test_dist.py -k "as_one_process" 2>&1 | tail -5
@@ -91,8 +103,8 @@ dist() {
     echo "== parts: $parts; $(python3 --version); $(nproc) cores"
     for name in $parts; do
         case $name in
-            smoke|tests|bench|fit|dist) $name ;;
-            *) echo "no part $name (smoke, tests, bench, fit, dist)" ;;
+            smoke|tests|bench|fit|memory|dist) $name ;;
+            *) echo "no part $name (smoke, tests, bench, fit, memory, dist)" ;;
         esac
     done
 } 2>&1 | tee -a "$log"
