@@ -178,7 +178,9 @@ def main(argv=None):
             finished = any(r["iter"] >= args.iters for r in validations(run))
             print(f"=== {label(mode)}, seed {seed}: python3 -m minibp.train {' '.join(argv)}", flush=True)
             start = time.perf_counter()
-            status = train.main(argv)
+            # a memory budget counts its whole process: such a run trains in a process of its own
+            status = (subprocess.run([sys.executable, "-m", "minibp.train", *argv]).returncode if "memory" in store
+                      else train.main(argv))
             if status != 0:
                 return status
             accuracy[mode, seed] = last_validation(run)["accuracy"]
