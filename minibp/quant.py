@@ -181,16 +181,16 @@ def per_unit(store, count):
 
 def describe(stores):
     """The stores of the units that keep one, in the words of every message: "bits 4 (block window)" when they
-    are one store, else the mix, "412 units exact, 300 at 8 bits, 289 at 4 (block window)"."""
+    are one store, else the mix, "412 units exact, 300 at 8 bits, 289 at 4 (block window)": the first count names
+    the units, the first k the bits, and the k-bit units' window (one for all of them) closes the line."""
     if len(set(stores)) <= 1:
         return str(stores[0]) if stores else "no stores"
-    parts = []
-    for bits in BITS:
-        n = sum(s.bits == bits for s in stores)
-        if n:
-            words = "exact" if bits == "exact" else "naive" if bits == "naive" else f"at {bits}"
-            parts.append(f"{n} {('unit ' if n == 1 else 'units ') if not parts else ''}{words}"
-                         + (" bits" if words.startswith("at") and not any("bits" in p for p in parts) else ""))
+    counts = [(bits, sum(s.bits == bits for s in stores)) for bits in BITS]
+    parts = [f"{n} {bits if bits in ('exact', 'naive') else 'at ' + bits}" for bits, n in counts if n]
+    parts[0] = parts[0].replace(" ", " unit " if parts[0].startswith("1 ") else " units ", 1)
+    first_k = next((i for i, p in enumerate(parts) if " at " in p), None)
+    if first_k is not None:
+        parts[first_k] += " bits"
     coded = next((s for s in stores if s.has_window), None)
     return ", ".join(parts) + ("" if coded is None else " " + str(coded).split(" ", 2)[2])
 

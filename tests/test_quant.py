@@ -339,3 +339,17 @@ def _table(channels, dtype=np.float32):
 def test_bad_input_is_a_value_error_naming_the_problem(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_a_mix_of_stores_is_said_in_one_line_and_differs_in_bits_alone():
+    """quant.describe, Store.at and per_unit: the words of a memory budget's mix."""
+    S = quant.Store
+    assert quant.describe([S("exact")] * 3 + [S("8")] * 2 + [S("4")]) == "3 units exact, 2 at 8 bits, 1 at 4 (block window)"
+    assert quant.describe([S("4", rounding="stochastic")] * 2 + [S("exact")]) == \
+        "1 unit exact, 2 at 4 bits (block window, stochastic rounding)"
+    assert quant.describe([S("2")] * 4) == "bits 2 (block window)"
+    assert S("4", "range", "stochastic", 3.0).at("exact") == S("exact")
+    assert S("4", "range", "stochastic", 3.0).at("8") == S("8", "range", "stochastic", 3.0)
+    assert quant.per_unit(S("4"), 3) == (S("4"),) * 3
+    with pytest.raises(ValueError, match="differs in bits alone"):
+        quant.per_unit([S("4"), S("4", "range")], 2)

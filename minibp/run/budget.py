@@ -22,8 +22,8 @@ The problem (docs/method.md, "A memory budget"):
                exact keeps every unit exact.
 
 Both are monotone, and which of them solves depends on the net and S, not the budget: a larger budget never gives a
-larger predicted error at the same S. Another choice of store (recomputing a unit's segment from an exact input) would be one more column of
-(bytes, error): the programme does not change (docs/method.md).
+larger predicted error at the same S. Another kind of store (a unit's segment recomputed from an exact input) would
+be one more column of (bytes, error) a unit: neither solver changes (docs/method.md).
 """
 from dataclasses import dataclass
 
@@ -64,14 +64,17 @@ class Costs:
         return [s for s in range(1, self.per_process + 1) if self.per_process % s == 0]
 
     def at(self, n):
-        """(bytes (units, CHOICES) int64, fixed bytes) of a pass of n images."""
+        """(bytes (units, CHOICES) int64, fixed bytes) of a pass of n images: a unit's bytes are its store's and (k
+        bits) its windows', each aligned as the arena aligns it; the statistics, the same at every choice, are fixed."""
         if n not in self._at:
-            unit_bytes = np.array([[sum(align_up(int(np.prod(own.shape)) * np.dtype(own.dtype or self.net.dtype)
-                                                 .itemsize) for own in u.own_buffers(n, store=s, keep=True)
-                                        if own.role != "stats") for s in self.choices] for u in self.units], np.int64)
+            unit_bytes = np.array([[self._bytes(u, n, s) for s in self.choices] for u in self.units], np.int64)
             cheapest = self.plan(n, [0] * len(self.units)).allocation_bytes
             self._at[n] = unit_bytes, cheapest - int(unit_bytes[:, 0].sum())
         return self._at[n]
+
+    def _bytes(self, u, n, store):
+        return sum(align_up(int(np.prod(own.shape)) * np.dtype(own.dtype or self.net.dtype).itemsize)
+                   for own in u.own_buffers(n, store=store, keep=True) if own.role != "stats")
 
     def stores(self, picks):
         """(quant.Store,) one a unit of the net from each batch-norm unit's column in CHOICES (the others keep
