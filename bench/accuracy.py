@@ -118,7 +118,8 @@ def mean_minutes(minutes, mode, seeds):
 
 
 def trainer_store(store):
-    """The trainer's options of a mode (gradients.store_options'): --memory, or --bits and its window, rounding, clip."""
+    """The trainer's options of a mode (gradients.store_options'): --memory, or --bits and its window, rounding and
+    clip."""
     if "memory" in store:
         return ["--memory", store["memory"]]
     return ["--bits", store["bits"], *(["--window", store["window"]] if Store(store["bits"]).has_window else []),

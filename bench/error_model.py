@@ -160,7 +160,8 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--batches", type=int, default=2, help="batches each error is measured on (default 2)")
     parser.add_argument("--noise", type=int, default=8, help="batches SGD's noise is measured over (default 8)")
-    parser.add_argument("--mixes", type=int, default=6, help="the solver's mixes, at budgets evenly between (default 6)")
+    parser.add_argument("--mixes", type=int, default=6,
+                        help="the solver's mixes, at budgets evenly between (default 6)")
     parser.add_argument("--randoms", type=int, default=6, help="random mixes (default 6)")
     parser.add_argument("--train", type=int, help=f"iterations of exact training before a second measurement "
                         f"(default {TRAIN}, 0: none)")

@@ -15,8 +15,8 @@
 #           mix solved for the device's pool, its calibration, and the pool's bytes against the budget
 #   dist    2 ranks on the one GPU (NCCL through CuPy, OpenMPI's root switches) against --sub-batches 2 (only when
 #           named: time allowing)
-# Each part has its own time limit ($SMOKE_SECONDS, $TESTS_SECONDS, $BENCH_SECONDS, $FIT_SECONDS, $MEMORY_SECONDS) and the next
-# goes on after a failure; logs go to ${OUT:-bench/results}/ (gpu_check.log: all but the tests' lines;
+# Each part has its own time limit ($SMOKE_SECONDS, $TESTS_SECONDS, $BENCH_SECONDS, $FIT_SECONDS, $MEMORY_SECONDS)
+# and the next goes on after a failure; logs go to ${OUT:-bench/results}/ (gpu_check.log: all but the tests' lines;
 # gpu_tests.log: those; gpu_failures.log: each failing test's report as it fails). Installs nothing from the network:
 # wheels carried in .whl/ (the cuDNN frontend) go to /tmp/site, and minibp itself is installed editable.
 #

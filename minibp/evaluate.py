@@ -80,7 +80,8 @@ def main(argv=None):
     if args.per_class or args.confusion:
         result.update(classes=list(names), per_class=[None if np.isnan(a) else a for a in scored.per_class()],
                       confusion=scored.confusion.tolist())
-    print(json.dumps(result) if args.json else "\n".join(report(path, saved, config, run_data, net, scored, args, names)))
+    print(json.dumps(result) if args.json else
+          "\n".join(report(path, saved, config, run_data, net, scored, args, names)))
     if args.confusion:
         try:
             write_atomic(args.confusion, confusion_csv(scored.confusion, names).encode())

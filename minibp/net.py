@@ -99,9 +99,9 @@ class Net(Chain):
     def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
              conv_path=None, optimizer="sgd", grad_norm=False):
         """The table of every buffer a step at this batch and store needs (store: a quant.Store for every unit, a
-        list of one a unit (a mix: quant.per_unit), or the one Store(bits, window) names); allocates nothing. training=False: an evaluation's (no stores, gradients
-        or momentum). conv_path: a built layers.ConvPath adds the buffers its convs need (cuDNN's).
-        optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
+        list of one a unit (a mix: quant.per_unit), or the one Store(bits, window) names); allocates nothing.
+        training=False: an evaluation's (no stores, gradients or momentum). conv_path: a built layers.ConvPath adds
+        the buffers its convs need (cuDNN's). optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
         global gradient norm (optim.py: clipping, last_grad_norm). Both matter only to a training plan."""
         stores = self._stores(store, bits=bits, window=window)
         N = self._check_request(batch=batch, stores=stores, optimizer=optimizer, grad_norm=grad_norm)
@@ -165,8 +165,9 @@ class Net(Chain):
                 seed=0, training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False,
                 check_plan=None):
         """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, as a
-        list of one a unit (a mix of bits, as a memory budget solves it: quant.per_unit), or by its words: `bits` ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range",
-        "block" or "fixed"; the naive ablation's is fixed), `rounding`, how a value becomes a code
+        list of one a unit (a mix of bits, as a memory budget solves it: quant.per_unit), or by its words: `bits`
+        ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range", "block" or "fixed"; the naive
+        ablation's is fixed), `rounding`, how a value becomes a code
         ("nearest" or "stochastic"; stochastic draws from seed and forward()'s draw), and `clip`, the range or
         block window's in standard deviations (None: quant.Store's default for the window and bits). The first compile
         initialises the parameters (initialize(seed=...)); a later one keeps the trained state. conv, the path

@@ -147,8 +147,8 @@ class ConvUnit(Unit):
         a = x
         if self.bn is not None:
             a = s.shared("a", self.in_shape)
-            self.bn.forward(x, a, store=s.stores[self.index], train=s.train, gamma=self.p["gamma"], beta=self.p["beta"], eps=s.eps,
-                            partial=s.shared("partial") if s.train else None, momentum=s.bn_momentum,
+            self.bn.forward(x, a, store=s.stores[self.index], train=s.train, gamma=self.p["gamma"], beta=self.p["beta"],
+                            eps=s.eps, partial=s.shared("partial") if s.train else None, momentum=s.bn_momentum,
                             running_before=s.running_before, increments=s.increments,
                             rounding_key=s.rounding_key(self.index), residual=residual, saved=saved)
         else:
@@ -209,8 +209,8 @@ class ConvUnit(Unit):
             layers.add_and_keep_grad(dx, residual_grad=residual_grad, shortcut_grad=shortcut_grad)
             return
         C = self.in_shape[2]
-        bn.backward(da, dx, store=s.stores[self.index], beta=self.p["beta"], dgamma=self.g["gamma"], dbeta=self.g["beta"],
-                    partial=s.shared("partial"), sums=s.shared("bn_sums")[: 2 * C].reshape(2, C),
+        bn.backward(da, dx, store=s.stores[self.index], beta=self.p["beta"], dgamma=self.g["gamma"],
+                    dbeta=self.g["beta"], partial=s.shared("partial"), sums=s.shared("bn_sums")[: 2 * C].reshape(2, C),
                     residual_grad=residual_grad, shortcut_grad=shortcut_grad, restored=a if restore else None,
                     accumulate=s.accumulate)
 

@@ -344,7 +344,8 @@ def test_bad_input_is_a_value_error_naming_the_problem(call, match):
 def test_a_mix_of_stores_is_said_in_one_line_and_differs_in_bits_alone():
     """quant.describe, Store.at and per_unit: the words of a memory budget's mix."""
     S = quant.Store
-    assert quant.describe([S("exact")] * 3 + [S("8")] * 2 + [S("4")]) == "3 units exact, 2 at 8 bits, 1 at 4 (block window)"
+    assert quant.describe([S("exact")] * 3 + [S("8")] * 2 + [S("4")]) == \
+        "3 units exact, 2 at 8 bits, 1 at 4 (block window)"
     assert quant.describe([S("4", rounding="stochastic")] * 2 + [S("exact")]) == \
         "1 unit exact, 2 at 4 bits (block window, stochastic rounding)"
     assert quant.describe([S("2")] * 4) == "bits 2 (block window)"
