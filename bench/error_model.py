@@ -91,7 +91,7 @@ def landing(model, make_net, batch, units):
     total = float(np.sum(diff ** 2))
     print(f"\n{model}: units {units[last].index}-{units[-1].index} (the last third) at 2 bits, every other exact: "
           f"{own:.3g} of squared gradient error in their own parameters' gradients, {total - own:.3g} in the units' "
-          f"below them ({(total - own) / max(own, 1e-300):.0f} times their own)", flush=True)
+          f"below them ({(total - own) / max(own, 1e-300):.2g} times their own)", flush=True)
 
 
 def _slices(net, indices):
