@@ -106,16 +106,15 @@ def check(args):
 def score(path, args):
     """(checkpoint, its RunConfig, its splits.RunData, the Scores) of the checkpoint at path on args.split."""
     saved = checkpoint.load(path)
-    config = RunConfig.from_checkpoint(saved)
+    config = RunConfig.from_checkpoint(saved, loading=True)
     config = replace(config, **{k: v for k, v in (("data_dir", args.data_dir), ("data_file", args.data_file)) if v})
     run_data = splits.load(config, batches=False)
     if config.imagenet:  # "test" is its val/ folder; the reader normalises
         saved.check_classes(run_data.train.class_names, run_data.train.root)
     split = run_data.split(args.split)
 
-    def build(input_shape, classes):
-        return modelspec.build(config.model, model_args=config.model_args, imagenet=config.imagenet,
-                               input_shape=input_shape, classes=classes)
+    def build(input_shape, classes):  # from the checkpoint's structure: no code of the run's runs
+        return modelspec.rebuild(config, saved, input_shape=input_shape, classes=classes)
     net = build(run_data.input_shape, split.classes)
     saved.check_data(net, build, run_data.path)  # before check_parameters, which would blame the net
     saved.check_parameters(net, modelspec.describe(config.model, config.model_args))

@@ -75,6 +75,40 @@ class Net(Chain):
 
     # ------------------------------------------------------------------ the table and the plan
 
+    # ------------------------------------------------------------------ the net as data
+
+    def structure(self):
+        """The net as plain data (JSON), or None for a net with a unit that chain.py's recipe cannot hold: its input
+        shape, dtype, eps, batch-norm momentum and recipe (chain.py). A checkpoint keeps it, so that a trained run
+        loads through from_structure() without importing, or running, any code of its own."""
+        if self.recipe is None:
+            return None
+        return dict(input_shape=list(self.input_shape), dtype=np.dtype(self.dtype).name, eps=float(self.eps),
+                    bn_momentum=float(self.bn_momentum), recipe=self.recipe)
+
+    @classmethod
+    def from_structure(cls, structure, *, input_shape=None, classes=None):
+        """The uncompiled net a structure() describes; input_shape and classes: other data's, a fine-tune's (the same
+        calls on another shape, another classifier). A ValueError naming what is not a net's structure."""
+        if not isinstance(structure, dict) or set(structure) != {"input_shape", "dtype", "eps", "bn_momentum",
+                                                                 "recipe"}:
+            raise ValueError("it is not a net's structure (input_shape, dtype, eps, bn_momentum, recipe)")
+        shape, dtype = structure["input_shape"], structure["dtype"]
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape) \
+                or dtype not in ("float32", "float64") or not all(
+                    isinstance(structure[k], float) and 0 <= structure[k] < 1 for k in ("eps", "bn_momentum")):
+            raise ValueError(f"its input_shape {shape!r}, dtype {dtype!r}, eps or bn_momentum is not a net's")
+        recipe = structure["recipe"]
+        if classes is not None and isinstance(recipe, list) and recipe and isinstance(recipe[-1], dict) \
+                and set(recipe[-1]) == {"classifier"}:
+            recipe = recipe[:-1] + [{"classifier": int(classes)}]
+        net = cls(tuple(shape) if input_shape is None else tuple(input_shape), dtype=np.dtype(dtype),
+                  eps=structure["eps"], bn_momentum=structure["bn_momentum"])
+        net.replay(recipe)
+        if net.classes is None:
+            raise ValueError("its recipe ends in no classifier")
+        return net
+
     def parameter_table(self):
         """[(name, unit, Param)] in the flat vector's order (params.py)."""
         return table.parameter_table(self.units)

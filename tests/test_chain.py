@@ -9,7 +9,7 @@ from nets import small_net
 
 def wiring(net):
     return [(u.index, u.saves_input, type(u.shortcut).__name__ if u.shortcut else None, u.adds_projection,
-             u.projection is not None) for u in net.units]
+             getattr(u, "projection", None) is not None) for u in net.units]
 
 
 def test_each_block_marks_its_first_unit_and_the_unit_after_it():
@@ -95,3 +95,53 @@ def test_a_channel_count_must_be_a_whole_number(bad):
         net.conv(8, kernel=2.5)
     with pytest.raises(ValueError, match="classes must be a positive integer, got 3.5"):
         net.classifier(3.5)
+
+
+def test_a_nets_recipe_builds_the_same_net_and_a_custom_unit_has_none(rng):
+    """Net.structure() keeps the calls that built a net as data and Net.from_structure() builds it again: both
+    shortcut kinds, max pooling, a stride, a ReluConvUnit; the same parameter table and, with the same weights, the
+    same logits. Another classifier or input shape (a fine-tune's) changes only those. A unit of a kind the recipe
+    cannot hold leaves the net without a structure."""
+    import json
+    import numpy as np
+    from minibp.units import ReluConvUnit, Unit
+    net = small_net()
+    net2 = Net((8, 8, 3))
+    net2.conv(8)
+    net2.add(ReluConvUnit((8, 8, 8), 8))
+    net2.classifier(3)
+    for original in (net, net2):
+        rebuilt = Net.from_structure(json.loads(json.dumps(original.structure())))
+        assert rebuilt.structure() == original.structure() and wiring(rebuilt) == wiring(original)
+        assert [(n, p.shape) for n, _, p in rebuilt.parameter_table()] == \
+            [(n, p.shape) for n, _, p in original.parameter_table()]
+        original.compile(batch=2, bits="exact", seed=4, training=False)
+        rebuilt.compile(batch=2, bits="exact", seed=4, training=False)
+        x = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
+        assert np.array_equal(original.predict(x), rebuilt.predict(x))
+    other = Net.from_structure(net.structure(), input_shape=(16, 16, 3), classes=7)
+    assert other.classes == 7 and other.input_shape == (16, 16, 3)
+
+    class Custom(Unit):
+        def __init__(self, shape):
+            self.in_shape = self.out_shape = shape
+    custom = Net((8, 8, 3))
+    custom.conv(8)
+    custom.add(Custom((8, 8, 8)))
+    assert custom.structure() is None
+
+
+@pytest.mark.parametrize("structure,match", [
+    ("resnet20", "not a net's structure"),
+    (dict(input_shape=[8, 8, 3], dtype="float32", eps=1e-5, bn_momentum=0.9, recipe=[{"conv": {"channels": 8}},
+                                                                                      {"exec": "print(1)"}]),
+     "a recipe's call must be one of conv, residual, relu_conv, classifier"),
+    (dict(input_shape=[8, 8, 3], dtype="float32", eps=1e-5, bn_momentum=0.9,
+          recipe=[{"conv": {"channels": 8, "__class__": "x"}}]), "a recipe's call must be one of"),
+    (dict(input_shape=[8, 8, 3], dtype="float32", eps=1e-5, bn_momentum=0.9, recipe=[{"conv": {"channels": 8}}]),
+     "ends in no classifier"),
+    (dict(input_shape=[8, 8, 3], dtype="float16", eps=1e-5, bn_momentum=0.9, recipe=[]), "dtype 'float16'"),
+])
+def test_a_structure_that_is_not_a_nets_is_refused_in_one_line(structure, match):
+    with pytest.raises(ValueError, match=match):
+        Net.from_structure(structure)

@@ -2,6 +2,7 @@
 --model-arg, the Python entry point minibp.fit, and the checks that a resume and an evaluation build
 the run's net again."""
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -98,8 +99,9 @@ def test_model_arguments_are_for_your_own_net_and_must_be_literals(tmp_path, dat
     assert stopped.value.code == 2 and "VALUE must be a Python literal" in capsys.readouterr().err
 
 
-def test_a_resume_or_evaluation_refuses_a_net_built_otherwise_naming_the_first_difference(tmp_path, data_dir,
-                                                                                          capsys):
+def test_a_resume_refuses_a_net_built_otherwise_naming_the_first_difference(tmp_path, data_dir, capsys):
+    """A resume builds the net with the run's file as it is now, and refuses an edited one; an evaluation builds the
+    net the checkpoint keeps as data, whatever the file says now."""
     source = "def build(*, input_shape, classes, width=8):\n    net = Net(input_shape)\n    net.conv(width)\n" \
              "    net.conv(2 * width, pool='max')\n    net.classifier(classes)\n    return net\n"
     path = write_model(tmp_path, source)
@@ -108,11 +110,11 @@ def test_a_resume_or_evaluation_refuses_a_net_built_otherwise_naming_the_first_d
     assert train.main(["--out", run, "--resume", "--iters", "3", "--model-arg", "width=4"]) == 2
     assert "--model-arg {'width': 4} (the run has {})" in one_line_error(capsys.readouterr().err)
     path.write_text(path.read_text().replace("width=8", "width=4"))  # the file edited after the run
-    for command in (lambda: train.main(["--out", run, "--resume", "--iters", "3"]), lambda: evaluate.main([run, "--which", "last"])):
-        assert command() == 2
-        line = one_line_error(capsys.readouterr().err)
-        assert line == (f"error: {run}/checkpoint.h5 holds another net than mynet.py:build() builds now: the "
-                        "checkpoint's unit0.w is (8, 3, 3, 3), the net's (4, 3, 3, 3)")
+    assert train.main(["--out", run, "--resume", "--iters", "3"]) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert line == (f"error: {run}/checkpoint.h5 holds another net than mynet.py:build() builds now: the "
+                    "checkpoint's unit0.w is (8, 3, 3, 3), the net's (4, 3, 3, 3)")
+    assert evaluate.main([run, "--which", "last"]) == 0  # the net as trained: the file is not read
     path.write_text(path.read_text().replace("    net.conv(2 * width, pool='max')\n", ""))
     assert train.main(["--out", run, "--resume", "--iters", "3"]) == 2
     assert "the net's (4, 3, 3, 3)" in one_line_error(capsys.readouterr().err)
@@ -214,16 +216,14 @@ minibp.fit(build, data="cifar10", data_dir={data_dir!r}, out={out!r}, overwrite=
 
 @pytest.mark.slow
 def test_evaluate_never_runs_a_scripts_training_again(tmp_path, data_dir, capsys):
-    # Without the guard, evaluate imported the script, whose fit(overwrite=True) deleted the run and trained it
-    # again, then evaluated it and exited 0.
+    # Without a guard, evaluate imported the script, whose fit(overwrite=True) deleted the run and trained it
+    # again. Now evaluate builds the net its checkpoint keeps as data, and imports nothing of the run's.
     script, run = tmp_path / "train_it.py", tmp_path / "run"
     script.write_text(SCRIPT_WITHOUT_GUARD.format(data_dir=str(data_dir), out=str(run)))
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.name != "lock"}
-    assert evaluate.main([str(run)]) == 2
-    line = one_line_error(capsys.readouterr().err)
-    assert "fit() was called while minibp imported" in line and '`if __name__ == "__main__":`' in line
+    assert evaluate.main([str(run)]) == 0
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.name != "lock"} == before
 
 
@@ -250,3 +250,57 @@ def test_a_model_file_that_takes_long_says_what_is_still_being_imported_and_wher
     assert f"minibp: still importing {tmp_path / 'slow.py'} after " in err
     assert f"slow.py:5" in err and "minibp: still calling slow.py:build() after " in err and "slow.py:9" in err
     assert "Ctrl-C stops it" in err
+
+
+MARKING_NET = """
+import pathlib
+
+pathlib.Path({marker!r}).write_text("imported")  # what a file of someone else's could do, run as whoever loads it
+
+
+def build(*, input_shape, classes):
+    net = Net(input_shape)
+    net.conv(8)
+    with net.residual():
+        net.conv(8, kernel=1)
+    net.classifier(classes)
+    return net
+"""
+
+
+def test_loading_a_run_never_runs_its_model_file_and_needs_none(tmp_path, data_dir, capsys):
+    """The checkpoint keeps the net as data: evaluate, minibp.load (predict) and export build it from that, and never
+    import the model file the run was trained with: a file that writes a marker as it is imported writes none,
+    and with the file gone they all still work."""
+    marker = tmp_path / "marker"
+    path = write_model(tmp_path, MARKING_NET.format(marker=str(marker)))
+    assert train.main(base_args(tmp_path, model=f"{path}:build", iters=2, val_every=2)) == 0
+    assert marker.exists()  # training imported it: the user's own run
+    run = tmp_path / "run"
+    for gone in (False, True):
+        marker.unlink(missing_ok=True)
+        if gone:
+            path.unlink()
+        assert evaluate.main([str(run), "--json"]) == 0
+        model = minibp.load(run)
+        assert model.predict(np.zeros((2, 8, 8, 3), np.uint8))[0].shape == (2,)
+        assert not marker.exists(), "loading the run ran its model file"
+    assert checkpoint.load(run / "best.h5").structure["recipe"][-1] == {"classifier": 4}
+
+
+def test_a_model_file_others_could_write_or_own_is_not_imported(tmp_path, data_dir, capsys):
+    """A model file writable by other users, or owned by another user, is refused in one line naming it and the fix,
+    before any of it runs: a line another user appended would run as whoever trains."""
+    marker = tmp_path / "marker"
+    path = write_model(tmp_path, MARKING_NET.format(marker=str(marker)))
+    path.chmod(0o666)
+    assert train.main(base_args(tmp_path, model=f"{path}:build", iters=2)) == 2
+    line = one_line_error(capsys.readouterr().err)
+    assert f"{path} is writable by other users (mode 0666)" in line and f"chmod go-w {path}" in line
+    assert not marker.exists()
+    path.chmod(0o644)
+    if os.geteuid() == 0:  # (only root can give a file away)
+        os.chown(path, 12345, 12345)
+        assert train.main(base_args(tmp_path, model=f"{path}:build", iters=2)) == 2
+        assert f"{path} is owned by uid 12345, not by you (uid 0)" in one_line_error(capsys.readouterr().err)
+        assert not marker.exists()

@@ -44,7 +44,8 @@ FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read
 OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read
 ATTRS = ("format", "iteration", "config", "data_epoch", "data_position", "data_rng")  # all that a resume reads
-OPTIONAL_ATTRS = ("data", "validation", "started_from", "memory")  # JSON, under attrs_sha256 where present (older files
+OPTIONAL_ATTRS = ("data", "validation", "started_from", "memory",  # JSON, under attrs_sha256 where present (older files
+                  "structure")
 #                                                           lack them)
 # What each later format added, refused in a file that claims an earlier one: a flipped bit in the format
 # (3 -> 2 or 1) would otherwise skip the checksums those fields are under.
@@ -83,6 +84,7 @@ class Checkpoint:
     validation: dict = None    # {split, loss, accuracy} of the validation of this state (best.h5), or None
     started_from: dict = None  # {checkpoint, iteration, taken, fresh} of --init-from's run, or None
     memory: dict = None        # a --memory run's record (run/memory.py: its budget, calibration and mix), or None
+    structure: dict = None     # the net as data (Net.structure), or None: an older file, or a net not held as data
 
     def check_classes(self, names, where):
         """A ValueError naming the first difference unless names (the class names of the data at `where`)
@@ -193,7 +195,8 @@ def save(path, net, *, iteration, config, data_state, class_names=None, data=Non
     attrs = dict(format=FORMAT, iteration=int(iteration), config=json.dumps(config),
                  data_epoch=int(data_state["epoch"]), data_position=int(data_state["position"]),
                  data_rng=data_state["rng"])
-    optional = dict(data=data, validation=validation, started_from=started_from, memory=memory)
+    optional = dict(data=data, validation=validation, started_from=started_from, memory=memory,
+                    structure=net.structure())  # the net as data: a run loads without its model file's code
     attrs.update({k: json.dumps(v) for k, v in optional.items() if v is not None})
     image = io.BytesIO()  # built in memory: a failed disk write (a full disk) is then a plain OSError, where
     with h5py.File(image, "w") as f:  # h5py, failing mid-file, can crash the process

@@ -8,12 +8,18 @@ returns an uncompiled Net (docs/vgg_example.py is one). A run records the spec, 
     net = build("docs/vgg_example.py:build", model_args={"width": 16}, input_shape=(28, 28, 1), classes=10)
     net = build("resnet20", input_shape=(28, 28, 1), classes=10)   # a name: by_name
 
+A trained run is loaded (evaluate, minibp.load, predict, export) without its file: rebuild() builds the net its
+checkpoint keeps as data (Net.structure), so no code of the run's runs. A file is imported (a fresh run, a resume, a
+run saved before checkpoints kept their net) only if you or the system own it and no one else may write it.
+
 Your code runs in the trainer's process: an import or a function that takes longer than SLOW_S seconds is said
 on stderr every SLOW_S seconds, with the line it is at, so that one that never returns is seen for what it is.
 """
 import contextlib
 import importlib
 import importlib.util
+import os
+import stat
 import sys
 import threading
 import time
@@ -64,15 +70,18 @@ def short_name(spec):
     return f"{Path(where).stem if is_file else where}.{name}"
 
 
-def check_spec(spec, model_args, *, imagenet=False):
+def check_spec(spec, model_args, *, imagenet=False, find=True):
     """The checks of a model spec that need neither the data nor running your code: a ResNet's name (which
-    takes no arguments), or a file that exists, or a module that can be found."""
+    takes no arguments), or a file that exists, or a module that can be found (find=False: the spec's form alone,
+    for a run that is only loaded, whose net its checkpoint keeps)."""
     if not is_own(spec):
         models.depth_of(spec, imagenet=imagenet)
         if model_args:
             raise ValueError(f"--model-arg is for your own net (--model FILE.py:FUNCTION); {spec} takes none")
         return
     where, _, is_file = _where(spec)
+    if not find:
+        return
     if is_file and not Path(where).is_file():
         raise ValueError(f"model {spec}: no file {where}")
     if not is_file:
@@ -104,8 +113,13 @@ def load_function(spec):
 
 
 def _imported(where, *, is_file):
-    """The module of a file (imported afresh) or a module name."""
+    """The module of a file (imported afresh, once it is known to be one only you or the system could have written:
+    _not_yours) or a module name."""
     if is_file:
+        why = _not_yours(where)
+        if why:
+            raise ValueError(f"{why}: minibp imports only a model file that you or the system own and that no one "
+                             f"else may write (chmod go-w {where}, or copy it to a file of your own)")
         module_name = f"minibp_model_{Path(where).stem}"  # in sys.modules, as an import puts it (dataclasses)
         found = importlib.util.spec_from_file_location(module_name, where)
         module = importlib.util.module_from_spec(found)
@@ -113,6 +127,17 @@ def _imported(where, *, is_file):
         found.loader.exec_module(module)
         return module
     return importlib.import_module(where)
+
+
+def _not_yours(path):
+    """Why the file at path could hold someone else's code (owned by another user, or writable by others), or None.
+    The system's (root's) files are trusted as Python trusts its own."""
+    st = os.stat(path)
+    if st.st_uid not in (os.geteuid(), 0):
+        return f"{path} is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"{path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 SLOW_S = 10  # seconds your code may take to import or to build its net before minibp says what it is doing
@@ -188,6 +213,26 @@ def build(spec, *, model_args=None, imagenet=False, input_shape, classes, functi
     if fault:
         raise ValueError(f"model {called} {fault}")
     return net
+
+
+def rebuild(config, saved, *, input_shape, classes):
+    """The uncompiled net of a trained run (evaluate, minibp.load, predict, export, --init-from), for data of
+    input_shape and classes: built from the structure its checkpoint (saved) keeps, so that no code of the run's
+    runs; a run saved before checkpoints kept one is built by its model spec, its file imported (a ValueError
+    naming the file where it is gone, and how to have the run keep its structure)."""
+    if saved.structure is not None:
+        try:
+            return Net.from_structure(saved.structure, input_shape=input_shape, classes=classes)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{saved.path} is damaged: its net's structure: {' '.join(str(e).split())}") from None
+    if is_own(config.model):
+        where, _, is_file = _where(config.model)
+        if is_file and not Path(where).is_file():
+            raise ValueError(f"{saved.path} was written before checkpoints kept their net as data, and builds its net "
+                             f"with {where}, which is gone: put the file back there (a resume with it there writes "
+                             "a checkpoint that keeps the net, and no longer needs the file to load)")
+    return build(config.model, model_args=config.model_args, imagenet=config.imagenet, input_shape=input_shape,
+                 classes=classes)
 
 
 def _one_line(error):

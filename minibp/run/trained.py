@@ -88,7 +88,7 @@ def load(run, *, which=None, batch=256):
     pass (at most). A ValueError (FileNotFoundError) of one line for what cannot be loaded."""
     path = checkpoint_path(run, which)
     saved = checkpoint.load(path)
-    config = RunConfig.from_checkpoint(saved)
+    config = RunConfig.from_checkpoint(saved, loading=True)
     if config.imagenet:
         raise ValueError(f"{path} is an ImageNet run, whose preprocessing is its JPEG reader's: score it with "
                          "python3 -m minibp.evaluate; minibp.load predicts for runs on HDF5 data files")
@@ -96,7 +96,7 @@ def load(run, *, which=None, batch=256):
         raise ValueError(f"{path} was written before checkpoints held their preprocessing (the training images' "
                          "mean): resume the run for one more checkpoint, or score it with python3 -m minibp.evaluate")
     shape, classes = tuple(saved.data["shape"]), int(saved.data["classes"])
-    net = modelspec.build(config.model, model_args=config.model_args, input_shape=shape, classes=classes)
+    net = modelspec.rebuild(config, saved, input_shape=shape, classes=classes)  # no code of the run's runs
     saved.check_parameters(net, modelspec.describe(config.model, config.model_args))
     compile_within_memory(net, batch=batch, store=memory.kept(net, config, saved), training=False,
                           hint="lower batch=")
