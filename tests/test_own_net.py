@@ -304,3 +304,26 @@ def test_a_model_file_others_could_write_or_own_is_not_imported(tmp_path, data_d
         assert train.main(base_args(tmp_path, model=f"{path}:build", iters=2)) == 2
         assert f"{path} is owned by uid 12345, not by you (uid 0)" in one_line_error(capsys.readouterr().err)
         assert not marker.exists()
+
+
+def test_a_run_whose_model_file_is_gone_fine_tunes_and_resumes_from_its_structure(tmp_path, data_dir, capsys):
+    """--init-from without --model builds the source's net from the structure its checkpoint keeps (another
+    classifier for other data), never importing the source's model file; a resume whose file is gone builds the
+    net its own checkpoint keeps, and says so."""
+    from runs import make_dataset
+    marker = tmp_path / "marker"
+    path = write_model(tmp_path, MARKING_NET.format(marker=str(marker)))
+    assert train.main(base_args(tmp_path, out="source", model=f"{path}:build", iters=2, val_every=2)) == 0
+    marker.unlink()
+    make_dataset(tmp_path / "five", classes=5, seed=1)
+    tuned = base_args(tmp_path, out="tuned", data_dir=str(tmp_path / "five"), init_from=str(tmp_path / "source"),
+                      iters=2, val_every=2)
+    at = tuned.index("--model")
+    assert train.main(tuned[:at] + tuned[at + 2:]) == 0  # the file is there, and not imported
+    assert not marker.exists()
+    path.unlink()
+    assert train.main(["--out", str(tmp_path / "tuned"), "--resume", "--iters", "3"]) == 0
+    assert "is not there: the net is built from the structure" in capsys.readouterr().err
+    assert train.main(["--out", str(tmp_path / "source"), "--resume", "--iters", "3"]) == 0
+    assert checkpoint.load(tmp_path / "tuned" / "checkpoint.h5").structure["recipe"][-1] == {"classifier": 5}
+    assert not marker.exists()

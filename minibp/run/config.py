@@ -35,8 +35,9 @@ class RunConfig(RunOptions):
     # made from the fields once, when the configuration is
     store: Store = field(init=False, repr=False, compare=False)  # bits, window, rounding, clip
     schedule: object = field(init=False, repr=False, compare=False)  # lr_schedule for iters: Step/CosineSchedule
-    # a run that is only loaded (evaluate, minibp.load) builds its net without its model file, which need not exist
-    loading: bool = field(default=False, repr=False, compare=False)
+    # whether the model spec's file or module must be found now: not for a run whose net a checkpoint keeps as data
+    # (a run loaded by evaluate or minibp.load, a resume, a fine-tune of such a run: startup.build_net)
+    find_model: bool = field(default=True, repr=False, compare=False)
 
     def __post_init__(self):
         check_fields(self)
@@ -46,7 +47,7 @@ class RunConfig(RunOptions):
         if self.optimizer == "sgd" and self.momentum >= 1:
             raise ValueError(f"--momentum must be below 1, got {self.momentum}")
         object.__setattr__(self, "store", Store(self.bits, self.window, self.rounding, self.clip))  # its own rules
-        modelspec.check_spec(self.model, self.model_args, imagenet=self.imagenet, find=not self.loading)
+        modelspec.check_spec(self.model, self.model_args, imagenet=self.imagenet, find=self.find_model)
         object.__setattr__(self, "schedule", parse_schedule(self.lr_schedule, iters=self.iters))
         if self.image_size is not None and not self.imagenet:
             raise ValueError("--image-size applies to --data imagenet only")
@@ -83,8 +84,10 @@ class RunConfig(RunOptions):
     @classmethod
     def from_checkpoint(cls, saved, *, loading=False):
         """The configuration a checkpoint (checkpoint.Checkpoint) saved, each field checked (kind and range)
-        and then the whole: a ValueError naming the checkpoint and the field otherwise. loading: the run is only
-        loaded (its net built as modelspec.rebuild builds it), so its model file is not looked for."""
+        and then the whole: a ValueError naming the checkpoint and the field otherwise. A checkpoint that keeps its
+        net as data (its structure) needs no model file (the net is built as modelspec.rebuild builds it, or on a
+        resume from the file where it is still there); loading: the run is only loaded, and its file is never looked
+        for."""
         values = dict(saved.config)
         if "augment" not in values and isinstance(values.get("no_augment"), bool):  # runs from before --augment
             values["augment"] = "none" if values["no_augment"] else BUILT_IN_AUGMENT
@@ -110,7 +113,7 @@ class RunConfig(RunOptions):
                 raise ValueError(f"{saved.path} is damaged: its configuration's {name} is {values[name]!r}, not "
                                  f"{what}")
         try:
-            return cls(**values, loading=loading)
+            return cls(**values, find_model=not loading and getattr(saved, "structure", None) is None)
         except ValueError as e:
             raise ValueError(f"{saved.path} holds a configuration that cannot run: {e}") from None
 

@@ -93,6 +93,15 @@ def check_spec(spec, model_args, *, imagenet=False, find=True):
             raise ValueError(f"model {spec}: no module {where} on the Python path")
 
 
+def found(spec):
+    """Whether your own model spec's file or module is there (check_spec's question, as a yes or no)."""
+    try:
+        check_spec(spec, None)
+    except ValueError:
+        return False
+    return True
+
+
 def load_function(spec):
     """The function your own model spec names, its file or module imported afresh (an edited file is read
     again); a ValueError naming the spec and what failed."""

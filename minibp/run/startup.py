@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import backend
 from ..integrity import shown
+from ..net import Net
 from ..io import data, imagenet
 from ..optim import SGD, AdamW
 from ..step import TrainStep
@@ -83,14 +84,17 @@ def _check_same_run(best, last):
 
 def fine_tuned(given):
     """The options `given` of a fresh run, with --init-from's model and its arguments where --model is not
-    given (a run fine-tuned from another is most often its net on other data)."""
+    given (a run fine-tuned from another is most often its net on other data): then the net is built from the
+    structure the run's checkpoint keeps (build_net), and its model file is neither imported nor looked for."""
     if given.get("init_from") is None:
         return given
     path = _source(given["init_from"])  # (checked here, before anything else is)
     if "model" in given:
         return given
-    source = RunConfig.from_checkpoint(checkpoint.load(path))
-    return dict(given, model=source.model, model_args=given.get("model_args", source.model_args))
+    saved = checkpoint.load(path)
+    source = RunConfig.from_checkpoint(saved, loading=True)
+    return dict(given, model=source.model, model_args=given.get("model_args", source.model_args),
+                find_model=saved.structure is None)
 
 
 def take_weights(net, run, *, group=None):
@@ -149,7 +153,11 @@ def build_net(config, run_data, saved, *, function=None):
     """The run's net, uncompiled, for its data; on a resume checked against the checkpoint (saved): the data's
     shape and classes, the parameter table, the data file's checksum. function: the model's (fit), else the
     one the spec names."""
+    structure = _structure(config, saved, function)
+
     def build(input_shape, classes):
+        if structure is not None:
+            return Net.from_structure(structure, input_shape=input_shape, classes=classes)
         return modelspec.build(config.model, model_args=config.model_args, imagenet=config.imagenet,
                                input_shape=input_shape, classes=classes, function=function)
     net = build(run_data.input_shape, run_data.train.classes)
@@ -159,6 +167,21 @@ def build_net(config, run_data, saved, *, function=None):
         if not isinstance(run_data.train, imagenet.Folder):  # the same shapes, but the same data?
             saved.check_data_checksum(run_data.train.sha256, run_data.path)
     return net
+
+
+def _structure(config, saved, function):
+    """The structure (Net.structure) a run's net is built from, or None to build it by its model spec: a fine-tune
+    of another run's net (no --model), from that run's checkpoint; a resume whose model file is gone, from its
+    own (said on stderr). A resume whose file is there builds with the file, as the run did."""
+    if function is not None or config.find_model:
+        return None
+    if saved is None:  # a fine-tune of --init-from's own net
+        return checkpoint.load(checkpoint_path(config.init_from)).structure
+    if modelspec.is_own(config.model) and not modelspec.found(config.model):
+        print(f"note: {config.model} is not there: the net is built from the structure {saved.path} keeps",
+              file=sys.stderr)
+        return saved.structure
+    return None
 
 
 def make_step(net, config, *, ranks, group=None, run_data=None, saved=None):
