@@ -327,3 +327,18 @@ def test_a_run_whose_model_file_is_gone_fine_tunes_and_resumes_from_its_structur
     assert train.main(["--out", str(tmp_path / "source"), "--resume", "--iters", "3"]) == 0
     assert checkpoint.load(tmp_path / "tuned" / "checkpoint.h5").structure["recipe"][-1] == {"classifier": 5}
     assert not marker.exists()
+
+
+def test_a_resume_says_that_its_model_file_changed(tmp_path, data_dir, capsys):
+    """A checkpoint records the model file's SHA-256; a resume with a file that changed (here, a comment) and still
+    builds the run's net says so on stderr, and goes on."""
+    path = write_model(tmp_path, MARKING_NET.format(marker=str(tmp_path / "marker")))
+    assert train.main(base_args(tmp_path, model=f"{path}:build", iters=2, val_every=2)) == 0
+    recorded = checkpoint.load(tmp_path / "run" / "checkpoint.h5").model_file
+    assert recorded["path"] == str(path) and len(recorded["sha256"]) == 64
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "3"]) == 0
+    assert "changed since" not in capsys.readouterr().err
+    path.write_text(path.read_text() + "# an edit that builds the same net\n")
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 0
+    assert f"note: {path} changed since" in capsys.readouterr().err

@@ -45,7 +45,7 @@ UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under 
 OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read
 ATTRS = ("format", "iteration", "config", "data_epoch", "data_position", "data_rng")  # all that a resume reads
 OPTIONAL_ATTRS = ("data", "validation", "started_from", "memory",  # JSON, under attrs_sha256 where present (older files
-                  "structure")
+                  "structure", "model_file")
 #                                                           lack them)
 # What each later format added, refused in a file that claims an earlier one: a flipped bit in the format
 # (3 -> 2 or 1) would otherwise skip the checksums those fields are under.
@@ -85,6 +85,7 @@ class Checkpoint:
     started_from: dict = None  # {checkpoint, iteration, taken, fresh} of --init-from's run, or None
     memory: dict = None        # a --memory run's record (run/memory.py: its budget, calibration and mix), or None
     structure: dict = None     # the net as data (Net.structure), or None: an older file, or a net not held as data
+    model_file: dict = None    # {path, sha256} of the model file the net was built with (your own net's), or None
 
     def check_classes(self, names, where):
         """A ValueError naming the first difference unless names (the class names of the data at `where`)
@@ -179,7 +180,7 @@ def attrs_sha256(attrs):
 
 
 def save(path, net, *, iteration, config, data_state, class_names=None, data=None, mean=None, validation=None,
-         started_from=None, memory=None):
+         started_from=None, memory=None, model_file=None):
     """Write net's state, the iteration, the run's config, the data stream's state, the data's class
     names and (optional) facts of the data (a dict), the training images' mean, this state's validation
     and where the run started from (dicts) to path, atomically. Raises NotFinite (writing nothing) if the
@@ -196,7 +197,8 @@ def save(path, net, *, iteration, config, data_state, class_names=None, data=Non
                  data_epoch=int(data_state["epoch"]), data_position=int(data_state["position"]),
                  data_rng=data_state["rng"])
     optional = dict(data=data, validation=validation, started_from=started_from, memory=memory,
-                    structure=net.structure())  # the net as data: a run loads without its model file's code
+                    structure=net.structure(),  # the net as data: a run loads without its model file's code
+                    model_file=model_file)
     attrs.update({k: json.dumps(v) for k, v in optional.items() if v is not None})
     image = io.BytesIO()  # built in memory: a failed disk write (a full disk) is then a plain OSError, where
     with h5py.File(image, "w") as f:  # h5py, failing mid-file, can crash the process

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from .. import models
-from ..integrity import shown
+from ..integrity import file_digest, shown
 from ..net import Net
 
 
@@ -100,6 +100,17 @@ def found(spec):
     except ValueError:
         return False
     return True
+
+
+def file_record(spec):
+    """{path, sha256} of your own model spec's file as it is now (what a checkpoint records of it), or None for a
+    name, a module, or a file that is not there."""
+    if not is_own(spec):
+        return None
+    where, _, is_file = _where(spec)
+    if not is_file or not Path(where).is_file():
+        return None
+    return dict(path=where, sha256=file_digest(where))
 
 
 def load_function(spec):

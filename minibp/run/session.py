@@ -57,6 +57,7 @@ class Session:
         self.started_from = None  # {checkpoint, iteration, taken, fresh}: --init-from's weights, as recorded
         self.closing = False    # the loop is over: train() is closing the metrics and the data reader
         self.memory = None      # a --memory run's memory.Memory: its mix, sub-batches and record
+        self.model_file = None  # {path, sha256} of your own net's file as this process built the net with it
 
 
     def start(self, config, given, *, function=None):
@@ -72,6 +73,7 @@ class Session:
         self.data = startup.load_data(config, saved, self.group)
         self.train_split, self.batches = self.data.train, self.data.batches
         self.net = startup.build_net(config, self.data, saved, function=function)
+        self.model_file = startup.model_file(config, saved)
         self.step, self.memory = startup.make_step(self.net, config, ranks=self.ranks, group=self.group,
                                                    run_data=self.data, saved=saved)
         if self.memory is not None:  # the sub-batches its budget solved for
@@ -269,7 +271,8 @@ class Session:
                 checkpoint.save(path, self.net, iteration=self.iteration, config=self.config.as_dict(),
                                 data_state=self.batches.state(), class_names=getattr(split, "class_names", None),
                                 data=facts, mean=self.data.mean, validation=validation,
-                                started_from=self.started_from, memory=self.memory and self.memory.record)
+                                started_from=self.started_from, memory=self.memory and self.memory.record,
+                                model_file=self.model_file)
             else:  # the same state as rank 0's: stop with it
                 checkpoint.check_finite(self.net.state())
         except checkpoint.NotFinite as e:

@@ -169,6 +169,18 @@ def build_net(config, run_data, saved, *, function=None):
     return net
 
 
+def model_file(config, saved):
+    """{path, sha256} of the run's model file as it is now (checkpoints record it), or None; on a resume, a file
+    that changed since the checkpoint's is said on stderr (the net was built with it as it is now, and its
+    parameters checked against the checkpoint's)."""
+    now = modelspec.file_record(config.model)
+    before = None if saved is None else saved.model_file
+    if now is not None and isinstance(before, dict) and before.get("sha256") not in (None, now["sha256"]):
+        print(f"note: {now['path']} changed since {saved.path} was written (SHA-256 {str(before['sha256'])[:12]}... "
+              f"then, {now['sha256'][:12]}... now): the net was built with it as it is now", file=sys.stderr)
+    return now
+
+
 def _structure(config, saved, function):
     """The structure (Net.structure) a run's net is built from, or None to build it by its model spec: a fine-tune
     of another run's net (no --model), from that run's checkpoint; a resume whose model file is gone, from its
