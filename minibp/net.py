@@ -68,7 +68,9 @@ class Net(Chain):
         self.eps, self.bn_momentum = eps, bn_momentum
         super().__init__(self.input_shape)
         self.arena, self.training, self.conv_path = None, None, None  # set by compile
-        self.stores = ()                # (quant.Store,) one a unit, set by compile
+        self.stores = ()                # (quant.Store,) one a unit, set by compile ...
+        self.unit_stores = ()           # ... those of the units that keep a store
+        self.stochastic = self.naive = False  # a store rounds at random; one is fed forward (read each forward)
         self._n = 0                     # the batch of the last training forward, which backward reads
         self.deferred_running = None    # (2, S) while defer_running() defers the running statistics' updates
         self._programs = {}             # the recorded passes (program()), dropped by a compile
@@ -126,9 +128,6 @@ class Net(Chain):
         kept = set(self.unit_stores) or set(self.stores[:1])
         return kept.pop() if len(kept) == 1 else None
 
-    unit_stores = property(lambda self: [s for u, s in zip(self.units, self.stores) if u.bn_channels])  # that keep one
-    stochastic = property(lambda self: any(s.stochastic for s in self.unit_stores))  # a store rounds at random
-    naive = property(lambda self: any(s.naive for s in self.unit_stores))            # a store is fed forward
 
     def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
              conv_path=None, optimizer="sgd", grad_norm=False):
@@ -219,6 +218,9 @@ class Net(Chain):
             check_plan(plan)
         kept = self.state() if self.arena is not None else None
         self.stores, self.seed = stores, seed
+        self.unit_stores = tuple(s for u, s in zip(self.units, stores) if u.bn_channels)  # (decided once: forward
+        self.stochastic = any(s.stochastic for s in self.unit_stores)                     # reads them each step)
+        self.naive = any(s.naive for s in self.unit_stores)
         self.batch, self.training, self.conv_path = batch, training, conv_path
         self.arena, self._programs = None, {}  # the old arena goes before the new one comes, with the passes on it
         self.arena = Arena(plan)
