@@ -28,6 +28,7 @@ import numpy as np
 from gradients import cifar_shaped, copy_weights, flat_gradient, probe_batches
 from options import cpu_model, seed_option
 from minibp import models, quant
+from minibp.params import slices
 from minibp.optim import SGD
 from minibp.run import budget, calibration
 
@@ -87,22 +88,12 @@ def landing(model, make_net, batch, units):
     exact, coded = make_net("exact"), make_net(bits)
     coded.params[...] = exact.params
     diff = flat_gradient(coded, *batch) - flat_gradient(exact, *batch)
-    own = sum(float(np.sum(diff[s] ** 2)) for s in _slices(exact, {u.index for u in units[last:]}))
+    coded = {u.index for u in units[last:]}
+    own = sum(float(np.sum(diff[where] ** 2)) for _, u, _, where in slices(exact.units) if u.index in coded)
     total = float(np.sum(diff ** 2))
     print(f"\n{model}: units {units[last].index}-{units[-1].index} (the last third) at 2 bits, every other exact: "
           f"{own:.3g} of squared gradient error in their own parameters' gradients, {total - own:.3g} in the units' "
           f"below them ({(total - own) / max(own, 1e-300):.2g} times their own)", flush=True)
-
-
-def _slices(net, indices):
-    """The flat gradient's slices of the parameters of the units with these indices."""
-    out, offset = [], 0
-    for _, u, p in net.parameter_table():
-        size = int(np.prod(p.shape))
-        if u.index in indices:
-            out.append(slice(offset, offset + size))
-        offset += size
-    return out
 
 
 def report(title, rows):

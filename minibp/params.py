@@ -62,8 +62,8 @@ def parameter_table(units):
     return [r for r in rows if r[2].decayed] + [r for r in rows if not r[2].decayed]
 
 
-def _slices(units):
-    """(name, unit, Param, slice of the flat vector) in table order."""
+def slices(units):
+    """(name, unit, Param, slice of the flat vector) in table order: where each parameter sits in params and grads."""
     offset, out = 0, []
     for name, u, p in parameter_table(units):
         size = int(np.prod(p.shape))
@@ -83,7 +83,7 @@ def bind(units, arena):
     """Hand every unit its views (parameters and gradients by role, own buffers, its Running share); returns
     {name: parameter view} and {name: gradient view}."""
     params, grads, by_unit = {}, {}, {u.index: ({}, {}) for u in units}
-    for name, u, p, where in _slices(units):
+    for name, u, p, where in slices(units):
         params[name] = by_unit[u.index][0][p.role] = arena["params"][where].reshape(p.shape)
         if "grads" in arena:
             grads[name] = by_unit[u.index][1][p.role] = arena["grads"][where].reshape(p.shape)
@@ -114,7 +114,7 @@ def initialize(units, arena, *, seed, dtype):
     running statistics (0, 1); zero gradients, momentum and second moment."""
     rng = np.random.default_rng(seed)
     host = np.empty(arena["params"].size, dtype)
-    for _, _, p, where in _slices(units):
+    for _, _, p, where in slices(units):
         fan_in = int(np.prod(p.shape[1:]))  # weights are (Cout, kh, kw, Cin)
         size = where.stop - where.start
         host[where] = {"he": lambda: rng.standard_normal(size) * np.sqrt(2.0 / fan_in),
@@ -130,7 +130,7 @@ def initialize(units, arena, *, seed, dtype):
 def _state_views(units, arena):
     """{state name: device view} of everything a state holds."""
     views = {}
-    for name, _, p, where in _slices(units):
+    for name, _, p, where in slices(units):
         views["params/" + name] = arena["params"][where].reshape(p.shape)
         for prefix, buffer in OPTIMIZER_STATE.items():
             if buffer in arena:

@@ -28,6 +28,8 @@ again for its mix and starts it from its initial weights.
 import numpy as np
 
 from .. import backend
+from ..params import slices
+from .budget import stores_of
 
 BITS = (2, 4, 8)      # the columns of the errors, as budget.solve takes them
 IMAGES = 32           # the calibration's images at most
@@ -46,7 +48,7 @@ def calibrate(net, images, labels, *, store, seed, batch=None, check_plan=None, 
     if passes * batch != n:
         raise ValueError(f"the calibration's {n} images are not whole passes of {batch}")
     units = [u for u in net.units if u.bn_channels]
-    slices = _unit_slices(net, units)
+    own_slices = _unit_slices(net, units)
     groups = np.array_split(np.arange(len(units)), min(GROUPS, len(units)))
     configurations = [("exact", "exact")] + [(f"{k} bits", [str(k)] * len(units)) for k in reversed(BITS)]
     configurations += [(f"units {g[0]}-{g[-1]} at 4 bits", ["4" if i in set(g) else "exact" for i in range(len(units))])
@@ -56,14 +58,14 @@ def calibrate(net, images, labels, *, store, seed, batch=None, check_plan=None, 
         if say is not None:
             say(f"memory: calibrating the error model on {n} images ({passes} pass{'es' * (passes > 1)} of {batch}), "
                 f"{step}/{len(configurations)}: {name}")
-        stores = store.at("exact") if bits == "exact" else _stores(net, units, bits, store)
+        stores = store.at("exact") if bits == "exact" else list(stores_of(net, bits, store))
         gradient = _gradient(net, images, labels, stores=stores, batch=batch, seed=seed, check_plan=check_plan)
         if exact is None:
             exact = gradient.copy()
             continue
         gradient -= exact
         if step <= 1 + len(BITS):
-            own[bits[0]] = [_squared(gradient, mine) for mine in slices]
+            own[bits[0]] = [_squared(gradient, mine) for mine in own_slices]
         else:
             total.append(_squared(gradient, [slice(0, len(gradient))]))
     own = np.array([own[str(k)] for k in BITS], np.float64).T  # (units, 3)
@@ -91,27 +93,18 @@ def _gradient(net, images, labels, *, stores, batch, seed, check_plan):
     return np.array(backend.to_host(net.grads), copy=True)
 
 
-def _stores(net, units, bits, store):
-    """One store a unit: each batch-norm unit's bits (in units' order) at the run's window, rounding and clip."""
-    chosen = dict(zip((u.index for u in units), bits))
-    return [store.at(chosen.get(u.index, "exact")) for u in net.units]
-
-
 def _unit_slices(net, units):
     """Each unit's slices of the flat gradient (its parameters, every role), in the parameter table's layout."""
-    mine, offset = {u.index: [] for u in units}, 0
-    for _, u, p in net.parameter_table():
-        size = int(np.prod(p.shape))
-        if u.index in mine:
-            mine[u.index].append(slice(offset, offset + size))
-        offset += size
+    mine = {u.index: [] for u in units}
+    for _, u, _, where in slices(net.units):
+        mine.get(u.index, []).append(where)
     return [mine[u.index] for u in units]
 
 
-def _squared(values, slices, chunk=1 << 20):
-    """The sum of squares of values over slices, in float64, a chunk at a time (no copy of the whole)."""
+def _squared(values, parts, chunk=1 << 20):
+    """The sum of squares of values over parts (slices), in float64, a chunk at a time (no copy of the whole)."""
     total = 0.0
-    for s in slices:
+    for s in parts:
         for start in range(s.start, s.stop, chunk):
             part = values[start:min(start + chunk, s.stop)].astype(np.float64)
             total += float(np.dot(part, part))
