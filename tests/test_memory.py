@@ -169,3 +169,17 @@ def test_fit_takes_a_memory_budget(tmp_path, data_dir, fixed_footprint):
                     batch=16, iters=2, lr_schedule="0:0.05", val_every=2)
     record = checkpoint.load(tmp_path / "fit" / "checkpoint.h5").memory
     assert budget.unit_bits(net, net.stores) == record["bits"] and net.store is None
+
+
+def test_a_replayed_step_counts_its_staging_and_a_resume_keeps_the_budgets_account(tmp_path, data_dir, capsys,
+                                                                                  fixed_footprint):
+    """--graph stages each batch in a host copy: the budget counts it where the run replays, the record keeps it,
+    and a resume that would replay a run solved without it is refused in one line."""
+    net = tiny_resnet(classes=4)
+    assert Footprint(net, per_process=16, train_images=256, replay=True).staging == 16 * (8 * 8 * 3 * 4 + 8)
+    assert train.main(base_args(tmp_path, memory="64GiB", iters=2) + ["--graph"]) == 0
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").memory["staging"] == 16 * (8 * 8 * 3 * 4 + 8)
+    assert train.main(base_args(tmp_path, out="eager", memory="64GiB", iters=2)) == 0
+    capsys.readouterr()
+    assert train.main(["--out", str(tmp_path / "eager"), "--resume", "--iters", "3", "--graph"]) == 2
+    assert "resume it without --graph" in one_line_error(capsys.readouterr().err)

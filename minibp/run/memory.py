@@ -69,7 +69,8 @@ def footprint_of(net, config, run_data, *, ranks):
     """The run's sizing.Footprint (not yet measured)."""
     train = run_data.train
     images = len(train.labels) if hasattr(train, "labels") else 0
-    return Footprint(net, per_process=config.batch // ranks, train_images=images, adamw=config.optimizer == "adamw")
+    return Footprint(net, per_process=config.batch // ranks, train_images=images, adamw=config.optimizer == "adamw",
+                     replay=config.graph is True)
 
 
 def calibration_images(config, run_data, n):
@@ -111,7 +112,8 @@ def solved(net, config, run_data, *, ranks, say=print):
     net.arena = None  # the calibration's arena goes before the run's comes
     if backend.device == "gpu":
         backend.xp.get_default_memory_pool().free_all_blocks()
-    record = dict(budget=int(budget_bytes), measured=int(footprint.measured), ranks=ranks, calibration_images=count,
+    record = dict(budget=int(budget_bytes), measured=int(footprint.measured), staging=int(footprint.staging),
+                  ranks=ranks, calibration_images=count,
                   calibration_pass=m, errors=errors.tolist())
     return _from_record(net, config, record, costs, footprint)
 
@@ -123,6 +125,9 @@ def resumed(net, config, run_data, record, *, path):
     if problem:
         raise ValueError(f"{path} is damaged: its memory record {problem}")
     ranks = record["ranks"]
+    if config.graph and not record.get("staging") and backend.device != "gpu":
+        raise ValueError(f"--graph replays the step from a host copy of its batch, which {path}'s memory budget was "
+                         "solved without: resume it without --graph")
     again = _from_record(net, config, record, costs_of(net, config, ranks=ranks),
                          footprint_of(net, config, run_data, ranks=ranks))
     if again.record["bits"] != record["bits"] or again.config.sub_batches != record["sub_batches"]:
@@ -134,7 +139,7 @@ def resumed(net, config, run_data, record, *, path):
 def _from_record(net, config, record, costs, footprint):
     """Solve the record's budget with its errors and measured bytes; the Memory with the record completed (the
     mix, the sub-batches over all ranks, the bytes)."""
-    footprint.measured = record["measured"]
+    footprint.measured, footprint.staging = record["measured"], record.get("staging", 0)
     cal = calibration.calibration_bytes(net)
     solution = budget.solve(costs, np.array(record["errors"]), budget=record["budget"],
                             overhead=lambda n: footprint.overhead(n, calibration=cal),

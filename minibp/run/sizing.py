@@ -151,9 +151,11 @@ class Footprint:
         measured       the process's resident memory when it solves (the interpreter, NumPy, h5py, the kernels'
                        libraries and BLAS, brought to their steady state by a warm-up pass of a tiny net, and the
                        data held in memory with its batch buffers): read from /proc, not modelled
+        staging        a replayed step's (--graph) host copy of the batch it stages its sub-batches from
         transient(n)   the most any later moment adds beside the arena, whichever is largest: a checkpoint (the
-                       state copied to the host, the file built in memory, the data order), a validation (a pass's
-                       images made float), or the calibration (its copy of the exact gradient)
+                       file built in memory, the state's size, and as much again for HDF5's own blocks; the state
+                       itself is read in place), a validation (a pass's images made float), or the calibration
+                       (its copy of the exact gradient)
         SLACK          the small change
     On a GPU the budget bounds CuPy's pool (its high-water mark): the arena, and nothing beside it (the batches,
     checkpoints and the calibration's copies are the host's; the CUDA context and the libraries' handles are
@@ -165,7 +167,7 @@ class Footprint:
         self.gpu = backend.device == "gpu"
         self.image_values = int(np.prod(net.input_shape))
         self.state = (P * (3 if adamw else 2) + 2 * S) * itemsize    # params, momentum (and AdamW's), running
-        self.checkpoint = 2 * self.state + 8 * train_images           # the state, its file in memory, the order
+        self.checkpoint = 2 * self.state + 8 * train_images           # its file in memory, HDF5's, the order
         self.staging = (per_process * (self.image_values * itemsize + 8)) if replay else 0  # a replayed step's
         self.measured = 0
 
