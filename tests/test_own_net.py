@@ -321,6 +321,7 @@ def test_a_run_whose_model_file_is_gone_fine_tunes_and_resumes_from_its_structur
     at = tuned.index("--model")
     assert train.main(tuned[:at] + tuned[at + 2:]) == 0  # the file is there, and not imported
     assert not marker.exists()
+    assert checkpoint.load(tmp_path / "tuned" / "checkpoint.h5").model_file is None  # (built with no file)
     path.unlink()
     assert train.main(["--out", str(tmp_path / "tuned"), "--resume", "--iters", "3"]) == 0
     assert "is not there: the net is built from the structure" in capsys.readouterr().err

@@ -72,8 +72,7 @@ class Session:
         self.config, saved = config, self.saved
         self.data = startup.load_data(config, saved, self.group)
         self.train_split, self.batches = self.data.train, self.data.batches
-        self.net = startup.build_net(config, self.data, saved, function=function)
-        self.model_file = startup.model_file(config, saved)
+        self.net, self.model_file = startup.build_net(config, self.data, saved, function=function)
         self.step, self.memory = startup.make_step(self.net, config, ranks=self.ranks, group=self.group,
                                                    run_data=self.data, saved=saved)
         if self.memory is not None:  # the sub-batches its budget solved for

@@ -4,7 +4,7 @@ piece a function of the configuration, so that the loop (session.py) holds only 
     saved, best, before, config, changed = resumed(folder, given, ranks=1)   # a resume: its state and options
     config = RunConfig.new(fine_tuned(given))      # a fresh run: --init-from's model where --model is not given
     run_data = load_data(config, saved, group)     # the data, its order restored on a resume
-    net = build_net(config, run_data, saved)       # built as the spec says; on a resume, checked against it
+    net, model_file = build_net(config, run_data, saved)   # built as the spec says; on a resume, checked
     step, memory = make_step(net, config, ranks=1) # compiled within memory (--memory: solved for it), its optimizer
     started_from, why = take_weights(net, config.init_from)   # --init-from: the arrays that fit, taken
     print(header(config, net, step, run_data, ranks=1))
@@ -150,9 +150,10 @@ def load_data(config, saved, group):
 
 
 def build_net(config, run_data, saved, *, function=None):
-    """The run's net, uncompiled, for its data; on a resume checked against the checkpoint (saved): the data's
-    shape and classes, the parameter table, the data file's checksum. function: the model's (fit), else the
-    one the spec names."""
+    """(the run's net, uncompiled, for its data; {path, sha256} of the model file it was built with, or None where
+    none was: a ResNet's name, a module, a net built from a checkpoint's structure). On a resume the net is checked
+    against the checkpoint (saved): the data's shape and classes, the parameter table, the data file's checksum,
+    and a model file that changed since is said. function: the model's (fit), else the one the spec names."""
     structure = _structure(config, saved, function)
 
     def build(input_shape, classes):
@@ -166,13 +167,12 @@ def build_net(config, run_data, saved, *, function=None):
         saved.check_parameters(net, modelspec.describe(config.model, config.model_args))
         if not isinstance(run_data.train, imagenet.Folder):  # the same shapes, but the same data?
             saved.check_data_checksum(run_data.train.sha256, run_data.path)
-    return net
+    return net, None if structure is not None else _model_file(config, saved)
 
 
-def model_file(config, saved):
-    """{path, sha256} of the run's model file as it is now (checkpoints record it), or None; on a resume, a file
-    that changed since the checkpoint's is said on stderr (the net was built with it as it is now, and its
-    parameters checked against the checkpoint's)."""
+def _model_file(config, saved):
+    """{path, sha256} of the run's model file as it is now, or None; on a resume, a file that changed since the
+    checkpoint's is said on stderr (the net was built with it as it is now, and its parameters checked)."""
     now = modelspec.file_record(config.model)
     before = None if saved is None else saved.model_file
     if now is not None and isinstance(before, dict) and before.get("sha256") not in (None, now["sha256"]):
