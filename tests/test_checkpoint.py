@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from minibp import evaluate, integrity, train
+from minibp import backend, evaluate, integrity, train
 from minibp.run import checkpoint
 from nets import tiny_net, tiny_resnet, train_steps
 from runs import base_args, one_line_error
@@ -272,3 +272,69 @@ def test_a_checkpoint_with_fewer_class_names_than_classes_is_damaged(tmp_path):
         _rewrite(f, "class_names", np.frombuffer(json.dumps(["a", "b", "c"]).encode(), np.uint8))
     with pytest.raises(ValueError, match="holds 3 class names for its data's 4 classes"):
         checkpoint.load(saved)
+
+
+@pytest.fixture
+def no_large_reads(monkeypatch):
+    """A read of more than 256 MiB from any HDF5 dataset fails the test before it allocates: a refusal must come
+    before the array is read (a crafted file that declares 33.5 GiB was read whole, or tried to be)."""
+    read = h5py.Dataset.__getitem__
+
+    def guarded(self, key):
+        assert self.nbytes <= 256 << 20, f"{self.name} ({self.nbytes} bytes) was read"
+        return read(self, key)
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", guarded)
+
+
+def _declare(path, name, size, **create):
+    """Replace a checkpoint's array by one of `size` float32 values, keeping its checksum attribute."""
+    with h5py.File(path, "r+") as f:
+        digest = f[name].attrs["sha256"]
+        del f[name]
+        f.create_dataset(name, shape=(size,), dtype=np.float32, **create)
+        f[name].attrs["sha256"] = digest
+
+
+def test_a_checkpoint_that_declares_what_it_does_not_store_is_refused_before_it_is_read(tmp_path, data_dir, capsys,
+                                                                                       no_large_reads):
+    # --init-from a crafted checkpoint that declared 33.5 GiB read it whole and ended in a traceback
+    assert train.main(base_args(tmp_path, out="source", iters=2, val_every=2)) == 0
+    run = tmp_path / "source"
+    for name in ("checkpoint.h5", "best.h5"):  # 33.5 GiB of float32 each, never written: files of kilobytes
+        _declare(run / name, "state/params/unit0.w", 9 << 30)
+        assert (run / name).stat().st_size < 1 << 20
+
+    def expected(name):
+        return (f"{run / name} is damaged: state/params/unit0.w's values declare 9,663,676,416 values (36.00 GiB) "
+                "but the file stores 0 B of them (never written, or cut short)")
+    with pytest.raises(ValueError) as refused:
+        checkpoint.load(run / "checkpoint.h5")
+    assert str(refused.value) == expected("checkpoint.h5")
+    capsys.readouterr()
+    assert train.main(base_args(tmp_path, out="tuned", iters=2, init_from=str(run))) == 2
+    assert expected("best.h5") in one_line_error(capsys.readouterr().err)
+    assert train.main(["--out", str(run), "--resume", "--iters", "4"]) == 2
+    assert expected("checkpoint.h5") in one_line_error(capsys.readouterr().err)
+    assert evaluate.main([str(run), "--which", "last"]) == 2
+    assert expected("checkpoint.h5") in one_line_error(capsys.readouterr().err)
+
+
+def test_a_checkpoint_larger_than_the_memory_is_refused_before_it_is_read(tmp_path, monkeypatch, no_large_reads):
+    net = tiny_net().compile(batch=4, bits=4)
+    path = checkpoint.save(tmp_path / "checkpoint.h5", net, iteration=1, config={"data": "cifar10"},
+                           data_state=dict(epoch=0, position=0, order=np.arange(8),
+                                           rng=json.dumps(np.random.default_rng(0).bit_generator.state)))
+    with h5py.File(path, "r+") as f:  # 512 MiB of zeros, stored whole but compressed: a file of a megabyte or two
+        del f["state/params/unit0.w"]
+        dataset = f.create_dataset("state/params/unit0.w", shape=(128 << 20,), dtype=np.float32, chunks=(1 << 20,),
+                                   compression="gzip", compression_opts=1)
+        zeros = np.zeros(1 << 20, np.float32)
+        for start in range(0, 128 << 20, 1 << 20):
+            dataset[start:start + (1 << 20)] = zeros
+        dataset.attrs["sha256"] = "0" * 64
+    assert path.stat().st_size < 8 << 20
+    monkeypatch.setattr(backend, "host_memory", lambda: 256 << 20)
+    with pytest.raises(ValueError) as refused:
+        checkpoint.load(path)
+    assert re.fullmatch(re.escape(f"{path} holds arrays that take ") + r"512\.\d\d MiB" +
+                        re.escape(" in memory, more than the 256.00 MiB available"), str(refused.value)), refused.value

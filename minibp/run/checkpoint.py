@@ -24,7 +24,10 @@ checkpoint or the new one. A checkpoint is never written from a net whose state 
 loading checks the structure, the ranges, finiteness and the checksums (of the arrays and of the
 attributes), so a damaged file is named as such instead of failing later: one HDF5 cannot parse, one that
 claims an older format than the fields it holds, and every field a resume reads (data_rng's too, key by
-key) checked for type and shape, not only for its checksum.
+key) checked for type and shape, not only for its checksum. Before any array is read, what each declares is
+checked against what the file stores (io/data.py's check: a crafted file of kilobytes may declare gigabytes)
+and all of them against the memory available, so every reader (a resume, evaluate, minibp.load, --init-from)
+refuses such a file in one line.
 """
 import io
 import json
@@ -36,6 +39,9 @@ from pathlib import Path
 import h5py
 import numpy as np
 
+from .. import backend
+from ..arena import format_bytes
+from ..io.data import _stored_problem
 from ..io.imagenet import READER
 from ..integrity import (HDF5_ERRORS, NotOwnFile, descriptor_path, open_own, sha256_array as sha256, sha256_bytes,
                          stored_outside, write_atomic)
@@ -222,8 +228,8 @@ def load(path):
         raise
     except OSError as e:
         raise ValueError(f"{path} is not a readable minibp checkpoint ({e.strerror})") from None
-    try:
-        fmt, arrays, attrs = _read(path, descriptor_path(fd, path))  # the file opened, whatever its name holds now
+    try:  # the file opened, whatever its name holds now
+        fmt, arrays, attrs = _read(path, descriptor_path(fd, path), size=os.fstat(fd).st_size)
     finally:
         os.close(fd)
     try:
@@ -234,9 +240,10 @@ def load(path):
     return checkpoint
 
 
-def _read(path, name):
+def _read(path, name, *, size):
     """(format, {name: (array, its sha256 attribute)}, attributes) of the checkpoint file opened at name, its
-    structure checked; path: the file's, for messages."""
+    structure checked, and what its arrays declare against what it stores and the memory before any is read;
+    path: the file's, for messages; size: its bytes."""
     try:
         f = h5py.File(name, "r")
     except OSError as e:  # not HDF5, truncated, or not ours to read
@@ -265,6 +272,7 @@ def _read(path, name):
             if outside:
                 raise _Refused(f"is damaged: {outside[0]} is stored outside the file (HDF5 external or virtual "
                                "storage), which minibp does not read")
+            _check_declared(path, datasets, size)
             arrays = {name: (item[...], item.attrs.get("sha256")) for name, item in datasets.items()}
             attrs = {k: f.attrs[k] for k in f.attrs}
     except _Refused as e:
@@ -272,6 +280,23 @@ def _read(path, name):
     except HDF5_ERRORS as e:  # an open file whose insides HDF5 cannot parse (a zeroed block: RuntimeError)
         raise ValueError(f"{path} is damaged: HDF5 cannot read it ({e})") from None
     return fmt, arrays, attrs
+
+
+def _check_declared(path, datasets, size):
+    """Refuse arrays that declare values the file does not store (never written: they would read as zeros, a
+    file of kilobytes declaring gigabytes), or more bytes stored than the file has, or more than the memory
+    takes, before any is read."""
+    problem = next(filter(None, (_stored_problem(f"{name}'s values", item) for name, item in datasets.items())), None)
+    if problem:
+        raise _Refused(f"is damaged: {problem}")
+    stored = sum(item.id.get_storage_size() for item in datasets.values())  # (compressed: what the file holds)
+    if stored > size:
+        raise _Refused(f"is damaged: its arrays say they store {format_bytes(stored)} in a file of "
+                       f"{format_bytes(size)} (cut short)")
+    needed, free = sum(item.nbytes for item in datasets.values()), backend.host_memory()
+    if free is not None and needed > free:
+        raise _Refused(f"holds arrays that take {format_bytes(needed)} in memory, more than the {format_bytes(free)} "
+                       "available")
 
 
 class _Refused(ValueError):
