@@ -1,5 +1,11 @@
 // The loss: softmax cross-entropy of logits (N, K) against labels (N,), mean over the batch, and its gradient.
 // NumPy references: minibp/layers/loss.py. A row is a thread's: N threads, each over its K logits in order.
+//
+// Two options of a training loss, both off by default (and then the arithmetic is the plain loss's, bit for bit):
+// label smoothing e aims at the target (1 - e) onehot(y) + e / K, so row i's loss is
+//     log s_i - (1 - e) (l_iy - m_i) - e / K sum_k (l_ik - m_i)
+// and class weights w (K,) scale row i's loss and gradient by w[y_i], the mean still over the N rows (so a
+// step's sub-batches and ranks add up to one batch's loss, as without weights).
 #include "common.cuh"
 
 // m_i = max_k l_ik and s_i = sum_k exp(l_ik - m_i), in order; NaN logits give NaN.
@@ -11,10 +17,23 @@ __device__ __forceinline__ void softmax_terms(const real_t* __restrict__ row, in
     *m = most, *s = sum;
 }
 
-// rows (N, 2): row i's loss log s_i - (l_iy - m_i), and 1 where its first largest logit (the first NaN, if any:
-// NumPy's argmax) is its label's, else 0.
-extern "C" __global__ void softmax_xent_rows(int N, int K, const real_t* __restrict__ logits,
-                                             const long long* __restrict__ labels, real_t* __restrict__ rows) {
+// Row i's loss, smoothed by e (0: none) and weighted by weights[y] (null: none).
+__device__ __forceinline__ real_t row_loss(const real_t* __restrict__ row, int K, long long y, real_t m, real_t s,
+                                           real_t smoothing, const real_t* __restrict__ weights) {
+    real_t loss = log(s) - (row[y] - m);
+    if (smoothing != 0) {
+        real_t spread = 0;
+        for (int k = 0; k < K; ++k) spread += row[k] - m;
+        loss = log(s) - (1 - smoothing) * (row[y] - m) - smoothing / K * spread;
+    }
+    return weights ? weights[y] * loss : loss;
+}
+
+// rows (N, 2): row i's loss (row_loss), and 1 where its first largest logit (the first NaN, if any: NumPy's
+// argmax) is its label's, else 0.
+extern "C" __global__ void softmax_xent_rows(int N, int K, real_t smoothing, const real_t* __restrict__ weights,
+                                             const real_t* __restrict__ logits, const long long* __restrict__ labels,
+                                             real_t* __restrict__ rows) {
     GRID_STRIDE_LOOP(i, N) {
         const real_t* __restrict__ row = logits + i * K;
         real_t m, s;
@@ -22,7 +41,7 @@ extern "C" __global__ void softmax_xent_rows(int N, int K, const real_t* __restr
         int best = 0;
         for (int k = 1; k < K && row[best] == row[best]; ++k)
             if (row[k] > row[best] || row[k] != row[k]) best = k;
-        rows[2 * i] = log(s) - (row[labels[i]] - m);
+        rows[2 * i] = row_loss(row, K, labels[i], m, s, smoothing, weights);
         rows[2 * i + 1] = best == labels[i] ? (real_t)1 : (real_t)0;
     }
 }
@@ -40,16 +59,25 @@ extern "C" __global__ void softmax_xent_mean(int N, int accumulate, const real_t
     }
 }
 
-// dlogits (N, K) = scale * (softmax(l_i) - onehot(y_i)), scale = loss_scale / N: the gradient of the mean loss.
-extern "C" __global__ void softmax_xent_backward(int N, int K, real_t scale, const real_t* __restrict__ logits,
+// dlogits (N, K) = scale w[y_i] (softmax(l_i) - target_i), target_i = (1 - e) onehot(y_i) + e / K, scale =
+// loss_scale / N: the gradient of the mean loss.
+extern "C" __global__ void softmax_xent_backward(int N, int K, real_t scale, real_t smoothing,
+                                                 const real_t* __restrict__ weights, const real_t* __restrict__ logits,
                                                  const long long* __restrict__ labels, real_t* __restrict__ dlogits) {
     GRID_STRIDE_LOOP(i, N) {
         const real_t* __restrict__ row = logits + i * K;
         real_t* __restrict__ d = dlogits + i * K;
+        const long long y = labels[i];
         real_t m, s;
         softmax_terms(row, K, &m, &s);
         for (int k = 0; k < K; ++k) d[k] = exp(row[k] - m) / s;
-        d[labels[i]] -= 1;
-        for (int k = 0; k < K; ++k) d[k] *= scale;
+        if (smoothing != 0) {
+            for (int k = 0; k < K; ++k) d[k] -= smoothing / K;
+            d[y] -= 1 - smoothing;
+        } else {
+            d[y] -= 1;
+        }
+        const real_t row_scale = weights ? scale * weights[y] : scale;
+        for (int k = 0; k < K; ++k) d[k] *= row_scale;
     }
 }

@@ -50,6 +50,7 @@ from .units import Step
 #                                       before this step: a step whose loss is not finite puts them back
 #   loss (2, 2), float64                 [this forward's loss, accuracy], [their sums over a step's sub-batches]
 #   loss_rows (N, 2)                     each image's loss and whether it was right (layers/loss.py)
+#   class_weights (classes,)             a training loss's weight of each class (compile(class_weights=...))
 #   scalars (3,), float64                the optimizer's values that change a step: lr, AdamW's two bias corrections
 #                                        (optim.py), written before each step so one recorded step serves a run
 #   draw (1,), rounding_keys (units,)    stochastic rounding, int64: the forward pass's draw, which counts itself
@@ -71,6 +72,7 @@ class Net(Chain):
         self.stores = ()                # (quant.Store,) one a unit, set by compile ...
         self.unit_stores = ()           # ... those of the units that keep a store
         self.stochastic = self.naive = False  # a store rounds at random; one is fed forward (read each forward)
+        self.label_smoothing = 0.0      # the training loss's options, set by compile (layers/loss.py)
         self._n = 0                     # the batch of the last training forward, which backward reads
         self.deferred_running = None    # (2, S) while defer_running() defers the running statistics' updates
         self._programs = {}             # the recorded passes (program()), dropped by a compile
@@ -130,12 +132,13 @@ class Net(Chain):
 
 
     def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
-             conv_path=None, optimizer="sgd", grad_norm=False):
+             conv_path=None, optimizer="sgd", grad_norm=False, class_weights=False):
         """The table of every buffer a step at this batch and store needs (store: a quant.Store for every unit, a
         list of one a unit (a mix: quant.per_unit), or the one Store(bits, window) names); allocates nothing.
         training=False: an evaluation's (no stores, gradients or momentum). conv_path: a built layers.ConvPath adds
         the buffers its convs need (cuDNN's). optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
-        global gradient norm (optim.py: clipping, last_grad_norm). Both matter only to a training plan."""
+        global gradient norm (optim.py: clipping, last_grad_norm); class_weights=True: the loss's weight of each
+        class. They matter only to a training plan."""
         stores = self._stores(store, bits=bits, window=window)
         N = self._check_request(batch=batch, stores=stores, optimizer=optimizer, grad_norm=grad_norm)
         dtype, units = self.dtype, self.units
@@ -161,6 +164,8 @@ class Net(Chain):
             plan.add("scalars", (len(SCALARS),), np.float64, "workspace")
             plan.add("draw", (1,), np.int64, "workspace")  # (planned whatever the rounding: it costs no memory)
             plan.add("rounding_keys", (len(units),), np.int64, "workspace")
+            if class_weights:
+                plan.add("class_weights", (self.classes,), dtype, "workspace")
         for u, store in zip(units, stores):  # each unit's store, windows and statistics, sized by its own store
             for own in u.own_buffers(N, store=store, keep=training or store.naive):
                 plan.add(key(u.index, own.role), own.shape, own.dtype or dtype, own.category)
@@ -196,7 +201,7 @@ class Net(Chain):
 
     def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, clip=None, store=None,
                 seed=0, training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False,
-                check_plan=None):
+                label_smoothing=0.0, class_weights=None, check_plan=None):
         """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, as a
         list of one a unit (a mix of bits, as a memory budget solves it: quant.per_unit), or by its words: `bits`
         ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range", "block" or "fixed"; the naive
@@ -207,13 +212,17 @@ class Net(Chain):
         each conv computes through (layers.ConvPath): "auto" (the direct kernels on the CPU in float32, else
         im2col + GEMM), "gemm", "direct" (CPU, float32) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every
         conv but the classifier). optimizer ("sgd" or "adamw") and grad_norm plan the optimizer's buffers (plan()):
-        optim.AdamW needs optimizer="adamw", clipping grad_norm=True. check_plan: called with the plan before
-        anything is allocated, to refuse it by raising (run/sizing.compile_within_memory: does it fit?)."""
+        optim.AdamW needs optimizer="adamw", clipping grad_norm=True. label_smoothing (in [0, 1)) and class_weights
+        ((classes,) non-negative numbers, or None) make the training loss's target and weights (layers/loss.py).
+        check_plan: called with the plan before anything is allocated, to refuse it by raising
+        (run/sizing.compile_within_memory: does it fit?)."""
         stores = self._stores(store, bits=bits, window=window, rounding=rounding, clip=clip)
         batch = self._check_request(batch=batch, stores=stores, optimizer=optimizer, grad_norm=grad_norm)
+        weights = self._check_loss(label_smoothing, class_weights, training=training)
         conv_path = ConvPath(conv, self.units, batch=batch, dtype=self.dtype)
         plan = self.plan(batch=batch, store=list(stores), training=training, input_grad=input_grad, optimizer=optimizer,
-                         grad_norm=grad_norm, conv_path=conv_path)  # the one plan of this compile
+                         grad_norm=grad_norm, class_weights=weights is not None,
+                         conv_path=conv_path)  # the one plan of this compile
         if check_plan is not None:
             check_plan(plan)
         kept = self.state() if self.arena is not None else None
@@ -222,8 +231,11 @@ class Net(Chain):
         self.stochastic = any(s.stochastic for s in self.unit_stores)                     # reads them each step)
         self.naive = any(s.naive for s in self.unit_stores)
         self.batch, self.training, self.conv_path = batch, training, conv_path
+        self.label_smoothing = float(label_smoothing)
         self.arena, self._programs = None, {}  # the old arena goes before the new one comes, with the passes on it
         self.arena = Arena(plan)
+        if weights is not None:
+            backend.copy_in(self.arena["class_weights"], weights)
         for name in ("loss", "draw"):  # (the draw counts the training forwards from 0)
             if name in self.arena:
                 self.arena[name][...] = 0
@@ -238,6 +250,25 @@ class Net(Chain):
         for kind in ("forward", "loss", "backward") if training else ("evaluate",):
             self.program(kind, batch, accumulate=False)
         return self
+
+    def _check_loss(self, label_smoothing, class_weights, *, training):
+        """compile()'s class weights as an array of the net's dtype (None where not given), once both loss options
+        are checked: a training loss's, in range, one weight a class."""
+        if label_smoothing != 0 or class_weights is not None:
+            if not training:
+                raise ValueError("label_smoothing and class_weights shape a training loss: an evaluation net "
+                                 "(training=False) takes neither")
+        if isinstance(label_smoothing, (bool, np.bool_)) or not isinstance(label_smoothing, (int, float, np.floating)) \
+                or not 0 <= label_smoothing < 1:
+            raise ValueError(f"label_smoothing must be a number in [0, 1), got {label_smoothing!r}")
+        if class_weights is None:
+            return None
+        weights = np.asarray(class_weights)
+        if weights.shape != (self.classes,) or weights.dtype.kind not in "iuf" or not np.isfinite(weights).all() \
+                or (weights < 0).any() or not weights.any():
+            raise ValueError(f"class_weights must be {self.classes} finite non-negative numbers, not all 0 (one a "
+                             f"class), got {weights.dtype} {weights.shape}")
+        return weights.astype(self.dtype)
 
     def initialize(self, *, seed=0):
         """Fresh parameters, running statistics (0, 1), zero gradients, momentum and second moment (params.py)."""
@@ -368,13 +399,20 @@ class Net(Chain):
 
     def _loss(self, n, accumulate):
         layers.softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n],
-                                     rows=self.arena["loss_rows"][:n], loss=self.arena["loss"], accumulate=accumulate)
+                                     rows=self.arena["loss_rows"][:n], loss=self.arena["loss"], accumulate=accumulate,
+                                     **self._loss_options())
+
+    def _loss_options(self):
+        """The training loss's smoothing and class weights (their arena buffer, or None), as layers/loss.py takes them."""
+        weights = self.arena["class_weights"] if "class_weights" in self.arena else None
+        return dict(smoothing=self.label_smoothing, weights=weights)
 
     def _backward(self, n, loss_scale, accumulate):
         """The backward schedule: the loss's gradient, then every unit in reverse, reading only its store."""
         step = Step(self, n, train=True, accumulate=accumulate)
         logits, dlogits = self.arena["logits"][:n], self.arena["dlogits"][:n]
-        layers.softmax_cross_entropy_backward(logits, self.arena["labels"][:n], dlogits, scale=loss_scale)
+        layers.softmax_cross_entropy_backward(logits, self.arena["labels"][:n], dlogits, scale=loss_scale,
+                                              **self._loss_options())
         dy, act = dlogits.reshape((n,) + self.units[-1].out_shape), 0
         for u in reversed(self.units):
             if u.index == 0:

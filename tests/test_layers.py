@@ -272,6 +272,44 @@ def test_softmax_cross_entropy_gradient_and_values(rng):
                                                                                                 host(labels)))
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_softmax_cross_entropy_smoothed_and_weighted(rng, smoothing, weighted):
+    """A training loss's label smoothing and class weights: the kernels' loss and gradient equal their float64
+    NumPy references, and the gradient is the loss's (a numerical derivative)."""
+    logits = device(_rand(rng, (6, 4)) * 3)
+    labels = device(np.array([0, 3, 1, 1, 2, 3]))
+    weights = device(np.array([0.5, 2.0, 1.0, 0.25])) if weighted else None
+    options = dict(smoothing=smoothing, weights=weights)
+    ref_options = dict(smoothing=smoothing, weights=None if weights is None else host(weights))
+
+    def loss():
+        total, rows = device(np.zeros((2, 2))), device(np.zeros((6, 2)))
+        layers.softmax_cross_entropy(logits, labels, rows=rows, loss=total, **options)
+        return float(host(total)[0, 0])
+    dlogits = device(np.zeros((6, 4)))
+    layers.softmax_cross_entropy_backward(logits, labels, dlogits, scale=2.0, **options)
+    assert relative_error(host(dlogits), 2 * numerical_gradient(loss, logits)) < 1e-8
+    np.testing.assert_allclose(host(dlogits), layers.softmax_cross_entropy_backward_ref(
+        host(logits), host(labels), scale=2.0, **ref_options), rtol=1e-12, atol=1e-15)
+    assert loss() == pytest.approx(layers.softmax_cross_entropy_ref(host(logits), host(labels), **ref_options)[0],
+                                   rel=1e-12)
+
+
+def test_softmax_cross_entropy_weights_of_one_change_nothing(rng):
+    """Weights of 1 (and smoothing 0) give the plain loss's bits: the options cost a run without them nothing."""
+    logits = device(_rand(rng, (5, 3)).astype(np.float32))
+    labels = device(np.array([0, 2, 1, 1, 0]))
+    results = []
+    for weights in (None, device(np.ones(3, np.float32))):
+        total, rows, d = (device(np.zeros((2, 2))), device(np.zeros((5, 2), np.float32)),
+                          device(np.zeros((5, 3), np.float32)))
+        layers.softmax_cross_entropy(logits, labels, rows=rows, loss=total, weights=weights)
+        layers.softmax_cross_entropy_backward(logits, labels, d, weights=weights)
+        results.append((host(total).copy(), host(d).copy()))
+    assert all(np.array_equal(a, b) for a, b in zip(*results))
+
+
 def test_softmax_cross_entropy_sums_its_passes_and_takes_the_first_maximum():
     """loss[1] takes the first pass's (loss, accuracy), whatever it held, and adds the others': a step's sums over
     its sub-batches; a tie, or a NaN, counts as NumPy's argmax counts it (the first maximum, the first NaN)."""

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from minibp import backend, quant
+from minibp.layers import softmax_cross_entropy_ref
 from minibp.models import preact_resnet
 from minibp.net import Net
 from minibp import optim
@@ -418,3 +419,22 @@ def test_each_unit_reads_its_own_store(rng):
     for u in exact.units:
         same = np.array_equal(host(exact.grad_views[f"unit{u.index}.w"]), host(mixed.grad_views[f"unit{u.index}.w"]))
         assert same == (u.index > i), u.index
+
+
+def test_a_training_loss_smooths_and_weights_as_its_reference(rng):
+    """compile(label_smoothing=, class_weights=): the forward's loss is the reference's on the net's own logits, the
+    weights are planned as a buffer of their own, and an evaluation net refuses both."""
+    x, y = batch(rng, 4)
+    weights = np.array([1.0, 2.0, 0.5, 0.0, 3.0])
+    net = small_net().compile(batch=4, bits="exact", seed=1, label_smoothing=0.1, class_weights=weights)
+    assert net.arena.plan.buffers["class_weights"].shape == (5,)
+    loss, _ = net.forward(device(x), device(y))
+    logits = host(net.arena["logits"])  # the training forward's (batch statistics)
+    want, _ = softmax_cross_entropy_ref(logits, y, smoothing=0.1, weights=weights)
+    assert loss == pytest.approx(want, rel=1e-5)
+    with pytest.raises(ValueError, match="training loss"):
+        small_net().compile(batch=4, training=False, label_smoothing=0.1)
+    with pytest.raises(ValueError, match="5 finite non-negative numbers"):
+        small_net().compile(batch=4, class_weights=[1.0, -1.0, 1.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\)"):
+        small_net().compile(batch=4, label_smoothing=1.0)
