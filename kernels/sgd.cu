@@ -18,6 +18,8 @@
 // grad_norm_finish adds the chunks in order and takes the root, so the norm depends on neither the launch
 // shape nor the thread count; the update kernels read it from the device (no host round-trip, and a
 // CUDA graph can hold it) and scale the gradient by min(1, clip_norm / norm).
+// Frozen units (a fine-tune's): the update kernels run on each stretch of the vector that is not frozen, and
+// grad_zero clears the frozen stretches' gradients before the norm, so they neither move nor count.
 #include "common.cuh"
 
 // sums[c] = the sum, in order, of grads[i]^2 over chunk c = [c * chunk, (c + 1) * chunk) of the n entries.
@@ -37,6 +39,11 @@ extern "C" __global__ void grad_norm_finish(long long chunks, const double* sums
         for (long long c = 0; c < chunks; ++c) s += sums[c];
         norm[0] = sqrt(s);
     }
+}
+
+// grads[i] = 0 for the n entries: a frozen unit's gradient, which the norm that clips the others leaves out.
+extern "C" __global__ void grad_zero(long long n, real_t* grads) {
+    GRID_STRIDE_LOOP(i, n) grads[i] = 0;
 }
 
 // min(1, clip_norm / norm) in real_t; 1 when there is no norm (a null grad_norm: no clipping).

@@ -21,6 +21,12 @@ the values that change from step to step, the learning rate and AdamW's bias cor
 `scalars` on the device: step() writes them, then replays it, and a training step (step.py) replays the same
 program inside its own, so one CUDA graph serves a whole run's schedule.
 
+Frozen units (SGD(net, frozen=[0, 1, 2]): a fine-tune's) keep their parameters, momentum and second moment exactly
+as they are: the update runs on each stretch of the flat vector that holds no frozen unit's parameters, and the
+frozen stretches' gradients are cleared before the norm (when planned), so clipping measures the trained ones
+alone. (Their batch-norm running statistics still follow the data, as a frozen layer's do in train mode
+elsewhere.)
+
 AdamW's step depends on nothing but its arguments and the arena, so a run resumed at iteration i from a
 checkpoint of net.state() continues bit for bit. The norm is a fixed-order reduction (chunks of NORM_CHUNK
 entries summed in order in float64, then the chunks in order), so it does not depend on the thread count
@@ -33,6 +39,7 @@ import weakref
 import numpy as np
 
 from . import backend, checks, kernels, program
+from . import params as params_table
 
 OPTIMIZERS = ("sgd", "adamw")  # Net.plan / Net.compile(optimizer=...): the buffers each needs
 SCALARS = ("lr", "bias1", "bias2")  # arena["scalars"] (float64): what a step's kernels read that changes each step
@@ -66,9 +73,10 @@ class _FlatOptimizer:
     needs = ()                # arena buffers this optimizer needs beyond a training net's, and why
     uses_iteration = False    # whether its step depends on `iteration` (AdamW's bias correction)
 
-    def _init(self, net, clip_norm):
+    def _init(self, net, clip_norm, frozen):
         self.net = net
         self.clip_norm = _clip_norm(clip_norm)
+        self.frozen = frozen_units(frozen, len(net.units))
         self._recorded = None  # (a weak reference to the arena, the step's Program)
         self._check_net()
 
@@ -123,11 +131,30 @@ class _FlatOptimizer:
         arena = self.net.arena
         if self._recorded is None or self._recorded[0]() is not arena:
             self._check_net()
+            module = kernels.load("sgd.cu", self.net.dtype)
+            trained, frozen = self.stretches()
             with program.record() as recorded:
+                if "grad_norm" in arena:
+                    for part in frozen:
+                        n = part.stop - part.start
+                        module.grad_zero(n=n, grads=self.net.grads[part], threads=n)
                 grad_norm = self._record_norm()
-                self._record_update(kernels.load("sgd.cu", self.net.dtype), arena["scalars"], grad_norm)
+                for part in trained:
+                    self._record_update(module, arena["scalars"], grad_norm, part)
             self._recorded = (weakref.ref(arena), recorded)
         return self._recorded[1]
+
+    def stretches(self):
+        """(trained, frozen): the slices of the flat vector whose parameters this optimizer steps, and those of the
+        frozen units, each a maximal run of neighbouring parameters (a vector of none frozen: one slice, all)."""
+        runs = []  # [frozen, start, stop]
+        for _, unit, _, part in params_table.slices(self.net.units):
+            is_frozen = unit.index in self.frozen
+            if runs and runs[-1][0] == is_frozen and runs[-1][2] == part.start:
+                runs[-1][2] = part.stop
+            else:
+                runs.append([is_frozen, part.start, part.stop])
+        return tuple([slice(a, b) for f, a, b in runs if f == want] for want in (False, True))
 
     def _record_norm(self):
         """The gradient norm's kernels when planned; the device view the update reads it from when clipping."""
@@ -142,10 +169,11 @@ class _FlatOptimizer:
 
 class SGD(_FlatOptimizer):
     """SGD with momentum. clip_norm: scale the gradient by min(1, clip_norm / its global norm) (the net compiled
-    with grad_norm=True); None: no clipping."""
+    with grad_norm=True); None: no clipping. frozen: the indices of units left exactly as they are (the module
+    docstring)."""
 
-    def __init__(self, net, *, momentum=0.9, weight_decay=2e-4, clip_norm=None):
-        self._init(net, clip_norm)
+    def __init__(self, net, *, momentum=0.9, weight_decay=2e-4, clip_norm=None, frozen=()):
+        self._init(net, clip_norm, frozen)
         self.momentum = hyperparameter(momentum, "momentum", below=1)
         self.weight_decay = hyperparameter(weight_decay, "weight_decay")
 
@@ -154,11 +182,11 @@ class SGD(_FlatOptimizer):
         steps done before this one) is taken as AdamW's is, and does not change the step."""
         super().step(lr=lr, iteration=iteration)
 
-    def _record_update(self, module, scalars, grad_norm):
-        net, n = self.net, self.net.params.size
-        common = dict(n=n, n_decay=net.num_decayed, lr=scalars[0:1], momentum=self.momentum,
-                      weight_decay=self.weight_decay, params=net.params, grads=net.grads, velocity=self.velocity,
-                      threads=n)
+    def _record_update(self, module, scalars, grad_norm, part):
+        net, n = self.net, part.stop - part.start
+        common = dict(n=n, n_decay=_decayed_in(part, net.num_decayed), lr=scalars[0:1], momentum=self.momentum,
+                      weight_decay=self.weight_decay, params=net.params[part], grads=net.grads[part],
+                      velocity=self.velocity[part], threads=n)
         if grad_norm is None:
             module.sgd_momentum(**common)
         else:
@@ -168,12 +196,12 @@ class SGD(_FlatOptimizer):
 class AdamW(_FlatOptimizer):
     """AdamW (Loshchilov & Hutter, decoupled weight decay) on a net compiled with optimizer="adamw". The defaults
     are the usual Adam betas and eps, and the 0.05 decay of the DeiT and ConvNeXt recipes (decay is lr *
-    weight_decay * p a step, so it scales with AdamW's learning rates, about 1e-3). clip_norm as SGD's."""
+    weight_decay * p a step, so it scales with AdamW's learning rates, about 1e-3). clip_norm and frozen as SGD's."""
     needs = (("second_moment", "AdamW needs the second moment's buffer: compile the net with optimizer='adamw'"),)
     uses_iteration = True
 
-    def __init__(self, net, *, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.05, clip_norm=None):
-        self._init(net, clip_norm)
+    def __init__(self, net, *, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.05, clip_norm=None, frozen=()):
+        self._init(net, clip_norm, frozen)
         self.beta1 = hyperparameter(beta1, "beta1", below=1)
         self.beta2 = hyperparameter(beta2, "beta2", below=1)
         self.eps = hyperparameter(eps, "eps", positive=True)  # 0 would divide 0 by 0 where a gradient stays 0
@@ -192,12 +220,29 @@ class AdamW(_FlatOptimizer):
     def _bias_corrections(self, iteration):
         return bias_corrections(self.beta1, self.beta2, iteration)
 
-    def _record_update(self, module, scalars, grad_norm):
-        net, n = self.net, self.net.params.size
-        module.adamw(n=n, n_decay=net.num_decayed, lr=scalars[0:1], beta1=self.beta1, beta2=self.beta2, eps=self.eps,
-                     weight_decay=self.weight_decay, bias1=scalars[1:2], bias2=scalars[2:3],
-                     clip_norm=self.clip_norm or 0.0, grad_norm=grad_norm, params=net.params, grads=net.grads,
-                     first_moment=self.velocity, second_moment=self.second_moment, threads=n)
+    def _record_update(self, module, scalars, grad_norm, part):
+        net, n = self.net, part.stop - part.start
+        module.adamw(n=n, n_decay=_decayed_in(part, net.num_decayed), lr=scalars[0:1], beta1=self.beta1,
+                     beta2=self.beta2, eps=self.eps, weight_decay=self.weight_decay, bias1=scalars[1:2],
+                     bias2=scalars[2:3], clip_norm=self.clip_norm or 0.0, grad_norm=grad_norm, params=net.params[part],
+                     grads=net.grads[part], first_moment=self.velocity[part], second_moment=self.second_moment[part],
+                     threads=n)
+
+
+def frozen_units(frozen, units):
+    """The frozen units' indices as a sorted tuple: distinct unit indices of a net of `units` units."""
+    if isinstance(frozen, (str, bytes)) or not hasattr(frozen, "__iter__"):
+        raise TypeError(f"frozen must be a list of unit indices, got {frozen!r}")
+    indices = tuple(frozen)
+    for index in indices:
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral) or not 0 <= index < units:
+            raise ValueError(f"frozen names units 0 to {units - 1} of this net, got {index!r}")
+    return tuple(sorted(set(int(i) for i in indices)))
+
+
+def _decayed_in(part, n_decay):
+    """How many of a stretch's entries are decayed weights (the first n_decay of the whole vector)."""
+    return min(max(n_decay - part.start, 0), part.stop - part.start)
 
 
 def bias_corrections(beta1, beta2, iteration):

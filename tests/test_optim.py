@@ -326,3 +326,45 @@ def test_adamw_with_clipping_continues_bit_for_bit_from_its_state(rng):
     assert norms[0] == norms[1] and norms[0] > options["clip_norm"]  # the last step clipped
     a, b = run.state(), resumed.state()
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_frozen_units_stay_exactly_as_they_were(rng, optimizer):
+    """frozen=[...]: those units' parameters, momentum and second moment are left bit for bit; the others step as
+    the reference steps them, clipped by the norm of their gradients alone (the frozen ones' cleared first)."""
+    net = _compiled(optimizer)
+    params, grads, first, second = _random_state(net, rng, scale=0.1)
+    frozen = (0, len(net.units) - 1)  # the first unit and the classifier: stretches at both ends
+    opt = (SGD(net, momentum=0.9, weight_decay=2e-4, clip_norm=1e-3, frozen=frozen) if optimizer == "sgd" else
+           AdamW(net, **ADAMW, clip_norm=1e-3, frozen=frozen))
+    trained, stopped = opt.stretches()
+    mask = np.zeros(params.shape, bool)
+    for part in stopped:
+        mask[part] = True
+    assert mask.any() and not mask.all() and len(stopped) == 3  # weights of both, then the classifier's bias ...
+    assert sum(p.stop - p.start for p in trained + stopped) == net.num_parameters
+    trained_grads = np.where(mask, 0, grads)
+    opt.step(lr=0.1, iteration=3)
+    if optimizer == "sgd":
+        want = optim.sgd_momentum_ref(params, trained_grads, first, n_decay=net.num_decayed, lr=0.1, momentum=0.9,
+                                      weight_decay=2e-4, clip_norm=1e-3)
+        got = host(net.params), host(net.arena["velocity"])
+        before = params, first
+    else:
+        want = optim.adamw_ref(params, trained_grads, first, second, n_decay=net.num_decayed, lr=0.1, iteration=3,
+                               clip_norm=1e-3, **ADAMW)
+        got = host(net.params), host(net.arena["velocity"]), host(net.arena["second_moment"])
+        before = params, first, second
+    for g, w, b in zip(got, want, before):
+        assert np.array_equal(g[~mask], w[~mask]) and np.array_equal(g[mask], b[mask])
+    assert opt.last_grad_norm == optim.grad_norm_ref(trained_grads)
+
+
+def test_frozen_names_units_of_the_net():
+    net = _net()
+    with pytest.raises(ValueError, match="units 0 to 2"):
+        SGD(net, frozen=[3])
+    with pytest.raises(TypeError, match="list of unit indices"):
+        SGD(net, frozen="0-1")
+    assert SGD(net, frozen=[1, 0, 1]).frozen == (0, 1)
+    assert SGD(net).stretches() == ([slice(0, net.num_parameters)], [])
