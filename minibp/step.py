@@ -28,6 +28,9 @@ stochastic rounding.
   both of which a capture holds (graph_capture_refused asks, once).
 - On the CPU the same program is replayed as it is: the graph's stand-in, equal to eager steps bit for bit.
 The default, graph=None, replays as a CUDA graph on a GPU that can capture one and runs eagerly elsewhere.
+Either way run() checks the images as the eager forward does (checks.check_images: their height, width,
+channels and dtype), before anything runs; and a net compiled again (another batch or store) is stepped on its
+new arena, the replay's staging buffers, program and graph made anew.
 
 Several ranks (group, dist.py), each running sub_batches sub-batches of its share of the batch, take the
 step of one process running ranks * sub_batches: each backward is scaled by 1 / (ranks * sub_batches); the
@@ -41,6 +44,7 @@ alike, before anything is applied. Ranks step eagerly: MPI cannot be captured.
 """
 import functools
 import warnings
+import weakref
 
 import numpy as np
 
@@ -79,8 +83,7 @@ def graph_capture_refused():
 
 class TrainStep:
     def __init__(self, net, opt, *, sub_batches=1, graph=None, group=None, split=None):
-        if net.arena is None or not net.training:
-            raise RuntimeError("TrainStep needs a net compiled for training")
+        _check_compiled(net)
         if split is not None:  # the old name of sub_batches, for a release
             warnings.warn("TrainStep(split=) is now TrainStep(sub_batches=)", DeprecationWarning, stacklevel=2)
             sub_batches = split
@@ -91,6 +94,7 @@ class TrainStep:
         self._last = (np.nan, np.nan)
         self._program = self._cuda_graph = None
         self._steps = 0  # replayed steps run (the first runs eagerly on the GPU, the second is captured)
+        self._arena = None  # (a weak reference to) the arena the replay was prepared for
         if self.replay:
             self._prepare_replay()
         if group is not None:  # a row per sub-batch: its running-statistics increments (2, S), loss, accuracy
@@ -103,8 +107,10 @@ class TrainStep:
 
     def _prepare_replay(self):
         """The staging buffers the replayed step copies each sub-batch from (pinned host memory on the GPU), and
-        on the GPU the stream it runs on."""
+        on the GPU the stream it runs on; again after the net is compiled anew (another batch, store or arena),
+        the program and graph of the old arena dropped."""
         net, B = self.net, self.sub_batches * self.net.batch
+        self._arena, self._program, self._cuda_graph, self._steps = weakref.ref(net.arena), None, None, 0
         if backend.device == "gpu":
             import cupyx  # (the GPU only: backend chose CuPy)
             self.stream = backend.xp.cuda.Stream(non_blocking=True)
@@ -120,8 +126,13 @@ class TrainStep:
         iteration * ranks * sub_batches + r * sub_batches + s, as sub-batch r * sub_batches + s of one process
         would, so a resumed run and P ranks draw as one uninterrupted process (None: the net counts its forwards).
         It is the number of steps done before this one, which the optimizer's step takes too (AdamW needs it)."""
+        _check_compiled(self.net)  # (compiled again since: for evaluation, say)
+        if self.replay and self._arena() is not self.net.arena:
+            self._prepare_replay()
         if len(images) != self.sub_batches * self.net.batch:
             raise ValueError(f"a step takes {self.sub_batches} x {self.net.batch} images, got {len(images)}")
+        # the eager forward's check, before anything runs: a replay's staging copy would broadcast other images
+        checks.check_images(images, self.net.input_shape, self.net.dtype)
         if iteration is None and self.opt.uses_iteration:  # before anything runs
             raise ValueError(f"{type(self.opt).__name__} needs run(..., iteration=): the steps done before this one")
         ranks, rank = (self.group.size, self.group.rank) if self.group else (1, 0)
@@ -237,6 +248,11 @@ class TrainStep:
             raise FloatingPointError(f"the loss is {losses[rank * self.sub_batches + sub_batch, 0]} on rank {rank}, "
                                      f"sub-batch {sub_batch}")
         return tuple(float(v) for v in losses.mean(axis=0))
+
+
+def _check_compiled(net):
+    if net.arena is None or not net.training:
+        raise RuntimeError("TrainStep needs a net compiled for training")
 
 
 def _replay_and_graph(graph, *, group):

@@ -126,6 +126,43 @@ def test_a_step_refuses_a_batch_of_the_wrong_size(rng):
         TrainStep(net, opt, sub_batches=2).run(*batches(rng, 1, 4)[0], lr=0.1)
 
 
+@pytest.mark.parametrize("shape,dtype", [((4, 1, 8, 3), np.float32), ((4, 8, 1, 3), np.float32),
+                                         ((4, 8, 8, 1), np.float32), ((4, 8, 8, 3), np.float64)])
+def test_a_replayed_step_refuses_images_of_another_shape_as_the_eager_step_does(rng, shape, dtype):
+    # The replayed step copied them into its staging buffer, which broadcast an image of 1 x 8 pixels, say
+    needs_graphs()
+    images, labels = device(rng.standard_normal(shape).astype(dtype)), rng.integers(0, 3, shape[0])
+    refusals = []
+    for graph in (False, True):
+        net, opt = net_and_opt()
+        before = host(net.params).copy()
+        with pytest.raises(ValueError) as refused:
+            TrainStep(net, opt, graph=graph).run(images, labels, lr=0.1)
+        refusals.append(str(refused.value))
+        assert np.array_equal(host(net.params), before)  # nothing ran
+    assert refusals[0] == refusals[1] and refusals[0].startswith("images must be "), refusals
+
+
+def test_a_step_goes_on_after_its_net_is_compiled_again(rng):
+    # A replayed step kept its staging buffers and program of the old arena: NumPy's broadcast error, or a replay
+    # of buffers the net no longer uses
+    needs_graphs()
+    first, later = batches(rng, 1, 4), batches(rng, 2, 8)
+    params = []
+    for graph in (False, True):
+        net, opt = net_and_opt()
+        step = TrainStep(net, opt, graph=graph)
+        step.run(*first[0], lr=0.1, iteration=0)
+        net.compile(batch=8, bits=4)
+        for i, (images, labels) in enumerate(later):
+            step.run(images, labels, lr=0.1, iteration=1 + i)
+        params.append(host(net.params).copy())
+        net.compile(batch=8, bits=4, training=False)
+        with pytest.raises(RuntimeError, match="TrainStep needs a net compiled for training"):
+            step.run(*later[0], lr=0.1)
+    assert np.array_equal(*params)
+
+
 def test_forward_without_sync_leaves_the_loss_on_the_device(rng):
     net, _ = net_and_opt()
     (images, labels), = batches(rng, 1, 4)
