@@ -1,7 +1,8 @@
 """run/evaluation.py's evaluate against its definition: the mean of -log softmax at the true label, and the share of
 argmax hits, over a whole split with a ragged last batch; the confusion matrix, each true class's images by
 their prediction; the ranks of a group together give one process's figures bit for bit; a loss that is not
-finite is an error that names the split. (The trainer's validations
+finite is an error that names the split; precision, recall and F1 from a confusion matrix, undefined (NaN)
+where there is nothing to divide by; the top-k accuracy against a stable sort of the logits. (The trainer's validations
 and python3 -m minibp.evaluate call it: tests/test_train.py, test_evaluate.py.)"""
 from types import SimpleNamespace
 
@@ -90,3 +91,53 @@ def test_the_confusion_matrix_counts_each_true_class_by_its_prediction_and_ranks
         evaluation.scores(net, split, np.float32(0.5), group=RecordingGroup(rank, 3, records))
     ranked = evaluation.scores(net, split, np.float32(0.5), group=RecordingGroup(2, 3, records))
     assert np.array_equal(ranked.confusion, expected) and ranked.accuracy == scored.accuracy
+
+
+def test_class_metrics_of_a_small_matrix_are_the_hand_computed_fractions():
+    """Class 2 is never predicted (no precision), class 3 has no images but is predicted once (no recall),
+    class 4 has neither (no F1); the macro means are over the classes where each figure is defined."""
+    confusion = np.array([[2, 1, 0, 1, 0],   # rows: the true class; columns: the predicted one
+                          [1, 3, 0, 0, 0],
+                          [0, 2, 0, 0, 0],
+                          [0, 0, 0, 0, 0],
+                          [0, 0, 0, 0, 0]])
+    nan = np.nan
+    figures = evaluation.class_metrics(confusion)
+    np.testing.assert_array_equal(figures.precision, [2 / 3, 3 / 6, nan, 0 / 1, nan])
+    np.testing.assert_array_equal(figures.recall, [2 / 4, 3 / 4, 0 / 2, nan, nan])
+    np.testing.assert_array_equal(figures.f1, [4 / 7, 6 / 10, 0 / 2, 0 / 1, nan])  # 2 TP / (2 TP + FP + FN)
+    assert figures.images.tolist() == [4, 4, 2, 0, 0] and figures.predicted.tolist() == [3, 6, 0, 1, 0]
+    assert figures.macro("precision") == (2 / 3 + 3 / 6 + 0 / 1) / 3 and figures.counted("precision") == 3
+    assert figures.macro("recall") == (2 / 4 + 3 / 4 + 0 / 2) / 3 and figures.counted("recall") == 3
+    assert figures.macro("f1") == (4 / 7 + 6 / 10 + 0 / 2 + 0 / 1) / 4 and figures.counted("f1") == 4
+    assert np.isnan(evaluation.class_metrics(np.zeros((2, 2), np.int64)).macro("precision"))
+
+
+def test_top_k_hits_are_a_stable_descending_sorts_first_k_and_top_1_is_argmax():
+    known = np.array([[1.0, 3.0, 2.0, 3.0], [0.0, 0.0, 0.0, 0.0], [5.0, 1.0, 1.0, 1.0], [2.0, 2.0, 9.0, 2.0]])
+    labels = np.array([3, 2, 1, 0])
+    assert [evaluation.top_k_hits(known, labels, k).tolist() for k in (1, 2, 3)] == [
+        [False, False, False, False], [True, False, True, True], [True, True, True, True]]
+    rng = np.random.default_rng(0)
+    logits = rng.integers(0, 4, (300, 6)).astype(np.float64)  # many ties
+    labels = rng.integers(0, 6, 300)
+    for k in range(1, 6):
+        reference = (np.argsort(-logits, axis=1, kind="stable")[:, :k] == labels[:, None]).any(axis=1)
+        assert np.array_equal(evaluation.top_k_hits(logits, labels, k), reference)
+    assert np.array_equal(evaluation.top_k_hits(logits, labels, 1), logits.argmax(axis=1) == labels)
+
+
+def test_the_top_k_accuracy_of_a_split_is_the_reference_on_its_logits_and_ranks_sum_it(net):
+    split, mean = make_split(n=11), np.float32(0.5)
+    images = split.images.astype(np.float32) * np.float32(1 / 255) - mean
+    logits = net.predict(backend.xp.asarray(images)).astype(np.float64)
+    for k in (1, 2, 3):
+        scored = evaluation.scores(net, split, mean, top_k=k)
+        reference = (np.argsort(-logits, axis=1, kind="stable")[:, :k] == split.labels[:, None]).any(axis=1)
+        assert scored.top_k == k and scored.top_k_accuracy == reference.mean()
+    assert evaluation.scores(net, split, mean).top_k_accuracy is None
+    records = []
+    for rank in range(3):
+        evaluation.scores(net, split, mean, top_k=3, group=RecordingGroup(rank, 3, records))
+    assert evaluation.scores(net, split, mean, top_k=3, group=RecordingGroup(1, 3, records)).top_k_accuracy == \
+        scored.top_k_accuracy
