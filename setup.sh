@@ -29,6 +29,11 @@ CUDNN_FRONTEND='nvidia-cudnn-frontend==1.32.0'
 
 VENV=.venv
 STAMP=$VENV/minibp-install.stamp  # what was pip-installed, and from which setup.cfg/pyproject.toml
+# What each install must import: the stamp says what was installed once, not what the venv holds now (a
+# `pip uninstall h5py` leaves it in place, and the job would die on its first import).
+MAIN_IMPORTS="minibp, numpy, h5py"
+TEST_IMPORTS="$MAIN_IMPORTS, pytest, setuptools, wheel, cupy, matplotlib, PIL, mpi4py, onnx, onnxruntime"
+TEST_IMPORTS+=", safetensors, cudnn"
 DATA=data/fashion-mnist.h5
 
 usage() { echo "usage: bash setup.sh setup | bash setup.sh train | bash setup.sh test [PYTEST ARGS...]" >&2; exit 2; }
@@ -96,7 +101,12 @@ install() {  # $1: main (pip install -e .) or test (the test extra and the cuDNN
     # the main job's too, so it stands for both.
     want="$(cat setup.cfg pyproject.toml <(echo "$CUDNN_FRONTEND") | sha256sum | cut -d' ' -f1)"
     if [ -f "$STAMP" ] && { [ "$(cat "$STAMP")" = "$want $kind" ] || [ "$(cat "$STAMP")" = "$want test" ]; }; then
-        echo "install: up to date, skipped"; return
+        local imports=$MAIN_IMPORTS missing
+        [ "$kind" = main ] || imports=$TEST_IMPORTS
+        if missing=$("$VENV/bin/python" -c "import $imports" 2>&1); then
+            echo "install: up to date, skipped"; return
+        fi
+        echo "install: $VENV does not import what the job needs ($(echo "$missing" | tail -n 1)): installing again"
     fi
     rm -f "$STAMP"
     if [ "$kind" = main ]; then

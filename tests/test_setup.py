@@ -28,10 +28,15 @@ case "$1" in
         echo "venv $$ end" >> "$FAKE_LOG" ;;
 esac
 """
+# The venv's python: pip installs (logged; an install brings back what the venv had lost), the import check
+# (which fails while the venv holds a file `lost`, as after pip uninstall h5py) and the data's preparation.
 FAKE_VENV_PYTHON = """#!/bin/bash
-case "$2" in
-    pip) exit 0 ;;
-    minibp.prepare) mkdir -p data && touch data/fashion-mnist.h5 ;;
+venv="$(dirname "$0")/.."
+case "$1 $2" in
+    "-m pip") [ "$3" != install ] || { echo "pip $*" >> "$FAKE_LOG"; rm -f "$venv/lost"; } ;;
+    "-m minibp.prepare") mkdir -p data && touch data/fashion-mnist.h5 ;;
+    "-m pytest") echo "pytest $*" ;;
+    -c*) [ ! -e "$venv/lost" ] || { echo "ModuleNotFoundError: No module named '$(cat "$venv/lost")'" >&2; exit 1; } ;;
     *) exit 1 ;;
 esac
 """
@@ -121,3 +126,24 @@ def test_a_run_folder_with_best_h5_alone_is_continued_not_started_again(checkout
                           timeout=60)
     assert "main job: runs/fm-4bit/best.h5 exists, continuing it: python3 -m minibp.train --out runs/fm-4bit --resume" \
         in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("kind", ["setup", "test"])
+def test_a_venv_that_lost_a_package_is_installed_again_not_called_up_to_date(checkout, kind):
+    # With h5py uninstalled from .venv, setup.sh said "install: up to date" and the main job died with
+    # ModuleNotFoundError: the stamp said what was installed once, not what the venv imports now
+    folder, env, log = checkout
+    command = ["bash", "setup.sh", kind] + (["--version"] if kind == "test" else [])
+    run = lambda: subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True, timeout=60)  # noqa: E731
+    assert run().returncode == 0
+    installs = log.read_text().count("pip ")
+    again = run()
+    assert again.returncode == 0 and "install: up to date, skipped" in again.stdout, again.stdout + again.stderr
+    assert log.read_text().count("pip ") == installs  # nothing installed the second time
+    (folder / ".venv" / "lost").write_text("h5py")
+    done = run()
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = ("install: .venv does not import what the job needs (ModuleNotFoundError: No module named 'h5py'): "
+            "installing again")
+    assert "up to date" not in done.stdout and said in done.stdout, done.stdout
+    assert log.read_text().count("pip ") > installs and not (folder / ".venv" / "lost").exists()
