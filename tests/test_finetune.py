@@ -119,3 +119,56 @@ def test_ctrl_c_on_a_fine_tuned_run_with_patience_loses_nothing(source, tmp_path
     assert cut.iteration == whole.iteration == end and cut.config["patience"] == 1000
     assert cut.started_from == whole.started_from == stopped.started_from
     assert all(np.array_equal(cut.state[k], whole.state[k]) for k in whole.state)
+
+
+def test_frozen_units_stay_as_loaded_while_the_rest_trains(source, tmp_path, capsys):
+    """--freeze all-but-classifier: every unit but the new classifier keeps the source's parameters bit for bit
+    (momentum and weight decay included), the classifier trains, the header says so, and a resume keeps it."""
+    capsys.readouterr()
+    assert train.main(tuned_args(tmp_path, freeze="all-but-classifier", momentum=0.9)) == 0
+    assert "frozen: units 0-9 (10 of 11)" in capsys.readouterr().out
+    theirs = checkpoint.load(source / "best.h5").state
+    tuned = checkpoint.load(tmp_path / "tuned" / "checkpoint.h5")
+    assert tuned.config["freeze"] == "all-but-classifier"
+    for name, array in tuned.state.items():
+        if "/unit10." in name:  # the classifier (its batch norm's gamma and beta too), which trains
+            continue
+        if name.startswith("params/"):
+            assert np.array_equal(array, theirs[name]), name
+        elif name.startswith("momentum/"):
+            assert not array.any(), name
+    fresh = models.by_name("resnet11", input_shape=(8, 8, 3), classes=5).compile(batch=4, bits="4", seed=0)
+    assert not np.array_equal(tuned.state["params/unit10.w"], fresh.state()["params/unit10.w"])
+    assert train.main(["--out", str(tmp_path / "tuned"), "--resume", "--freeze", "0-3"]) == 2
+    assert "--freeze 0-3 (the run has all-but-classifier)" in one_line_error(capsys.readouterr().err)
+
+
+def test_class_weights_from_a_file_are_recorded_and_bad_tuning_options_refused(source, tmp_path, capsys):
+    weights = tmp_path / "weights.txt"
+    weights.write_text("1\n2\n0.5\n1\n1\n")
+    assert train.main(tuned_args(tmp_path, class_weights=str(weights), label_smoothing=0.1)) == 0
+    out = capsys.readouterr().out
+    assert "loss: label smoothing 0.1, class weights 1.0,2.0,0.5,1.0,1.0" in out
+    weights.unlink()  # the run stands without its file: the numbers are recorded
+    config = checkpoint.load(tmp_path / "tuned" / "checkpoint.h5").config
+    assert config["class_weights"] == "1.0,2.0,0.5,1.0,1.0" and config["label_smoothing"] == 0.1
+    assert train.main(["--out", str(tmp_path / "tuned"), "--resume", "--iters", "8"]) == 0
+    for options, message in [(dict(freeze="0-99"), "--freeze 0-99: the net has 11 units (0-10), not unit 11"),
+                             (dict(freeze="0-10"), "--freeze 0-10 freezes every unit of the net: nothing would train"),
+                             (dict(freeze="3-1"), "--freeze must be unit indices and ranges such as 0-15,18"),
+                             (dict(class_weights="1,2"), "--class-weights gives 2 weights; the data has 5 classes"),
+                             (dict(class_weights=str(weights)), "neither balanced, a list of numbers"),
+                             (dict(label_smoothing=1), r"--label-smoothing must be a number in [0, 1)")]:
+        assert train.main(tuned_args(tmp_path, out="refused", **options)) == 2
+        assert message in one_line_error(capsys.readouterr().err)
+        assert not (tmp_path / "refused" / "checkpoint.h5").exists()
+
+
+def test_balanced_class_weights_give_each_class_an_equal_share():
+    from minibp.run.tuning import class_weights, frozen_units
+    labels = np.array([0, 0, 0, 1, 2, 2])
+    weights = class_weights("balanced", labels, classes=4)
+    assert weights.tolist() == [6 / 9, 6 / 3, 6 / 6, 0.0]  # N / (K n_c); a class without images weighs 0
+    assert np.bincount(labels, weights=weights[labels], minlength=4)[:3].tolist() == [2.0, 2.0, 2.0]
+    assert frozen_units("0-2, 5,2", units=8, classifier=7) == (0, 1, 2, 5)
+    assert frozen_units("all-but-classifier", units=4, classifier=3) == (0, 1, 2)

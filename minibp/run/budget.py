@@ -52,9 +52,10 @@ class Costs:
     """Each batch-norm unit's bytes at each of CHOICES, and the rest of the arena, at a pass of n images: from the
     units' own declarations (own_buffers), so that fixed(n) + sum_u bytes(u, s_u, n) is Net.plan's allocation."""
 
-    def __init__(self, net, *, store, per_process, training=True, optimizer="sgd", grad_norm=False):
+    def __init__(self, net, *, store, per_process, training=True, optimizer="sgd", grad_norm=False,
+                 class_weights=False):
         self.net, self.store, self.per_process = net, store, per_process
-        self.planned = dict(training=training, optimizer=optimizer, grad_norm=grad_norm)
+        self.planned = dict(training=training, optimizer=optimizer, grad_norm=grad_norm, class_weights=class_weights)
         self.units = [u for u in net.units if u.bn_channels]   # the units a choice is made for
         self.choices = [store.at(bits) for bits in CHOICES]     # the run's window, rounding and clip at each bits
         self._at = {}

@@ -23,6 +23,7 @@ from . import modelspec
 from .options import (ADAMW_DECAY, BUILT_IN_AUGMENT, CHANGEABLE, DATA_SETS, DEFINING, EVERY_RUN, IMAGENET_DEFAULTS,
                       OPTIONS, RunOptions, check_fields, default_of, option, option_fields, python_value, whole)
 from .schedule import parse_schedule
+from .tuning import recorded_weights, weights_syntax
 
 
 PATHS = ("data_dir", "data_file", "init_from")  # the options that name a file or folder, recorded absolute
@@ -232,7 +233,7 @@ def absolute_paths(given):
 def _recorded(given, *, ranks):
     """The options given, in the form a run records them: paths absolute (a run resumes from any folder), the
     model's spec as modelspec.canonical makes it, its arguments as JSON gives them back, the augmentation in
-    AUGMENTS' order, and the sub-batches counted over all ranks."""
+    AUGMENTS' order, class weights as their numbers (tuning.py), and the sub-batches counted over all ranks."""
     recorded = absolute_paths(given)
     if "model" in recorded:
         recorded["model"] = modelspec.canonical(recorded["model"])
@@ -240,6 +241,8 @@ def _recorded(given, *, ranks):
         recorded["model_args"] = model_args(recorded["model_args"])
     if isinstance(recorded.get("augment"), str):
         recorded["augment"] = data.augment_text(data.parse_augment(recorded["augment"]))
+    if weights_syntax(recorded.get("class_weights")):  # a file's numbers: the run stands without the file
+        recorded["class_weights"] = recorded_weights(recorded["class_weights"])
     if whole(1)(recorded.get("sub_batches")):
         recorded["sub_batches"] = recorded["sub_batches"] * ranks
     return recorded

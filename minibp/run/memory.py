@@ -62,7 +62,7 @@ def kept(net, config, saved):
 def costs_of(net, config, *, ranks):
     """budget.Costs of the run's net: each unit's bytes at each store, for the process's share of the batch."""
     return budget.Costs(net, store=config.store, per_process=config.batch // ranks, optimizer=config.optimizer,
-                        grad_norm=config.clip_norm is not None)
+                        grad_norm=config.clip_norm is not None, class_weights=config.class_weights is not None)
 
 
 def footprint_of(net, config, run_data, *, ranks):

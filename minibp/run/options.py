@@ -26,6 +26,7 @@ from ..optim import OPTIMIZERS
 from ..quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS
 from .schedule import COSINE_SYNTAX, REFERENCE_SCHEDULE, STEPS_SYNTAX
 from .sizing import parse_memory
+from .tuning import ALL_BUT_CLASSIFIER, freeze_syntax, weights_syntax
 
 # ImageNet: the paper's code's setting (ResNet-152, batch 256, 640k iterations, weight decay 1e-4, the rate
 # divided by 10 every 160k iterations); validation about once an epoch (5,004 iterations).
@@ -216,6 +217,18 @@ class RunOptions:
                                   "where it has one, else its checkpoint.h5) or a checkpoint file; the arrays whose "
                                   "names and shapes match this net's are taken, the others (a classifier of another "
                                   "class count) start fresh; --model defaults to RUN's (default: none, all fresh)")
+    freeze: str = _option(None, kind=DEFINING, group=MODEL, metavar="UNITS", before=None,
+                          check=_optional(freeze_syntax),
+                          must_be=f"unit indices and ranges such as 0-15,18, or {ALL_BUT_CLASSIFIER}",
+                          help=f"leave these units' parameters exactly as they start (a fine-tune's): indices and "
+                               f"ranges A-B, comma-separated, as python3 -m minibp.plan numbers the units, or "
+                               f"{ALL_BUT_CLASSIFIER} (default: none; their batch norm still follows the data)")
+    class_weights: str = _option(None, kind=DEFINING, group=MODEL, metavar="WEIGHTS", before=None,
+                                 check=_optional(weights_syntax), must_be="balanced, a file, or numbers W,W,...",
+                                 help="weight each class's loss for unbalanced data: balanced (N / (classes x the "
+                                      "class's images)), a FILE of one number a class, or the numbers W,W,... in "
+                                      "label order; a file is read when the run starts and its numbers recorded "
+                                      "(default: none, every image alike)")
     seed: int = _option(0, kind=DEFINING, group=MODEL, type=int, metavar="N", check=whole(0), must_be=NON_NEGATIVE,
                         help="seeds the weights and the data order (default 0)")
     # activation store and step
@@ -283,6 +296,10 @@ class RunOptions:
                                check=_optional(lambda v: _real(0)(v) and v > 0), must_be="a finite positive number",
                                help="scale each step's gradient down to this global L2 norm where it is larger "
                                     "(default off)")
+    label_smoothing: float = _option(0.0, kind=DEFINING, group=SCHEDULE, type=float, metavar="EPS", before=0.0,
+                                     check=lambda v: _real(0)(v) and v < 1, must_be="a number in [0, 1)",
+                                     help="train toward (1 - EPS) on the label and EPS / classes on every class "
+                                          "(default 0: the labels as they are)")
     patience: int = _option(None, kind=CHANGEABLE, group=SCHEDULE, type=int, metavar="N", before=None,
                             check=_optional(whole(1)), must_be=POSITIVE,
                             help="stop early after N validations in a row without a better one than the run's best "

@@ -41,16 +41,16 @@ def check_budget(budget):
     return int(budget)
 
 
-def largest_batch(net, *, store, budget, training=True, optimizer="sgd", grad_norm=False):
+def largest_batch(net, *, store, budget, training=True, optimizer="sgd", grad_norm=False, class_weights=False):
     """The largest batch, at this store (quant.Store), (at most MAX_BATCH) whose arena fits the budget; 0 if not even one image fits.
-    training, optimizer and grad_norm: Net.plan's.
+    training, optimizer, grad_norm and class_weights: Net.plan's.
 
     The arena grows with the batch, monotonically and nearly linearly (alignment padding and reduction
     chunks aside): plans at batch 1 and FAR predict the answer, a bracket widened from the prediction by
     doubling steps and then a bisection pin it down in O(log(error)) more plans, whatever the budget."""
     budget = check_budget(budget)
     allocation = lambda batch: net.plan(batch=batch, store=store, training=training, optimizer=optimizer,  # noqa: E731
-                                        grad_norm=grad_norm).allocation_bytes
+                                        grad_norm=grad_norm, class_weights=class_weights).allocation_bytes
     fits = lambda batch: allocation(batch) <= budget  # noqa: E731
     one = allocation(1)
     if one > budget:
@@ -79,6 +79,7 @@ def compile_within_memory(net, *, batch, store,
     """net.compile(batch=, store=, **options), refused before anything is allocated unless its plan fits the
     memory available now; the refusal gives the plan's size and the largest batch that fits."""
     planned = {k: options[k] for k in ("training", "optimizer", "grad_norm") if k in options}  # what plans differ by
+    planned["class_weights"] = options.get("class_weights") is not None  # (compile takes them, a plan their buffer)
 
     def check_fits(plan):
         available = backend.available_memory()

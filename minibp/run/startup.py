@@ -21,7 +21,7 @@ from ..net import Net
 from ..io import data, imagenet
 from ..optim import SGD, AdamW
 from ..step import TrainStep
-from . import checkpoint, memory, modelspec, splits
+from . import checkpoint, memory, modelspec, splits, tuning
 from .config import RunConfig
 from .folder import BEST, CHECKPOINT
 from .options import DEFINING, option, option_fields
@@ -207,11 +207,19 @@ def make_step(net, config, *, ranks, group=None, run_data=None, saved=None):
     if config.memory is not None:
         solved = _memory(net, config, ranks=ranks, group=group, run_data=run_data, saved=saved)
         config, store = solved.config, list(solved.stores)
-    compile_within_memory(net, batch=config.sub_batch, store=store, seed=config.seed,
-                          optimizer=config.optimizer, grad_norm=clip is not None)
-    opt = (AdamW(net, weight_decay=config.weight_decay, clip_norm=clip) if config.optimizer == "adamw"
-           else SGD(net, momentum=config.momentum, weight_decay=config.weight_decay, clip_norm=clip))
+    frozen = tuning.frozen_units(config.freeze, units=len(net.units), classifier=_classifier(net))
+    weights = None if config.class_weights is None else tuning.class_weights(
+        config.class_weights, run_data.train.labels, classes=net.classes)
+    compile_within_memory(net, batch=config.sub_batch, store=store, seed=config.seed, optimizer=config.optimizer,
+                          grad_norm=clip is not None, label_smoothing=config.label_smoothing, class_weights=weights)
+    opt = (AdamW(net, weight_decay=config.weight_decay, clip_norm=clip, frozen=frozen) if config.optimizer == "adamw"
+           else SGD(net, momentum=config.momentum, weight_decay=config.weight_decay, clip_norm=clip, frozen=frozen))
     return TrainStep(net, opt, sub_batches=config.sub_batches // ranks, graph=config.graph, group=group), solved
+
+
+def _classifier(net):
+    """The index of the net's classifier unit (--freeze all-but-classifier's one unit left to train)."""
+    return next(u.index for u in net.units if u.is_classifier)
 
 
 def _memory(net, config, *, ranks, group, run_data, saved):
@@ -259,6 +267,7 @@ def header(config, net, step, run_data, *, ranks, started_from=None, why=None, m
              f"device {backend.device}"
              f"{', one CUDA graph a step' if step.graph else ', the step replayed' if step.replay else ''}",
              training(config)]
+    lines += [line for line in (loss_and_frozen(config, net, step.opt),) if line]
     if memory is not None:
         lines.append(memory.header())
     if why is not None:
@@ -275,4 +284,19 @@ def training(config):
     optimizer = (f"adamw (betas 0.9, 0.999, {decay})" if config.optimizer == "adamw" else
                  f"sgd (momentum {config.momentum:g}, {decay})")
     clip = "not clipped" if config.clip_norm is None else f"clipped to norm {config.clip_norm:g}"
-    return f"optimizer {optimizer}; schedule {config.lr_schedule} over {config.iters} iterations; gradient {clip}"
+    line = f"optimizer {optimizer}; schedule {config.lr_schedule} over {config.iters} iterations; gradient {clip}"
+    if config.patience is not None:
+        line += f"; stops early after {config.patience} validations without a better one (--patience)"
+    return line
+
+
+def loss_and_frozen(config, net, opt):
+    """The header's line of a loss other than plain cross-entropy and of frozen units, or None for neither:
+    'loss: label smoothing 0.1, class weights balanced; frozen: units 0-15 (16 of 56)'."""
+    loss = [f"label smoothing {config.label_smoothing:g}"] if config.label_smoothing else []
+    if config.class_weights is not None:
+        weights = config.class_weights
+        loss.append(f"class weights {weights if len(weights) <= 60 else weights[:57] + '...'}")
+    parts = ([f"loss: {', '.join(loss)}"] if loss else []) + (
+        [f"frozen: {tuning.describe_frozen(opt.frozen, len(net.units))}"] if opt.frozen else [])
+    return "; ".join(parts) or None
