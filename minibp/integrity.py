@@ -11,7 +11,11 @@ A file is published whole: written under a temporary name beside it (`<name>.<ra
 given the mode of the file it replaces (a new file: the one the umask gives, never writable by others) and
 renamed over it, so an
 interruption or a full disk at any moment leaves either the old file or the new one. A failed write
-removes its temporary file; one that a killed writer left behind is found by stale_temporaries.
+removes its temporary file; one that a killed writer left behind is found by stale_temporaries, and the next
+write of that name removes it (remove_stale_temporaries) where it is minibp's own: of its naming, the user's
+regular file, unchanged for STALE_S seconds (a writer at work writes to it) and locked by no writer (HDF5 holds a
+lock on a file it writes, which the OS drops however the writer dies). A writer that a removal still caught
+fails at its publication, which checks that its temporary file is the one it made.
 
 minibp never reads or writes a file of its own through a symbolic link, nor one that is not a regular file
 (a FIFO, a folder) or that has other names (a hard link): another user who can write a shared folder could
@@ -21,10 +25,13 @@ it); a new file is made with O_EXCL, and a temporary one is written through the 
 """
 import contextlib
 import errno
+import fcntl
 import hashlib
 import os
+import re
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +170,41 @@ def stale_temporaries(path):
     return sorted(path.parent.glob(f"{path.name}.*.tmp"))
 
 
+STALE_S = 60  # seconds a temporary file is left unchanged before a later write may remove it
+_RANDOM = re.compile(r"[a-z0-9_]{8}")  # what tempfile.mkstemp puts between its prefix and its suffix
+
+
+def remove_stale_temporaries(path):
+    """Remove the temporary files that killed writes of `path` left behind, those that are minibp's own (the
+    module docstring): a file of another naming, another user's, a link or a file of other names, one changed in
+    the last STALE_S seconds or one a writer holds locked stays. Returns the paths removed."""
+    removed = []
+    for tmp in stale_temporaries(path):
+        if not _RANDOM.fullmatch(tmp.name[len(Path(path).name) + 1:-len(".tmp")]):
+            continue
+        try:
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:  # a link, or gone meanwhile
+            continue
+        try:
+            status = os.fstat(fd)
+            if (not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid() or status.st_nlink != 1
+                    or time.time() - status.st_mtime < STALE_S):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # its writer is at work
+                continue
+            if same_file(tmp, status):  # the name still holds the file looked at
+                os.unlink(tmp)
+                removed.append(tmp)
+        except OSError:  # (not ours to remove after all: the write goes on)
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
 @contextlib.contextmanager
 def atomic_file(path, *, replace=True):
     """A path for the block to write that opens a new temporary file beside path (in a folder that exists), the
@@ -172,6 +214,7 @@ def atomic_file(path, *, replace=True):
     publication itself checks it: a file that appears meanwhile is never replaced)."""
     path = Path(path)
     check_own(path)
+    remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")  # O_EXCL, mode 0600
     made = os.fstat(fd)
     try:

@@ -1,8 +1,10 @@
 """minibp/export.py: a run's net as ONNX, checked with onnxruntime against predict on nets of every unit kind,
 its weights as safetensors, and the command line's files and one-line errors."""
 import json
+import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -216,3 +218,23 @@ def test_the_pytorch_mirror_of_the_bundled_resnets_predicts_as_minibp():
     for name, (images, logits, probabilities, same) in rows.items():
         if "both sides" not in name:  # the port that pads both sides is there to differ
             assert images == "8" and float(logits) <= 1e-5 and float(probabilities) <= 1e-5 and same == "8/8", name
+
+
+@pytest.mark.slow
+def test_the_temporary_file_of_a_killed_export_is_removed_by_the_next_one(run, tmp_path):
+    # A kill mid-write left model.onnx.<random>.tmp, which no later export removed
+    out = tmp_path / "model.onnx"
+    killed = ("import os, signal, sys\n"
+              "from minibp import export, integrity\n"
+              # the file written, not yet published
+              "integrity.os.fsync = lambda fd: os.kill(os.getpid(), signal.SIGKILL)\n"
+              "sys.exit(export.main(sys.argv[1:]))\n")
+    done = subprocess.run([sys.executable, "-c", killed, str(run), "--out", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    left = [p for p in tmp_path.iterdir()]
+    assert len(left) == 1 and left[0].name.startswith("model.onnx.") and left[0].name.endswith(".tmp"), left
+    an_hour_ago = time.time() - 3600  # (one just left may be a writer's at work: a later export leaves it a minute)
+    os.utime(left[0], (an_hour_ago, an_hour_ago))
+    assert export.main([str(run), "--out", str(out)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
