@@ -416,6 +416,14 @@ def _library_name(path, wrapper, real_name, include_dir):
     return command, f"{path.stem}-{real_name}-{cpu_target()[0]}-{sha256_bytes(*parts)[:20]}.so"
 
 
+_COMPILING = {"seconds": 0.0}  # this process's time in g++ (compiling_seconds)
+
+
+def compiling_seconds():
+    """Seconds this process has spent compiling kernel files: a trainer's ETA leaves a first build out of its pace."""
+    return _COMPILING["seconds"]
+
+
 def cached_library(path, wrapper, real_name, include_dir):
     """The path of a verified build of wrapper, C++ that includes the kernel file at path, for real_t =
     real_name with include_dir's headers: the cached one, or a new one published to the cache. The path
@@ -441,7 +449,9 @@ def cached_library(path, wrapper, real_name, include_dir):
         try:
             library = _build(command, wrapper, path, real_name, Path(descriptor_path(build_fd, cache)), name)
         finally:
-            print(f" ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+            seconds = time.perf_counter() - start
+            _COMPILING["seconds"] += seconds
+            print(f" ({seconds:.1f} s)", file=sys.stderr, flush=True)
         return _pinned(library, cache / name)
     finally:
         os.close(build_fd)

@@ -23,8 +23,10 @@ weights as an uninterrupted one. One trainer at a time owns a run folder (run/fo
 diverges stops without touching its last good checkpoint and says how to resume it. Under mpirun the
 ranks take the step of one process with ranks x --sub-batches (step.py), and rank 0 alone
 writes the run folder. The console gives the plan once, then a line every --log-every iterations (loss
-and accuracy averaged over them) and at each validation, each with the time elapsed since this process
-began training and the ETA at this session's pace (validations included).
+and accuracy averaged over them, and how many where they are fewer: a resume's first line) and at each
+validation, each with the run's training time (a resume's earlier sessions included, as its checkpoint
+records them) and the ETA at this session's pace (validations included, a first build of the kernels not);
+the last line says how many iterations this process ran of the run's.
 
 Exit status: 0 done, 1 the run failed (diverged, a write failed), 2 a bad option or input file,
 130 interrupted (a checkpoint was saved).

@@ -14,7 +14,7 @@ from minibp.run import session
 from minibp.run.options import build_parser
 from runs import ROOT, base_args, read_metrics
 
-LINE = re.compile(r"iter +\d+/\d+  (loss \d\.\d{4}  acc \d\.\d{3}  lr \S+  \d+ img/s|validation loss \d\.\d{4}  "
+LINE = re.compile(r"iter +\d+/\d+  (loss \d\.\d{4}  acc \d\.\d{3}( \(over \d+\))?  lr \S+  \d+ img/s|validation loss \d\.\d{4}  "
                   r"acc \d\.\d{4})  elapsed \d+:\d\d  eta (\d+:)?\d+:\d\d$")
 
 
@@ -115,3 +115,32 @@ def test_the_header_names_the_optimizer_the_schedule_and_the_clip(tmp_path, data
                      "gradient not clipped",
                      "optimizer adamw (betas 0.9, 0.999, weight decay 0.05); schedule cosine:0.001:warmup=1 over 2 "
                      "iterations; gradient clipped to norm 2"]
+
+
+def test_the_clock_goes_on_from_the_runs_earlier_sessions_and_leaves_a_first_build_out_of_the_eta(monkeypatch):
+    now, compiling = [1000.0], [7.0]
+    monkeypatch.setattr(session.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(session.build, "compiling_seconds", lambda: compiling[0])
+    clock = session.Clock(first=100, last=400, earlier=200.0)  # resumed at 100 after 200 s of training
+    now[0] += 80
+    compiling[0] += 30  # a kernel file built during this session: 30 of its 80 s
+    assert clock.now(150) == "elapsed 4:40  eta 4:10"  # 280 s in all; (80 - 30) / 50 = 1 s an iteration
+    assert clock.done(150) == " (100 earlier, 50 now) in 1:20 of 4:40"
+    assert session.Clock(first=100, last=400).done(100) == " (100 earlier, 0 now) in 0:00"  # no clock kept
+    assert session.Clock(first=0, last=400).done(0) == " in 0:00"
+
+
+def test_a_resume_says_what_it_averages_and_how_much_of_the_run_it_ran(tmp_path, data_dir, capsys):
+    assert train.main(base_args(tmp_path, iters=3, log_every=2, val_every=3, checkpoint_every=3,
+                                patience=4)) == 0
+    first = capsys.readouterr().out
+    assert "; stops early after 4 validations without a better one (--patience)" in first
+    assert re.search(r"^done: 3 iterations in \d+:\d\d;", first, re.M)
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    train_lines = [line for line in lines if line.startswith("iter ") and "  loss " in line]
+    assert "(over 1)" in train_lines[0] and "(over" not in train_lines[1]  # iteration 4 of a 2-iteration interval
+    done = next(line for line in lines if line.startswith("done:"))
+    assert re.match(r"done: 6 iterations \(3 earlier, 3 now\) in \d+:\d\d of \d+:\d\d;", done), done
+    from minibp.run import checkpoint
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").clock["seconds"] > 0

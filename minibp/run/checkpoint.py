@@ -12,7 +12,9 @@
     optional attrs: data (JSON: the data's name, file checksum, image shape and classes), validation (JSON:
            the split, loss and accuracy of the validation this state scored: best.h5's), started_from (JSON:
            a run begun from another's weights, --init-from: that checkpoint, its iteration, how many arrays
-           were taken and the parameters that started fresh)
+           were taken and the parameters that started fresh), memory (a --memory run's record), structure
+           (the net as data), model_file (its file's path and SHA-256), clock (JSON {seconds}: the run's
+           training time so far, over all its sessions, which a resume's console goes on from)
 
 The config says how the net was built (its model spec and model_args, modelspec.build), so it is under the
 checksum too; a net built again from it must have the parameter table (names and shapes) that
@@ -51,7 +53,7 @@ UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under 
 OLD_FORMAT = "minibp-checkpoint-1"  # flat params/velocity/running arrays and no checksums: still read
 ATTRS = ("format", "iteration", "config", "data_epoch", "data_position", "data_rng")  # all that a resume reads
 OPTIONAL_ATTRS = ("data", "validation", "started_from", "memory",  # JSON, under attrs_sha256 where present (older files
-                  "structure", "model_file")
+                  "structure", "model_file", "clock")
 #                                                           lack them)
 # What each later format added, refused in a file that claims an earlier one: a flipped bit in the format
 # (3 -> 2 or 1) would otherwise skip the checksums those fields are under.
@@ -92,6 +94,7 @@ class Checkpoint:
     memory: dict = None        # a --memory run's record (run/memory.py: its budget, calibration and mix), or None
     structure: dict = None     # the net as data (Net.structure), or None: an older file, or a net not held as data
     model_file: dict = None    # {path, sha256} of the model file the net was built with (your own net's), or None
+    clock: dict = None         # {seconds}: the run's training time up to this state, over all its sessions, or None
 
     def check_classes(self, names, where):
         """A ValueError naming the first difference unless names (the class names of the data at `where`)
@@ -186,7 +189,7 @@ def attrs_sha256(attrs):
 
 
 def save(path, net, *, iteration, config, data_state, class_names=None, data=None, mean=None, validation=None,
-         started_from=None, memory=None, model_file=None):
+         started_from=None, memory=None, model_file=None, clock=None):
     """Write net's state, the iteration, the run's config, the data stream's state, the data's class
     names and (optional) facts of the data (a dict), the training images' mean, this state's validation
     and where the run started from (dicts) to path, atomically. Raises NotFinite (writing nothing) if the
@@ -204,7 +207,7 @@ def save(path, net, *, iteration, config, data_state, class_names=None, data=Non
                  data_rng=data_state["rng"])
     optional = dict(data=data, validation=validation, started_from=started_from, memory=memory,
                     structure=net.structure(),  # the net as data: a run loads without its model file's code
-                    model_file=model_file)
+                    model_file=model_file, clock=clock)
     attrs.update({k: json.dumps(v) for k, v in optional.items() if v is not None})
     image = io.BytesIO()  # built in memory: a failed disk write (a full disk) is then a plain OSError, where
     with h5py.File(image, "w") as f:  # h5py, failing mid-file, can crash the process
@@ -329,6 +332,9 @@ def _validated(arrays, attrs, *, fmt):
             raise ValueError(f"its {key} attribute is not valid JSON") from None
         if optional[key] is not None and not isinstance(optional[key], dict):
             raise ValueError(f"its {key} attribute is not a JSON object")
+    seconds = (optional["clock"] or {}).get("seconds", 0)
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds < float("inf"):
+        raise ValueError(f"its clock's seconds are {seconds!r}, not a finite non-negative number")
     classes = (optional["data"] or {}).get("classes")
     if class_names is not None and isinstance(classes, int) and len(class_names) != classes:
         raise ValueError(f"it holds {len(class_names)} class names for its data's {classes} classes")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import build
 from ..io import imagenet
 from . import checkpoint, startup
 from .evaluation import evaluate
@@ -106,7 +107,8 @@ class Session:
         """(exit status, net): the run's iterations from where start() left it, then 0 (done) or 130 (stopped
         by a signal, a checkpoint saved)."""
         config, group = self.config, self.group
-        self.clock = Clock(first=self.iteration, last=config.iters)
+        earlier = (self.saved.clock or {}).get("seconds") if self.saved is not None else None
+        self.clock = Clock(first=self.iteration, last=config.iters, earlier=earlier)
         # A checkpoint is saved before its validation, so a kill between the two leaves the validation undone:
         # the resumed run does it first. (A validation point of the run as saved or as resumed: --iters may have
         # moved the last one.)
@@ -138,7 +140,7 @@ class Session:
                   f"to train on: {self.resume_advice(patience=2 * config.patience)}")
         best = "" if self.best is None else (f", best {self.run.best_path} (iteration {self.best_iteration}, "
                                              f"validation accuracy {self.best[0]:.4f})")
-        print(f"done: {self.iteration} iterations in {self.clock.elapsed()}; checkpoint {self.run.checkpoint_path}"
+        print(f"done: {self.iteration} iterations{self.clock.done(self.iteration)}; checkpoint {self.run.checkpoint_path}"
               f"{best}, metrics {self.run.metrics_path}")
         if self.memory is not None:
             print(self.memory.peak_line())
@@ -204,7 +206,9 @@ class Session:
         """The log line and record of the iterations since the last: loss and accuracy averaged over their
         steps' `sums`, the rate in images a second."""
         loss, accuracy = (float(v) for v in np.mean(sums, axis=0))
-        self.say(f"loss {loss:.4f}  acc {accuracy:.3f}  lr {lr:.3g}  {rate:.0f} img/s")
+        # (a resume's first line averages the iterations since it began, fewer than --log-every: said)
+        over = f" (over {len(sums)})" if len(sums) != self.config.log_every else ""
+        self.say(f"loss {loss:.4f}  acc {accuracy:.3f}{over}  lr {lr:.3g}  {rate:.0f} img/s")
         norm = self.step.opt.last_grad_norm  # the last step's, before clipping (measured where --clip-norm is on)
         self.log(kind="train", iter=self.iteration, loss=loss, accuracy=accuracy, lr=lr, images_per_s=rate,
                  planned_bytes=self.net.arena.plan.total_bytes, averaged_over=len(sums),
@@ -271,7 +275,7 @@ class Session:
                                 data_state=self.batches.state(), class_names=getattr(split, "class_names", None),
                                 data=facts, mean=self.data.mean, validation=validation,
                                 started_from=self.started_from, memory=self.memory and self.memory.record,
-                                model_file=self.model_file)
+                                model_file=self.model_file, clock=dict(seconds=round(self.clock.run_seconds(), 3)))
             else:  # the same state as rank 0's: stop with it
                 checkpoint.check_finite(self.net.state())
         except checkpoint.NotFinite as e:
@@ -332,20 +336,37 @@ class Session:
 
 
 class Clock:
-    """This session's time since training began, and the ETA of the run's last iteration at the pace of this
-    session so far (validations and checkpoints included, as the rest of the run will have them)."""
+    """The run's training time (the earlier sessions' too, as its checkpoint records them) and the ETA of its
+    last iteration at the pace of this session so far: validations and checkpoints included, as the rest of the
+    run will have them, and a first build of the kernels left out (build.py counts it; it happens once)."""
 
-    def __init__(self, *, first, last):
-        self.start, self.first, self.last = time.monotonic(), first, last
+    def __init__(self, *, first, last, earlier=None):
+        """first: the iteration this session starts at; last: the run's; earlier: the seconds of training the
+        checkpoint resumed from records (None: a fresh run, or a checkpoint from before the clock was kept)."""
+        self.start, self.first, self.last, self.earlier = time.monotonic(), first, last, earlier
+        self.compiling = build.compiling_seconds()
 
-    def elapsed(self):
-        return _clock_time(time.monotonic() - self.start)
+    def session_seconds(self):
+        return time.monotonic() - self.start
+
+    def run_seconds(self):
+        """The run's training time: the earlier sessions' (where recorded) and this one's."""
+        return (self.earlier or 0.0) + self.session_seconds()
 
     def now(self, iteration):
         """'elapsed 1:23  eta 4:56' at `iteration` (eta ? before this session's first iteration ends)."""
-        seconds, done = time.monotonic() - self.start, iteration - self.first
-        eta = _clock_time(seconds / done * (self.last - iteration)) if done > 0 else "?"
-        return f"elapsed {_clock_time(seconds)}  eta {eta}"
+        done = iteration - self.first
+        pace = self.session_seconds() - (build.compiling_seconds() - self.compiling)  # (a first build: once)
+        eta = _clock_time(max(pace, 0.0) / done * (self.last - iteration)) if done > 0 else "?"
+        return f"elapsed {_clock_time(self.run_seconds())}  eta {eta}"
+
+    def done(self, iteration):
+        """The end line's account: ' in 3:10' for a run of one session; ' (322 earlier, 378 now) in 1:39 of 3:10'
+        for a resumed one (' in 1:39' alone where its checkpoint kept no clock)."""
+        if self.first == 0:
+            return f" in {_clock_time(self.run_seconds())}"
+        whole = "" if self.earlier is None else f" of {_clock_time(self.run_seconds())}"
+        return f" ({self.first} earlier, {iteration - self.first} now) in {_clock_time(self.session_seconds())}{whole}"
 
 
 def _clock_time(seconds):
