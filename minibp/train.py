@@ -113,6 +113,8 @@ def _fit_options(model, *, data, out, resume, overwrite, model_args, options):
     """(Invocation, given) of fit's arguments, each checked as the command line checks its text (a TypeError
     for a value of another kind)."""
     if "split" in options:  # its name before --sub-batches, kept for a release
+        if "sub_batches" in options:
+            raise TypeError("fit()'s split is sub_batches' old name: give sub_batches alone")
         warnings.warn("fit()'s split is now sub_batches; split goes in a later release", DeprecationWarning,
                       stacklevel=3)
         options["sub_batches"] = options.pop("split")

@@ -264,6 +264,18 @@ def test_the_old_spelling_of_sub_batches_still_works_for_a_release_with_a_notice
     assert "(2 x 8)" in capsys.readouterr().out
 
 
+def test_the_old_and_new_spelling_of_sub_batches_together_are_refused(tmp_path, data_dir, capsys):
+    """--split 2 --sub-batches 3 ran with one of them and never said so."""
+    for argv in (["--split", "2", "--sub-batches", "3"], ["--sub-batches=3", "--split=2"]):
+        with pytest.raises(ValueError, match="--split is --sub-batches's old name: give --sub-batches alone"):
+            read_command_line(argv)
+    assert train.main(base_args(tmp_path, split=2, sub_batches=4)) == 2
+    assert "--split is --sub-batches's old name" in capsys.readouterr().err
+    with pytest.raises(TypeError, match="split is sub_batches' old name"):
+        train.fit("resnet11", data="cifar10", data_dir=str(data_dir), out=tmp_path / "fit", split=2, sub_batches=2)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "fit").exists()
+
+
 def test_docs_training_md_lists_every_option_fit_takes():
     """fit's options are documented in one table of docs/training.md, which may not miss one."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()

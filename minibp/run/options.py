@@ -376,8 +376,9 @@ def build_parser(*, description=None):
         else:
             keywords = opt.argparse()
         groups[opt.group].add_argument(option(name), dest=name, **keywords)
-    for old, name in RENAMED.items():  # an old spelling, kept for a release: not in --help
-        p.add_argument(old, dest=name, type=OPTIONS[name].type, action=_Renamed, help=argparse.SUPPRESS)
+    for old, name in RENAMED.items():  # an old spelling, kept for a release: not in --help (read_command_line
+        #                                 moves its value to the option's, and refuses both given)
+        p.add_argument(old, dest=f"old_{name}", type=OPTIONS[name].type, action=_Renamed, help=argparse.SUPPRESS)
     return p
 
 
@@ -388,14 +389,19 @@ class _Renamed(argparse.Action):
     """An option's old flag: one line on stderr names the new one, and the value goes to it."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"note: {option_string} is now {option(self.dest)}; {option_string} goes in a later release",
-              file=sys.stderr)
+        print(f"note: {option_string} is now {option(self.dest.removeprefix('old_'))}; {option_string} goes in a "
+              "later release", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 
 def read_command_line(argv, *, description=None):
     """(Invocation, given) of a trainer's command line: given = {field: value} of the run's options on it."""
     given = vars(build_parser(description=description).parse_args(argv))
+    for old, name in RENAMED.items():
+        if f"old_{name}" in given:
+            if name in given:  # one would silently win over the other
+                raise ValueError(f"{old} is {option(name)}'s old name: give {option(name)} alone")
+            given[name] = given.pop(f"old_{name}")
     invocation = {name: given.pop(name) for name, _ in option_fields(Invocation) if name in given}
     return Invocation(**invocation), given
 
