@@ -216,6 +216,23 @@ def test_patience_stops_a_run_that_stopped_improving_and_a_resume_keeps_it(tmp_p
     assert resume == [dict(patience=[2, 4])]
 
 
+def test_a_smaller_patience_that_stops_a_run_at_once_is_recorded_and_its_advice_trains_on(tmp_path, data_dir, capsys,
+                                                                                         monkeypatch):
+    """A resume with a smaller --patience stops at once: the checkpoint records that patience (the metrics did, the
+    checkpoint did not), and the advised --patience gives the run patience validations more, not a stop at once."""
+    accuracies = iter([0.5, 0.4, 0.3, 0.2, 0.1])
+    monkeypatch.setattr(session, "evaluate", lambda *args, **kwargs: (1.0, next(accuracies)))
+    assert train.main(base_args(tmp_path, iters=20, val_every=1, checkpoint_every=5, patience=3)) == 0
+    assert "stopped early at iteration 4" in capsys.readouterr().out
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--patience", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "stopped early at iteration 4: 3 validations" in out and "--resume --patience 4" in out  # 3 spent + 1
+    assert checkpoint.load(tmp_path / "run" / "checkpoint.h5").config["patience"] == 1
+    assert train.main(["--out", str(tmp_path / "run"), "--resume", "--patience", "4"]) == 0
+    assert "stopped early at iteration 5: 4 validations in a row without a better one than iteration 1's" in \
+        capsys.readouterr().out  # one validation more: the resumed patience's 1
+
+
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_a_patience_that_is_not_a_positive_count_is_refused_in_one_line(tmp_path, data_dir, capsys, value):
     assert train.main(base_args(tmp_path, patience=value)) == 2

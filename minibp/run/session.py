@@ -59,6 +59,7 @@ class Session:
         self.closing = False    # the loop is over: train() is closing the metrics and the data reader
         self.memory = None      # a --memory run's memory.Memory: its mix, sub-batches and record
         self.model_file = None  # {path, sha256} of your own net's file as this process built the net with it
+        self.unsaved_change = False  # a resume changed an option that no checkpoint has recorded yet
 
 
     def start(self, config, given, *, function=None):
@@ -93,6 +94,7 @@ class Session:
                                       check=self.run.check) if self.rank_0 else MetricsLog(os.devnull)
         except OSError as e:
             raise self.write_failed(self.run.metrics_path, e) from None
+        self.unsaved_change = bool(changed)  # the checkpoint must come to record what the metrics say changed
         if changed:
             self.log(kind="resume", iter=self.iteration, changed=changed)
         print(startup.header(config, self.net, self.step, self.data, ranks=self.ranks, started_from=self.started_from,
@@ -119,7 +121,8 @@ class Session:
         previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.loop()
-            if (self.stopping() or self.patience_spent()) and self.last_saved != self.iteration:
+            if ((self.stopping() or self.patience_spent()) and self.last_saved != self.iteration
+                    or self.unsaved_change):  # (a resume that changed --patience and stopped at once)
                 self.save()
             if self.stopping():
                 print(f"stopped at iteration {self.iteration}: checkpoint saved to {self.run.checkpoint_path}\n"
@@ -137,7 +140,7 @@ class Session:
         if self.patience_spent() and self.iteration < config.iters:
             print(f"stopped early at iteration {self.iteration}: {self.stale} validation{'s' * (self.stale > 1)} in a "
                   f"row without a better one than iteration {self.best_iteration}'s (--patience {config.patience}); "
-                  f"to train on: {self.resume_advice(patience=2 * config.patience)}")
+                  f"to train on: {self.resume_advice(patience=self.stale + config.patience)}")
         best = "" if self.best is None else (f", best {self.run.best_path} (iteration {self.best_iteration}, "
                                              f"validation accuracy {self.best[0]:.4f})")
         print(f"done: {self.iteration} iterations{self.clock.done(self.iteration)}; checkpoint {self.run.checkpoint_path}"
@@ -283,7 +286,7 @@ class Session:
         except OSError as e:
             raise self.write_failed(path, e) from None
         if validation is None:
-            self.last_saved = self.iteration
+            self.last_saved, self.unsaved_change = self.iteration, False
 
     def resume_advice(self, **change):
         """How to continue this run, with `change`d options, in the caller's words."""
