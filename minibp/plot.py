@@ -21,6 +21,7 @@ from .run.folder import numbered_records
 
 BITS_COLORS = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}
 WINDOW_STYLES = {"fixed": ":", "range": "--", "block": "-"}
+INSTALL = "pip install -e '.[plot]' in the checkout (or pip install matplotlib)"  # how to get matplotlib
 
 
 def _pyplot():
@@ -29,8 +30,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit("minibp.plot needs matplotlib: pip install -e '.[plot]' in the checkout "
-                         "(or pip install matplotlib)")
+        raise SystemExit(f"minibp.plot needs matplotlib: {INSTALL}")
     return plt
 
 
@@ -119,14 +119,19 @@ def curves_figure(runs, *, labels=None):
     return fig
 
 
-def save(fig, out):
+def with_suffix(out):
+    """out as save writes it: a name without a suffix gets .png (as matplotlib would, but said here, so that the
+    path returned and printed is the file's)."""
+    return out if os.path.splitext(out)[1][1:] else Path(os.fspath(out).rstrip(".") + ".png")
+
+
+def save(fig, out, *, replace=True):
     """Write fig to out whole (integrity.atomic_file), with room for a legend outside its axes, and close it;
-    the path written. Its format is out's suffix's; out without one gets .png (as matplotlib would, but said
-    here, so that the path returned and printed is the file's)."""
-    if not os.path.splitext(out)[1][1:]:
-        out = Path(os.fspath(out).rstrip(".") + ".png")
+    the path written. Its format is out's suffix's (with_suffix). replace=False: FileExistsError where out is
+    there, whenever it appeared."""
+    out = with_suffix(out)
     try:  # whole, never through a link (a run folder may be shared)
-        with atomic_file(out) as tmp, open(tmp, "wb") as f:
+        with atomic_file(out, replace=replace) as tmp, open(tmp, "wb") as f:
             fig.savefig(f, format=os.path.splitext(out)[1][1:].lower(), dpi=90, bbox_inches="tight")
     finally:
         _pyplot().close(fig)
