@@ -16,13 +16,15 @@ import sys
 
 import numpy
 
+from . import extras
+
 
 def _cupy_if_usable():
     """Return the cupy module when it imports and a CUDA device answers, else (None, why)."""
     try:
         import cupy
     except Exception as e:  # ImportError, or a broken CUDA install raising anything
-        return None, f"CuPy does not import ({type(e).__name__}: {e}); install it with pip install 'minibp[gpu]'"
+        return None, f"CuPy does not import ({type(e).__name__}: {e}); {extras.install_command('gpu')}"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:

@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from . import backend, integrity
+from . import backend, extras, integrity
 
 SIZE_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")  # set by Open MPI's, and by MPICH's (hydra) launchers
 POLL_S = 2e-4  # between tests of a pending collective: short against a step, and leaves the core to the others
@@ -70,8 +70,8 @@ def start(*, timeout=60.0):
     try:
         from mpi4py import MPI
     except ImportError as e:
-        raise ValueError(f"this process is one of {size} ranks ({variable}={size}) but mpi4py does not import "
-                         f"({e}): pip install 'minibp[dist]'") from None
+        raise ValueError(extras.missing("dist", f"this process is one of {size} ranks ({variable}={size}) but mpi4py "
+                                                f"does not import ({e})")) from None
     comm = MPI.COMM_WORLD
     if comm.Get_size() != size:
         raise ValueError(f"the launcher started {size} ranks ({variable}={size}) but mpi4py's MPI sees "
@@ -333,8 +333,7 @@ class Group:
             except ImportError as e:
                 why = str(e)
             if why:
-                raise ValueError(f"several ranks on GPUs need NCCL ({why}): pip install 'minibp[gpu-dist]' "
-                                 "(nvidia-nccl-cu13)")
+                raise ValueError(extras.missing("gpu-dist", f"several ranks on GPUs need NCCL ({why})"))
             unique_id = self.broadcast(nccl.get_unique_id() if self.rank == 0 else None)
             self._nccl = nccl, nccl.NcclCommunicator(self.size, unique_id, self.rank)
         return self._nccl

@@ -8,20 +8,21 @@
 Curves come from each RUN/metrics.jsonl. A run's store, read from its checkpoint, gives its colour
 (its bits) and line style (its window), so that many runs stay apart; runs that share a store, or whose
 checkpoint cannot be read, get a colour each instead. Legends sit below the axes, never over data.
-Needs matplotlib: pip install -e '.[plot]' in the checkout.
+Needs matplotlib: the plot extra (or the images extra), as extras.install_command says.
 """
 import argparse
 import os
 import sys
 from pathlib import Path
 
+from . import extras
 from .integrity import atomic_file
 from .run.options import add_option
 from .run.folder import numbered_records
 
 BITS_COLORS = {"exact": "k", "naive": "C3", "8": "C0", "4": "C1", "2": "C2"}
 WINDOW_STYLES = {"fixed": ":", "range": "--", "block": "-"}
-INSTALL = "pip install -e '.[plot]' in the checkout (or pip install matplotlib)"  # how to get matplotlib
+INSTALL = extras.install_command("plot")  # how to get matplotlib, in this environment
 
 
 def _pyplot():
@@ -30,7 +31,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SystemExit(f"minibp.plot needs matplotlib: {INSTALL}")
+        raise SystemExit(extras.missing("plot", "minibp.plot needs matplotlib"))
     return plt
 
 

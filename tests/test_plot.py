@@ -110,7 +110,7 @@ def test_without_matplotlib_it_says_how_to_install(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from minibp import plot; plot.main(['--plan', 'resnet11', '--out', 'x.png'])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert done.returncode != 0 and "pip install -e '.[plot]'" in done.stderr
+    assert done.returncode != 0 and "-m pip install -e" in done.stderr and "[plot]'" in done.stderr
 
 
 def test_a_failed_validation_has_no_point_and_does_not_stop_the_plot(tmp_path):

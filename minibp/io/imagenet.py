@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import extras
 from ..integrity import sha256_bytes
 from .workers import Pool, default_count
 
@@ -74,7 +75,7 @@ class Folder:
 def load_folders(data_dir):
     """(train, val) Folders of an ImageNet folder, listed once (no image is opened)."""
     if importlib.util.find_spec("PIL") is None:  # the workers decode with it: say so before anything runs
-        raise ValueError("the ImageNet reader decodes JPEGs with Pillow: pip install 'minibp[imagenet]'")
+        raise ValueError(extras.missing("imagenet", "the ImageNet reader decodes JPEGs with Pillow"))
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"no ImageNet folder at {data_dir}: {LAYOUT}")

@@ -29,7 +29,7 @@ float32-only plans have not run on a GPU yet (docs/gpu.md). GEMM stays the GPU's
 """
 import numpy as np
 
-from .. import backend, program
+from .. import backend, extras, program
 
 # The numerical notes of the plans a float32 conv refuses (REFUSED_NOTES), and with conv="cudnn-tf32" (TF32_NOTES).
 TF32_NOTES = ("REDUCED_PRECISION_REDUCTION", "NONDETERMINISTIC")
@@ -41,8 +41,7 @@ def import_cudnn():
     try:
         import cudnn
     except ImportError as e:
-        raise ImportError("cuDNN convolutions need NVIDIA's cuDNN frontend: pip install 'minibp[cudnn]' "
-                          f"(nvidia-cudnn-frontend and nvidia-cudnn-cu13); {e}") from None
+        raise ImportError(extras.missing("cudnn", f"cuDNN convolutions need NVIDIA's cuDNN frontend ({e})")) from None
     return cudnn
 
 
