@@ -15,7 +15,10 @@ removes its temporary file; one that a killed writer left behind is found by sta
 write of that name removes it (remove_stale_temporaries) where it is minibp's own: of its naming, the user's
 regular file, unchanged for STALE_S seconds (a writer at work writes to it) and locked by no writer (HDF5 holds a
 lock on a file it writes, which the OS drops however the writer dies). A writer that a removal still caught
-fails at its publication, which checks that its temporary file is the one it made.
+fails at its publication, which checks that its temporary file is the one it made. A Ctrl-C during a write
+stops its publication even where a library swallowed the KeyboardInterrupt (raised in a __del__ or a callback
+of C code while h5py closes a file, Python can only print "Exception ignored"): the block's end raises it again
+(noticed_interrupts), so the old file stays.
 
 minibp never reads or writes a file of its own through a symbolic link, nor one that is not a regular file
 (a FIFO, a folder) or that has other names (a hard link): another user who can write a shared folder could
@@ -29,8 +32,11 @@ import fcntl
 import hashlib
 import os
 import re
+import signal
 import stat
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -218,7 +224,10 @@ def atomic_file(path, *, replace=True):
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")  # O_EXCL, mode 0600
     made = os.fstat(fd)
     try:
-        yield descriptor_path(fd, tmp)
+        with noticed_interrupts() as interrupted:
+            yield descriptor_path(fd, tmp)
+            if interrupted():  # a Ctrl-C that the block's code swallowed: never published as if it were whole
+                raise KeyboardInterrupt
         os.fsync(fd)  # on disk before the rename, so a crash cannot publish a hole
         try:
             mode = os.lstat(path).st_mode & 0o7777
@@ -236,6 +245,39 @@ def atomic_file(path, *, replace=True):
         if same_file(tmp, made):  # only the file made: whatever else is at its name stays
             os.unlink(tmp)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def noticed_interrupts():
+    """A function that tells whether a Ctrl-C came during the block, swallowed or not: a KeyboardInterrupt that
+    Python could only report (sys.unraisablehook: "Exception ignored in ..." of a __del__ or a C callback, which is
+    then not printed) or that SIGINT raised (where its handler is Python's own) and code caught. In the main thread
+    only, where Python delivers signals; elsewhere it tells False."""
+    seen = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    hook, handler = sys.unraisablehook, signal.getsignal(signal.SIGINT)
+
+    def unraisable(info):
+        if issubclass(info.exc_type, KeyboardInterrupt):
+            seen.append(info.exc_value)
+        else:
+            hook(info)
+
+    def interrupt(signum, frame):
+        seen.append(signum)
+        raise KeyboardInterrupt
+    sys.unraisablehook = unraisable
+    ours = handler is signal.default_int_handler  # (a command's own handler, the trainer's, is left as it is)
+    if ours:
+        signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield lambda: bool(seen)
+    finally:
+        sys.unraisablehook = hook
+        if ours:
+            signal.signal(signal.SIGINT, handler)
 
 
 def same_file(name, status):

@@ -232,7 +232,7 @@ def test_a_failed_download_says_why(tmp_path, capsys, monkeypatch):
 # A child that runs prepare.main until it is mid-work (downloading, or writing the HDF5 file, its temporary
 # file open), says so by making the file `ready` and waits there for the test's SIGINT: no timing luck.
 INTERRUPTED_CHILD = r"""
-import sys, time
+import os, sys, time
 from pathlib import Path
 import h5py
 from minibp import prepare
@@ -255,8 +255,20 @@ class Response:  # a download of 3 MiB that stops after its first MiB
         self.blocks += 1
         return b"x" * size if self.blocks == 1 else hold()
 
+class Held:  # a SIGINT while Python runs its __del__ is "Exception ignored": swallowed where no one sees it
+    def __del__(self):
+        hold()
+
 if stage == "write":
     h5py.Group.create_dataset = hold
+elif stage == "close":
+    closing = h5py.File.close
+
+    def close(self):
+        if os.path.realpath(self.filename).endswith(".tmp"):  # the file written, not one read or in memory
+            Held()
+        closing(self)
+    h5py.File.close = close
 else:
     prepare.urllib.request.urlopen = lambda url, timeout: Response()
 sys.exit(prepare.main(argv))
@@ -289,15 +301,17 @@ def interrupt_when_ready(argv, ready, *, env=None, check=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage,earlier", [("download", False), ("write", False), ("write", True)])
+@pytest.mark.parametrize("stage,earlier", [("download", False), ("write", False), ("write", True),
+                                           ("close", True)])
 def test_ctrl_c_says_in_one_line_what_it_left_and_exits_130(tmp_path, capsys, cifar_archive, stage, earlier):
-    """SIGINT mid-download or mid-write: no traceback, one line on stderr, status 130, and nothing half-written
-    left (no partial download, no temporary file), the file of an earlier conversion as it was."""
+    """SIGINT mid-download or mid-write (or while h5py closes the file, where Python swallows it): no traceback,
+    one line on stderr, status 130, and nothing half-written left (no partial download, no temporary file), the
+    file of an earlier conversion as it was."""
     out = tmp_path / "out"
     if earlier:
         assert run_main(capsys, "cifar10", "--archive", str(cifar_archive), "--out", str(out))[0] == 0
     before = {p.name: p.read_bytes() for p in out.iterdir()} if earlier else {}
-    argv = ["--archive", str(cifar_archive)] if stage == "write" else []
+    argv = ["--archive", str(cifar_archive)] if stage != "download" else []
     ready = tmp_path / "ready"
 
     def a_temporary_file_is_there():
@@ -327,3 +341,48 @@ def test_ctrl_c_while_it_loads_its_libraries_is_one_line_and_130(tmp_path):
     assert (returncode, stderr) == (130, "interrupted while python3 -m minibp.prepare started: nothing was "
                                          "written\n")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_ctrl_c_that_h5py_swallows_still_keeps_the_old_file_and_exits_130(tmp_path, capsys, monkeypatch,
+                                                                           cifar_archive):
+    """A KeyboardInterrupt raised where Python can only report it ("Exception ignored in ...": a __del__ while
+    h5py closes the file) used to let the write go on: the old file replaced, exit status 0."""
+    out = tmp_path / "out"
+    assert run_main(capsys, "cifar10", "--archive", str(cifar_archive), "--out", str(out))[0] == 0
+    before = (out / "cifar10.h5").read_bytes()
+    closing = h5py.File.close
+
+    class Interrupted:
+        def __del__(self):
+            raise KeyboardInterrupt
+
+    def close(self):
+        if os.path.realpath(self.filename).endswith(".tmp"):  # the file written, not one read or in memory
+            Interrupted()  # made and dropped: its __del__ raises where nothing can catch it
+        closing(self)
+    monkeypatch.setattr(h5py.File, "close", close)
+    assert prepare.main(["cifar10", "--archive", str(cifar_archive), "--out", str(out)]) == 130
+    assert capsys.readouterr().err == f"interrupted: {out / 'cifar10.h5'} was not replaced (the one there is as it " \
+                                      "was)\n"
+    assert (out / "cifar10.h5").read_bytes() == before and sorted(p.name for p in out.iterdir()) == ["cifar10.h5"]
+
+
+def test_a_temporary_file_a_killed_writer_left_is_removed_at_the_next_write(tmp_path, capsys, cifar_archive):
+    """SIGKILL leaves its temporary file (tens of megabytes); the next write of that file removes it, where its
+    writer is gone (it holds no lock on it) and it has not changed for a minute, and where it is the user's own
+    regular file: one being written, one just made or a link that looks like one stays."""
+    import fcntl
+    out = tmp_path / "out"
+    out.mkdir()
+    old, fresh, held, link = (out / f"cifar10.h5.{name}.tmp"
+                              for name in ("k1ll3d_x", "n0wmad3_", "wr1t1ng_", "l1nk3d__"))
+    for path in (old, fresh, held):
+        path.write_bytes(b"x" * 1000)
+    link.symlink_to(old)
+    an_hour_ago = time.time() - 3600
+    for path in (old, held):
+        os.utime(path, (an_hour_ago, an_hour_ago))
+    with open(held, "rb") as writer:
+        fcntl.flock(writer, fcntl.LOCK_EX)  # a writer at work on it, however long
+        assert run_main(capsys, "cifar10", "--archive", str(cifar_archive), "--out", str(out))[0] == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(["cifar10.h5", fresh.name, held.name, link.name])
