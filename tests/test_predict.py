@@ -108,3 +108,20 @@ def test_a_data_file_that_declares_more_images_than_it_holds_is_refused(run, tmp
             f.create_dataset(f"{split}/labels", shape=(10**7,), dtype=np.int64, chunks=(4096,))
     code, line = predicted(capsys, run[0], path)
     assert code == 2 and "huge.h5" in line and "MemoryError" not in line
+
+
+def test_which_with_a_checkpoint_file_is_refused_in_one_line(run, tmp_path, capsys):
+    folder, path = run
+    checkpoint = folder / "checkpoint.h5"
+    for which in ("best", "last"):
+        code, line = predicted(capsys, checkpoint, path, "--which", which)
+        assert code == 2 and f"{checkpoint} is a checkpoint file" in line and f"--which {which}" in line
+    code, _ = predicted(capsys, checkpoint, path)
+    assert code == 0
+
+
+@pytest.mark.parametrize("shape", [(5, 8, 8), (8, 8, 1), (2, 8, 8, 1)])
+def test_an_array_of_another_shape_is_reported_as_given(run, tmp_path, capsys, shape):
+    np.save(tmp_path / "x.npy", np.zeros(shape, np.uint8))
+    code, line = predicted(capsys, run[0], tmp_path / "x.npy")
+    assert code == 2 and f"got {shape}" in line and "(1, " not in line.split("got")[1]

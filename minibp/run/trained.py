@@ -9,8 +9,9 @@ with the preprocessing it was trained with, so raw images go in as the data file
 A checkpoint holds everything a prediction needs: the model spec and its arguments (the net is built again
 from them, your own function's file imported again), the parameters and running statistics, and the
 training images' mean (/preprocess/mean). Preprocessing is the trainer's, and only it: pixel / 255 - mean.
-predict refuses images that are not raw (another dtype than uint8, or another (H, W, C) than the run's), so
-a net is never silently fed images prepared another way; net.predict takes images already normalised.
+predict refuses images that are not raw (another dtype than uint8, or another (H, W, C) than the run's: the
+shape named as given), so a net is never silently fed images prepared another way; net.predict takes images
+already normalised.
 """
 import os
 from dataclasses import dataclass
@@ -44,11 +45,12 @@ class Trained:
         if images.dtype != np.uint8:
             raise ValueError(f"predict takes raw images as the data file holds them, uint8 (N, H, W, C); got "
                              f"{images.dtype}: images already scaled or normalised go to net.predict")
+        given = images.shape  # named as given: a (5, 28, 28) is no (1, 5, 28, 28)
         if images.ndim == 3:
             images = images[None]
         if images.ndim != 4 or images.shape[1:] != self.input_shape or len(images) == 0:
             raise ValueError(f"predict takes images of the run's shape, (N, {', '.join(map(str, self.input_shape))})"
-                             f" uint8; got {images.shape}")
+                             f" uint8, or one ({', '.join(map(str, self.input_shape))}); got {given}")
         return images.astype(np.float32) * np.float32(1 / 255) - self.mean  # as data.evaluation_batches does
 
     def predict(self, images):
@@ -66,11 +68,14 @@ class Trained:
 
 def checkpoint_path(run, which=None):
     """The checkpoint file of a run folder (which: "best", "last", or None: best.h5 where there is one), or
-    `run` itself when it is a file."""
+    `run` itself when it is a file (which, a choice among a folder's, refused with it: never silently ignored)."""
     run = Path(run)
     if which not in (None, "best", "last"):
         raise ValueError(f"which is 'best', 'last' or None, got {which!r}")
     if run.is_file():
+        if which is not None:
+            raise ValueError(f"{run} is a checkpoint file: --which {which} (which=) chooses among a run folder's "
+                             "best.h5 and checkpoint.h5; give the folder, or the file alone")
         return run
     if not run.is_dir():
         raise FileNotFoundError(f"no run folder or checkpoint at {run}")
