@@ -146,6 +146,10 @@ case "${1:-}" in
         set_up_main
         STEP=""
         echo "main job: set up, not started; bash setup.sh train runs it (or, after . $VENV/bin/activate: ${MAIN_JOB[*]})"
+        # Your own images (prepare folder, predict on image files, export, plots) need the images extra: said
+        # once where it is missing, in the form every refusal gives it (minibp/extras.py)
+        "$VENV/bin/python" -c 'import PIL, onnx, onnxruntime, safetensors, matplotlib' 2>/dev/null \
+            || echo "your own images: $("$VENV/bin/python" -c 'from minibp import extras; print(extras.install_command("images"))')"
         ;;
     train)
         [ $# -eq 1 ] || usage
@@ -162,8 +166,10 @@ case "${1:-}" in
             job=("${MAIN_JOB[@]}")
         fi
         rc=0; "${job[@]}" || rc=$?
-        # Ctrl-C: the trainer saved a checkpoint and exits 130; not a failure of the set-up
-        if [ "$rc" -eq 130 ]; then STEP=""; echo "main job: stopped; bash setup.sh train continues it"; fi
+        # Ctrl-C or SIGTERM: the trainer saved a checkpoint and exits 130 or 143; not a failure of the set-up
+        if [ "$rc" -eq 130 ] || [ "$rc" -eq 143 ]; then
+            STEP=""; echo "main job: stopped; bash setup.sh train continues it"
+        fi
         exit "$rc"
         ;;
     test)

@@ -105,6 +105,14 @@ def test_imagenet_defaults_are_the_papers_setting():
             str(Path("data/imagenet").resolve()))
     cifar = RunConfig.new(read_command_line([])[1])
     assert (cifar.model, cifar.batch, cifar.iters, cifar.image_size) == ("resnet164", 128, 64000, None)
+    assert (args.augment, cifar.augment) == ("crop,flip", "crop,flip")
+
+
+@pytest.mark.parametrize("augment", ["jitter", "resized-crop,crop,flip", "crop,shift,flip"])
+def test_imagenet_refuses_in_one_line_the_transforms_its_reader_does_not_have(augment):
+    with pytest.raises(ValueError, match=r"^--augment on imagenet is crop,flip \(its random crops and flips\) or "
+                                         r"none$"):
+        RunConfig.new(read_command_line(["--data", "imagenet", "--augment", augment])[1])
 
 
 def test_resume_refuses_options_that_define_the_run(tmp_path, data_dir, capsys):
@@ -154,7 +162,8 @@ def test_duplicate_schedule_iterations_are_refused(tmp_path, data_dir, capsys):
     (dict(batch="sixteen"), "configuration's batch is 'sixteen', not a positive integer"),
     (dict(model=None), "configuration lacks model"),
     (dict(momentum=float("nan")), "configuration's momentum is nan, not a finite non-negative number"),
-    (dict(augment="mirror"), "configuration's augment is 'mirror', not none or a comma-separated list of crop, flip"),
+    (dict(augment="mirror"), "configuration's augment is 'mirror', not none or a comma-separated list of "
+                             "resized-crop, jitter, crop, shift, flip"),
     (dict(model="resnet12"), "holds a configuration that cannot run"),
 ])
 def test_a_hand_made_config_is_checked_field_by_field(tmp_path, data_dir, capsys, edit, match):
@@ -372,7 +381,8 @@ def test_fit_takes_augment_as_a_list_of_transforms(value, text):
 
 
 @pytest.mark.parametrize("value, error, match", [
-    (["mirror"], ValueError, "got 'mirror'"), ([1], TypeError, r"a list of transforms \(crop, flip\), got \[1\]")])
+    (["mirror"], ValueError, "got 'mirror'"),
+    ([1], TypeError, r"a list of transforms \(resized-crop, jitter, crop, shift, flip\), got \[1\]")])
 def test_fit_refuses_a_list_of_what_is_not_a_transform_in_its_own_words(value, error, match):
     with pytest.raises(error, match=match):
         RunConfig.new({"augment": OPTIONS["augment"].from_python("augment", value)})

@@ -29,14 +29,19 @@ case "$1" in
 esac
 """
 # The venv's python: pip installs (logged; an install brings back what the venv had lost), the import check
-# (which fails while the venv holds a file `lost`, as after pip uninstall h5py) and the data's preparation.
+# (which fails while the venv holds a file `lost`, as after pip uninstall h5py), the images extra's and the data's
+# preparation.
 FAKE_VENV_PYTHON = """#!/bin/bash
 venv="$(dirname "$0")/.."
 case "$1 $2" in
     "-m pip") [ "$3" != install ] || { echo "pip $*" >> "$FAKE_LOG"; rm -f "$venv/lost"; } ;;
     "-m minibp.prepare") mkdir -p data && touch data/fashion-mnist.h5 ;;
     "-m pytest") echo "pytest $*" ;;
-    -c*) [ ! -e "$venv/lost" ] || { echo "ModuleNotFoundError: No module named '$(cat "$venv/lost")'" >&2; exit 1; } ;;
+    -c*) [ ! -e "$venv/lost" ] || { echo "ModuleNotFoundError: No module named '$(cat "$venv/lost")'" >&2; exit 1; }
+         case "$2" in  # the images extra's check (fails while the venv holds `no-images`), and its command
+             *matplotlib*) [ ! -e "$venv/no-images" ] || exit 1 ;;
+             *install_command*) echo "$0 -m pip install -e '$PWD[images]'" ;;
+         esac ;;
     *) exit 1 ;;
 esac
 """
@@ -147,3 +152,15 @@ def test_a_venv_that_lost_a_package_is_installed_again_not_called_up_to_date(che
             "installing again")
     assert "up to date" not in done.stdout and said in done.stdout, done.stdout
     assert log.read_text().count("pip ") > installs and not (folder / ".venv" / "lost").exists()
+
+
+def test_setup_says_how_to_install_the_images_extra_where_it_is_missing(checkout):
+    """The own-images flow needs the images extra beyond the main job: setup says the one command, once, where the
+    venv lacks it, and nothing where it has it."""
+    folder, env, _ = checkout
+    done = setup(folder, env)
+    assert done.returncode == 0 and "your own images" not in done.stdout
+    (folder / ".venv" / "no-images").write_text("")
+    done = setup(folder, env)
+    assert done.returncode == 0
+    assert f"your own images: .venv/bin/python -m pip install -e '{folder}[images]'" in done.stdout, done.stdout

@@ -192,9 +192,12 @@ class RunOptions:
                            words="none", words_are=TRANSFORMS,
                            must_be=f"none or a comma-separated list of {TRANSFORMS}",
                            help=f"the training images' transforms: none, or a comma-separated list of "
-                                f"{TRANSFORMS} (crop: zero-pad 4 pixels, a random window; flip: "
-                                f"horizontal, half the time); default {BUILT_IN_AUGMENT} for --data (the paper's), "
-                                f"none for --data-file")
+                                f"{TRANSFORMS}, applied in that order (resized-crop: a random 35-100%% of the area "
+                                f"at width/height 3/4 to 4/3, resized back; jitter: brightness, contrast and, for "
+                                f"RGB, saturation each by a random 0.8-1.2; crop: zero-pad 4 pixels, a random "
+                                f"window; shift: a random move of up to a tenth of each side, zero-filled; flip: "
+                                f"horizontal, half the time); default {BUILT_IN_AUGMENT} for --data (the paper's; "
+                                f"imagenet takes it or none), none for --data-file")
     val_split: float = _option(None, kind=DEFINING, group=MODEL, type=float, metavar="FRACTION", before=None,
                                check=_optional(lambda v: _real(0)(v) and 0 < v < 1), must_be="a fraction in (0, 1)",
                                help="validate on this fraction of the training split, held out from training (the "
