@@ -46,7 +46,7 @@ from .run.sizing import compile_within_memory
 from .run.trained import checkpoint_path
 
 SHOWN_CLASSES = 20  # the most classes whose confusion matrix is printed (a file takes any)
-DEFAULT_TOP_K = 5   # the top-k accuracy reported from 2 * 5 classes on
+DEFAULT_TOP_K, TOP_K_FROM = 5, 10  # top-5 accuracy is reported for data of 10 classes or more
 MACROS = ("recall", "precision", "f1")  # the figures with a macro mean, in the text's column order
 
 
@@ -145,7 +145,7 @@ def top_k(asked, classes):
     """The k of the top-k accuracy: the one asked for (below the classes, or a ValueError), else 5 from 10
     classes on (top-5 is the figure reported for such data), else None (with few classes it says little)."""
     if asked is None:
-        return DEFAULT_TOP_K if classes >= 2 * DEFAULT_TOP_K else None
+        return DEFAULT_TOP_K if classes >= TOP_K_FROM else None
     if asked >= classes:
         raise ValueError(f"--top-k must be below the data's {classes} classes (top-{classes} is every image), "
                          f"got {asked}")
