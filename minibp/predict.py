@@ -9,10 +9,14 @@
     python3 -m minibp.predict runs/mine images.npy --out preds.csv --overwrite   # replace the file written before
 
 The run's best.h5 is used where it has one (--which last: its checkpoint.h5), as evaluate does. Images go in
-raw, as the data file holds them; the run's own preprocessing is applied (run/trained.py). Image files are
-decoded as python3 -m minibp.prepare folder decodes them: grey or RGB as the run's images are, and resized to
-the run's H x W where they differ (said). A folder's images are read with its subfolders'; where every one lies
-in a subfolder named after one of the run's classes, that is its label, and the accuracy is printed. An .npy
+raw, as the data file holds them; the run's own preprocessing is applied (run/trained.py). Image files
+(.png, .jpg, .tif) are decoded as python3 -m minibp.prepare folder decodes them (io/images.py's decode):
+upright (EXIF), at 8 bits, grey or RGB as the run's images are, and resized to the run's H x W where they
+differ, by the --resize its data file was made with (said, with how many). A folder's images are read with its
+subfolders' (links followed, hidden folders left out and counted, as prepare reads a class folder); where
+every one lies below a subfolder named after one of the run's classes, that is its label, and the accuracy is
+printed, else one line says why there is none. --which chooses among a run folder's checkpoints, and is
+refused with a checkpoint file. An .npy
 file is checked from its header before it is read (uint8 images, a size the file holds and the memory takes);
 nothing is ever unpickled. --out is written whole (a temporary file renamed), never over an existing file
 unless --overwrite, and never through a symbolic link. Exit status: 0 done, 1 a write failed, 2 a bad option or
@@ -102,32 +106,46 @@ def _check_npy(path, shape, dtype, held):
 
 
 def list_images(inputs):
-    """[(image file, the class folder it lies in or None)] of image files and folders of them, in order."""
-    found = []
+    """([(image file, the folder below a given folder it lies under, or None)], hidden folders left out) of image
+    files and folders of them, in order: a folder read as prepare reads a class folder (images.walk)."""
+    found, hidden = [], 0
     for given in map(Path, inputs):
         if given.is_dir():
-            files = sorted(p for p in given.rglob("*") if p.is_file() and image_files.is_image(p))
+            files, _, below = image_files.walk(given)
+            hidden += below
             if not files:
-                raise ValueError(f"{given} holds no .png or .jpg images")
-            found += [(p, p.parent.name if p.parent != given else None) for p in files]
+                raise ValueError(f"{given} holds no .png, .jpg or .tif images")
+            found += [(p, p.relative_to(given).parts[0] if p.parent != given else None) for p in files]
         elif given.is_file() and image_files.is_image(given):
             found.append((given, None))
         else:
             raise (FileNotFoundError if not given.exists() else ValueError)(
                 f"{given}: give an .npy file of uint8 images (N, H, W, C), an .h5 data file, or image files "
                 f"({', '.join(image_files.EXTENSIONS)}) and folders of them")
-    return found
+    return found, hidden
 
 
-def read_images(found, shape, class_names):
-    """(images (N, H, W, C) uint8 of the run's shape, labels or None, resized count) of list_images' files; the
-    labels where every file lies in a folder named after one of the run's classes."""
-    images = np.stack([image_files.decode(p, size=shape[:2], channels=shape[2]) for p, _ in found])
+def read_images(found, shape, class_names, resize=image_files.RESIZE):
+    """(images (N, H, W, C) uint8 of the run's shape, labels or None, resized count, why there are no labels or
+    None) of list_images' files, resized by resize; the labels where every file lies under a folder named after
+    one of the run's classes (why: where files lie in folders, but not so)."""
+    images = np.stack([image_files.decode(p, size=shape[:2], channels=shape[2], resize=resize) for p, _ in found])
     resized = sum(image_files.header(p)[0] != tuple(shape[:2]) for p, _ in found)
     folders = [folder for _, folder in found]
-    known = class_names and all(folder in class_names for folder in folders)
-    labels = np.array([class_names.index(folder) for folder in folders]) if known else None
-    return images, labels, resized
+    loose = sum(folder is None for folder in folders)
+    unknown = sorted({folder for folder in folders if folder is not None and folder not in (class_names or ())})
+    if loose == len(folders):  # image files, or a folder of them: no classes to read
+        return images, None, resized, None
+    if loose:
+        why = f"{loose} of the {len(folders)} images lie{'s' * (loose == 1)} in no class folder"
+    elif not class_names:
+        why = "the run's data has no class names to match the folders against"
+    elif unknown:
+        why = (f"folder class{'es' * (len(unknown) > 1)} {', '.join(unknown)} {'are' if len(unknown) > 1 else 'is'} "
+               f"not the run's ({', '.join(class_names)})")
+    else:
+        return images, np.array([class_names.index(folder) for folder in folders]), resized, None
+    return images, None, resized, f"no accuracy: {why}"
 
 
 def check_out(path, *, overwrite):
@@ -185,21 +203,29 @@ def main(argv=None):
         if arrays and len(args.inputs) > 1:
             raise ValueError(f"give one .npy or .h5 file alone, or image files and folders ({arrays[0]} is among "
                              f"{len(args.inputs)} inputs)")
-        found = None if arrays else list_images(args.inputs)
+        found, hidden = (None, 0) if arrays else list_images(args.inputs)
         images, labels = read_arrays(arrays[0], args.split) if arrays else (None, None)
         count = len(images) if arrays else len(found)
         model = load(args.run, which=args.which, batch=min(args.batch, max(count, 1)))
+        why = None
         if not arrays:
-            images, labels, resized = read_images(found, model.input_shape, model.class_names)
+            resize = model.resize or image_files.RESIZE
+            images, labels, resized, why = read_images(found, model.input_shape, model.class_names, resize)
             files = [str(p) for p, _ in found]
+            if hidden:
+                print(image_files.HIDDEN.format(hidden))
             if resized:
                 print(f"resized {resized} of {len(found)} images to the run's "
-                      f"{'x'.join(map(str, model.input_shape[:2]))} (H x W)")
+                      f"{'x'.join(map(str, model.input_shape[:2]))} (H x W) by {resize} " +
+                      ("(as its data file's were)" if model.resize else f"(the default: the run's data file "
+                       f"{model.data_path}, which says how its images were resized, is gone or changed)"))
         classes, probabilities = model.predict(images)
     except (ValueError, FileNotFoundError, KernelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     report(model, classes, probabilities, labels, files, args)
+    if why:
+        print(why)
     if args.out:
         try:
             write_predictions(args.out, classes, probabilities, model.class_names, files, overwrite=args.overwrite)

@@ -7,11 +7,16 @@ trains from.
     python3 -m minibp.prepare cifar10 --out data/      # where the .h5 files go (default: data/)
     python3 -m minibp.prepare folder shapes --out data/shapes.h5             # shapes/train/CLASS/*.png, val/, test/
     python3 -m minibp.prepare folder shapes --out data/shapes.h5 --size 32x32   # every image resized to 32x32
+    python3 -m minibp.prepare folder shapes --size 32x32 --resize crop   # keeping the aspect: cut (or pad: black)
 
-A folder of your images (io/images.py) is in the common layout: DIR/train/CLASS/*.png|jpg, one folder a class,
-and DIR/val and DIR/test alike where you have them (without test/, a tenth of train/ is held out as the test
-split, and it says so). Pillow decodes them (pip install 'minibp[imagenet]'); they have one size, or --size HxW
-resizes them all; a file Pillow cannot read is named in one line. Train on the file with --data-file.
+A folder of your images (io/images.py) is in the common layout: DIR/train/CLASS/*.png|jpg|tif, one folder a
+class, and DIR/val and DIR/test alike where you have them (without test/, a tenth of train/ is held out as the
+test split, and it says so). Pillow decodes them (pip install 'minibp[imagenet]'), upright and at 8 bits a
+channel whatever their mode (16-bit images scaled, not clipped); they have one size, or --size HxW resizes them
+all, by --resize squash (the default: stretched), crop or pad, which it says first, with how many it resized
+after; the data file records the mode, and predict resizes a run's images by it. Hidden folders are left out
+(and counted), folders that are links read. A file Pillow cannot read is named in one line, as are images at a
+--size the memory does not take, before any is decoded. Train on the file with --data-file.
 
 (In a checkout, python datasets/prepare.py is the same command.) Each file is written by
 minibp.io.data.write, the one writer of the format (docs/data.md): groups train/ and test/ with `images`
@@ -20,8 +25,10 @@ names, and attributes naming the source and its checksum. Archives are checked a
 checksums before anything is read from them (CIFAR's are pickles: nothing is unpickled from a file that
 does not match); the HDF5 file is written to a temporary name and renamed, so an interrupted or failed
 conversion (a full disk) never leaves a half-written file behind and keeps the one an earlier conversion
-wrote; downloads too. A failure is one line on stderr: exit status 2 for a bad archive, input file or --out,
-1 for a download or a write that failed; Ctrl-C says what it left (nothing half-written) and exits 130.
+wrote, even where a library swallowed the Ctrl-C (integrity.atomic_file); downloads too. A temporary file that
+a killed conversion left is removed by the next one. A failure is one line on stderr: exit status 2 for a bad
+archive, input file, option or --out, 1 for a download or a write that failed; Ctrl-C says what it left
+(nothing half-written) and exits 130.
 """
 import argparse
 import gzip
@@ -210,12 +217,19 @@ def main(argv=None):
                                       "(default: data/<DIR's name>.h5)")
     parser.add_argument("--size", metavar="HxW", help="folder: resize every image to H x W pixels (default: keep "
                                                      "their size, which must be one)")
+    parser.add_argument("--resize", choices=list(image_files.RESIZES), help="folder, with --size: how an image "
+                        "of another size becomes H x W: squash (the default: stretched, the aspect ignored), crop "
+                        "(scaled to cover, the centre cut out) or pad (scaled to fit, centred on black)")
     parser.add_argument("--archive", help="CIFAR: an official archive already on disk (else it is downloaded)")
     parser.add_argument("--source", help="Fashion-MNIST: a folder with the four IDX files (default: "
                                          f"{FASHION_MNIST_DIR} if present, else downloaded)")
     args = parser.parse_args(argv)
     if (args.dataset == "folder") != (args.folder is not None) or (args.size and args.dataset != "folder"):
         print("error: give a folder of images as `folder DIR`, and --size with it alone", file=sys.stderr)
+        return 2
+    if args.resize and not args.size:
+        print("error: --resize needs --size HxW: it says how images of another size become that size",
+              file=sys.stderr)
         return 2
     if args.dataset == "folder":
         out = Path(args.out or Path("data") / f"{Path(args.folder).resolve().name}.h5")
@@ -232,7 +246,7 @@ def _prepare(args, out):
     """main's work, once its arguments are read: the exit status."""
     try:
         if args.dataset == "folder":
-            convert_folder(args.folder, out, size=args.size)
+            convert_folder(args.folder, out, size=args.size, resize=args.resize or image_files.RESIZE)
         else:
             _prepare_public(args, out)
     except DataError as e:
@@ -248,16 +262,17 @@ def _prepare(args, out):
     return 0
 
 
-def convert_folder(folder, out, *, size=None):
-    """A folder of images in the common layout (module docstring) into the data file out; size: 'HxW' or None.
-    What is wrong with the folder, an image or --out is a DataError naming it."""
+def convert_folder(folder, out, *, size=None, resize=image_files.RESIZE):
+    """A folder of images in the common layout (module docstring) into the data file out; size: 'HxW' or None;
+    resize: squash, crop or pad (images.RESIZES). What is wrong with the folder, an image or --out is a DataError
+    naming it."""
     try:
         size = None if size is None else image_files.parse_size(size)
         if Path(out).suffix != ".h5":
             raise ValueError(f"--out {out}: give the .h5 file to write")
         if Path(out).is_dir():
             raise ValueError(f"--out {out} is a folder: give the .h5 file to write")
-        return data.write_folder(out, folder, size=size)
+        return data.write_folder(out, folder, size=size, resize=resize)
     except (FileNotFoundError, ValueError) as e:  # a missing folder, a bad image or --size
         raise DataError(str(e)) from None
 

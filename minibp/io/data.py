@@ -199,14 +199,16 @@ def write(path, *, train, test, classes, val=None, name=None, class_names=None, 
     return Path(path)
 
 
-def write_folder(path, folder, *, size=None, say=print):
+def write_folder(path, folder, *, size=None, resize=image_files.RESIZE, say=print):
     """Write a data file from a folder of image files in the common layout, decoded by Pillow (images.py):
-    folder/train/CLASS/*.png|jpg|jpeg, and folder/val and folder/test where present. size: (H, W) to resize
-    every image to; None: they must all have one size. Where there is no test/ folder, a tenth of train/'s
-    images (hold_out's fixed choice) is the test split, and `say` says so. The file is named after the
-    folder, its class names are the class folders' names, and its attrs say where it came from. Returns the
+    folder/train/CLASS/*.png|jpg|jpeg|tif|tiff, and folder/val and folder/test where present. size: (H, W) to
+    resize every image to, by resize (images.RESIZES: squash, the default, crop or pad); None: they must all have
+    one size. Where there is no test/ folder, a tenth of train/'s images (hold_out's fixed choice) is the test
+    split, and `say` says so, as it says what it left out and how many images it resized. The file is named after
+    the folder, its class names are the class folders' names, and its attrs say where it came from, the image
+    size and how images of another size are resized (resize: predict resizes a run's images so). Returns the
     path; a bad folder or image is a one-line ValueError naming it, before anything is written."""
-    tree = image_files.read_tree(folder, size=size, say=say)
+    tree = image_files.read_tree(folder, size=size, resize=resize, say=say)
     splits, classes = dict(tree.splits), len(tree.class_names)
     if "test" not in splits:
         try:
@@ -218,11 +220,30 @@ def write_folder(path, folder, *, size=None, say=print):
         say(f"{tree.root} has no test/ folder: {len(held.labels):,} of train/'s {len(held.labels) + len(kept.labels):,}"
             " images (a tenth, the same every time) are the test split")
     if tree.left_out:
-        say(f"left out {tree.left_out} file(s) that are not .png, .jpg or .jpeg")
+        say(f"left out {tree.left_out} file(s) that are not images ({', '.join(image_files.EXTENSIONS)})")
+    if tree.hidden:
+        say(image_files.HIDDEN.format(tree.hidden))
     height, width, channels = splits["train"][0].shape[1:]
+    if size is not None:
+        count = sum(len(labels) for _, labels in splits.values())
+        say(f"resized {tree.resized:,} of {count:,} images to {height}x{width} (H x W) by {resize}")
     return write(path, train=splits["train"], test=splits["test"], val=splits.get("val"), classes=classes,
                  name=tree.root.resolve().name, class_names=tree.class_names,
-                 attrs=dict(source=str(tree.root.resolve()), image_size=f"{height}x{width}", channels=int(channels)))
+                 attrs=dict(source=str(tree.root.resolve()), image_size=f"{height}x{width}", channels=int(channels),
+                            resize=resize))
+
+
+def resize_mode(path, sha256=None):
+    """How image files are resized for the data file at path (its resize attribute, write_folder's; a file
+    without one, of arrays or of an older minibp: squash, all minibp did), read without its arrays; None where
+    no such file is there, or where sha256 is given and the file's root checksum is another (a file changed)."""
+    try:
+        with h5py.File(path, "r") as f:
+            if sha256 is not None and _text(f.attrs.get("sha256", "")) != sha256:
+                return None
+            return _text(f.attrs.get("resize", image_files.RESIZE))
+    except OSError:  # gone, or not an HDF5 file
+        return None
 
 
 def _root_attrs(path, *, classes, name, class_names, attrs):

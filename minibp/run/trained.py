@@ -11,7 +11,9 @@ from them, your own function's file imported again), the parameters and running 
 training images' mean (/preprocess/mean). Preprocessing is the trainer's, and only it: pixel / 255 - mean.
 predict refuses images that are not raw (another dtype than uint8, or another (H, W, C) than the run's: the
 shape named as given), so a net is never silently fed images prepared another way; net.predict takes images
-already normalised.
+already normalised. `resize` is how python3 -m minibp.predict resizes image files to the run's H x W: as the run's
+data file was made (its resize attribute, prepare folder --resize), read from the checkpoint's data facts where
+they carry it, else from the data file while it is there, unchanged (its checksum the one the run recorded).
 """
 import os
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import backend
+from ..io import data
 from . import checkpoint, memory, modelspec
 from .config import RunConfig
 from .sizing import compile_within_memory
@@ -34,6 +37,8 @@ class Trained:
     path: Path             # the checkpoint loaded
     iteration: int         # the iteration it was saved at
     validation: dict       # {split, iteration, loss, accuracy} of best.h5's validation, or None (a last checkpoint)
+    resize: str = None     # squash, crop or pad: how its data file resized images (None: not known, the file gone)
+    data_path: Path = None  # the data file it trained on
 
     @property
     def input_shape(self):
@@ -106,5 +111,8 @@ def load(run, *, which=None, batch=256):
     compile_within_memory(net, batch=batch, store=memory.kept(net, config, saved), training=False,
                           hint="lower batch=")
     checkpoint.restore(net, saved)
+    facts = saved.data
+    resize = facts.get("resize") or data.resize_mode(config.data_path(), facts.get("sha256"))
     return Trained(net=net, mean=saved.mean, class_names=saved.class_names, config=config, path=path,
-                   iteration=saved.iteration, validation=saved.validation)
+                   iteration=saved.iteration, validation=saved.validation, resize=resize,
+                   data_path=config.data_path())
