@@ -20,6 +20,12 @@ __version__ = "0.1.0"
 
 import os
 
+from . import cli
+
+# python3 -m minibp.X: Ctrl-C and SIGTERM are one line and a status from here on, the command's imports included
+if (cli.command() or "").startswith("minibp."):
+    cli.starting(cli.command())
+
 
 def __getattr__(name):
     """minibp.fit (train.fit) and minibp.load (run.trained.load): they load on first use, after the OpenBLAS setting

@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import extras
+from . import cli, extras
 from .integrity import atomic_file
 from .run.options import add_option
 from .run.folder import numbered_records
@@ -201,4 +201,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))

@@ -29,10 +29,11 @@ records them) and the ETA at this session's pace (validations included, a first 
 the last line says how many iterations this process ran of the run's.
 
 Exit status: 0 done, 1 the run failed (diverged, a write failed), 2 a bad option or input file,
-130 interrupted (a checkpoint was saved).
+130 interrupted by Ctrl-C, 143 stopped by SIGTERM (either way a checkpoint was saved where the run had begun).
 """
 import contextlib
 import os
+import signal
 import sys
 import types
 import warnings
@@ -40,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import dist
+from . import cli, dist
 from .integrity import shown
 from .kernels import KernelError
 from .run import modelspec, startup
@@ -63,10 +64,11 @@ def main(argv=None):
         return _failed(group, e, str(e), 2)
     except OSError as e:  # a full disk or a vanished folder while writing; a rank that stopped answering
         return _failed(group, e, f"{e.strerror or e}{f': {shown(e.filename)}' if e.filename else ''}", 1)
-    except KeyboardInterrupt:  # a second Ctrl-C: the last checkpoint stays as it was
+    except cli.INTERRUPTS as e:  # a second Ctrl-C, or one before the loop began: the last checkpoint stays as it was
         if group is None or group.rank == 0:
-            print("\ninterrupted: the last checkpoint written stays as it was", file=sys.stderr)
-        return 130
+            said = "stopped by SIGTERM" if isinstance(e, cli.Terminated) else "interrupted"
+            print(f"\n{said}: the last checkpoint written stays as it was", file=sys.stderr)
+        return cli.status_of(e)
 
 
 def fit(model=None, *, data, out, resume=False, overwrite=False, model_args=None, **options):
@@ -104,7 +106,7 @@ def fit(model=None, *, data, out, resume=False, overwrite=False, model_args=None
     function = model if isinstance(model, types.FunctionType) else None
     status, net = _session(invocation, given, dist.start(timeout=invocation.rank_timeout), function=function,
                            python=True)
-    if status == 130:
+    if status in (130, 143):
         raise KeyboardInterrupt(f"stopped: a checkpoint is saved in {out}; continue with fit(..., resume=True)")
     return net
 
@@ -197,12 +199,14 @@ def _run(invocation, given, group=None, *, function=None, python=False):
     try:
         session = Session(run, out, group, python=python)
         session.start(config, given, function=function)
-        return session.train()
+        status, net = session.train()
+        # a signal stopped the loop, which saved a checkpoint: SIGTERM's status is its own, as for every command
+        return (128 + signal.SIGTERM if status == 130 and signal.SIGTERM in session.signals else status), net
     finally:
         if group is None or group.rank == 0:
             run.release()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(main))
 
