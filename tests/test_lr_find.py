@@ -26,16 +26,16 @@ def synthetic(steps=101):
     return rates, list(np.where(x <= 1e-12, fall, fall[80] + x ** 2))
 
 
-def test_the_rule_reads_a_tenth_of_the_minimum_and_the_steepest_descent_off_a_synthetic_curve():
+def test_the_rule_reads_a_third_of_the_minimum_and_the_steepest_descent_off_a_synthetic_curve():
     rates, smoothed = synthetic()
     s = lr_find.suggest(rates, smoothed)
     assert s.at == 80 and s.minimum == rates[80] == pytest.approx(1.0, rel=1e-12)
-    assert s.peak == rates[80] / 10 and s.steepest == pytest.approx(10 ** -2.025, rel=1e-12)
+    assert s.peak == rates[80] / 3 and s.steepest == pytest.approx(10 ** -2.025, rel=1e-12)
     assert not s.still_falling
-    assert s.schedule(iters=2000) == "cosine:0.1:warmup=100" and s.schedule(iters=10) == "cosine:0.1:warmup=1"
+    assert s.schedule(iters=2000) == "cosine:0.33:warmup=100" and s.schedule(iters=10) == "cosine:0.33:warmup=1"
     # cut before the climb: the minimum is the last step, and the loss may fall further
     cut = lr_find.suggest(rates[:61], smoothed[:61])
-    assert cut.at == 60 and cut.still_falling and cut.peak == rates[60] / 10
+    assert cut.at == 60 and cut.still_falling and cut.peak == rates[60] / 3
     # a loss that is not finite ends the curve read: the same as the cut
     assert lr_find.suggest(rates[:63], smoothed[:61] + [math.nan, 1.0]) == cut
 
