@@ -43,7 +43,7 @@ from .run.budget import unit_bits
 from .run.config import RunConfig
 from .run.evaluation import class_metrics, scores
 from .run.sizing import compile_within_memory
-from .run.trained import checkpoint_path
+from .run.trained import MODEL_HELP, checkpoint_path
 
 SHOWN_CLASSES = 20  # the most classes whose confusion matrix is printed (a file takes any)
 DEFAULT_TOP_K, TOP_K_FROM = 5, 10  # top-5 accuracy is reported for data of 10 classes or more
@@ -75,6 +75,7 @@ def parser():
     p.add_argument("--batch", type=int, default=None, help="images a forward pass (default: the run's sub-batch)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (undefined figures: "
                                                        "null)")
+    p.add_argument("--model", metavar="SPEC", help=MODEL_HELP)
     return p
 
 
@@ -163,7 +164,7 @@ def score(path, args):
     split = run_data.split(args.split)
 
     def build(input_shape, classes):  # from the checkpoint's structure: no code of the run's runs
-        return modelspec.rebuild(config, saved, input_shape=input_shape, classes=classes)
+        return modelspec.rebuild(config, saved, input_shape=input_shape, classes=classes, model=args.model)
     net = build(run_data.input_shape, split.classes)
     saved.check_data(net, build, run_data.path)  # before check_parameters, which would blame the net
     saved.check_parameters(net, modelspec.describe(config.model, config.model_args))

@@ -35,7 +35,7 @@ from .constants import GAMMA_MIN
 from .integrity import write_atomic
 from .kernels import KernelError
 from .run import modelspec
-from .run.trained import checkpoint_path, load
+from .run.trained import MODEL_HELP, checkpoint_path, load
 from .units import ConvUnit, ReluConvUnit
 
 FORMATS = {"onnx": ".onnx", "safetensors": ".safetensors"}  # format -> its files' suffix
@@ -315,12 +315,13 @@ def _write(path, data, *, overwrite):
         raise Failed(f"cannot write {path} ({e.strerror or e})") from None
 
 
-def export(run, *, which=None, formats=None, out=None, overwrite=False, report=None):
+def export(run, *, which=None, formats=None, out=None, overwrite=False, report=None, model=None):
     """Write a run's net as ONNX and its weights as safetensors; returns {format: path}. run: a run folder or a
     checkpoint file; which: "best", "last" or None (as minibp.load); formats: one of FORMATS or a tuple of
     them (None: the one out's suffix names, else both); out: a file (.onnx or .safetensors) or a folder
     (None: the checkpoint's); overwrite: replace existing files; report: called with each line of progress
-    (the command line's print).
+    (the command line's print); model: a moved model file's place for a run saved before checkpoints kept their
+    net (minibp.load's model=).
     A bad option or input is a ValueError (FileNotFoundError, ImportError) before anything is written; a
     failed write or a graph that disagrees with the net is Failed."""
     formats = _formats(formats, out)
@@ -334,7 +335,7 @@ def export(run, *, which=None, formats=None, out=None, overwrite=False, report=N
         _library(name)
     serialize = _library("safetensors.numpy").save if "safetensors" in formats else None
     report = report or (lambda line: None)
-    model = load(checkpoint, batch=CHECK_IMAGES)
+    model = load(checkpoint, batch=CHECK_IMAGES, model=model)  # (from here on, the loaded run)
     built = modelspec.describe(model.config.model, model.config.model_args)
     report(f"{model.path} (iteration {model.iteration}): {built}, {len(model.net.units)} units, "
            f"{model.net.num_parameters:,} parameters")
@@ -364,6 +365,7 @@ def main(argv=None):
     parser.add_argument("--out", help="a file (.onnx or .safetensors) or a folder (default: the checkpoint's folder); "
                                       "files are named after the checkpoint: best.onnx, checkpoint.safetensors")
     parser.add_argument("--overwrite", action="store_true", help="replace files that exist")
+    parser.add_argument("--model", metavar="SPEC", help=MODEL_HELP)
     args = parser.parse_args(argv)
     try:
         if args.which is not None and args.which not in WHICH:
@@ -371,7 +373,8 @@ def main(argv=None):
         if args.format is not None and args.format not in (*FORMATS, "all"):
             raise ValueError(f"--format must be onnx, safetensors or all, got {args.format!r}")
         formats = None if args.format is None else tuple(FORMATS) if args.format == "all" else (args.format,)
-        export(args.run, which=args.which, formats=formats, out=args.out, overwrite=args.overwrite, report=print)
+        export(args.run, which=args.which, formats=formats, out=args.out, overwrite=args.overwrite, report=print,
+               model=args.model)
     except (ValueError, FileNotFoundError, ImportError, KernelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -36,7 +36,7 @@ from .integrity import atomic_file, check_own
 from .io import data
 from .io import images as image_files
 from .kernels import KernelError
-from .run.trained import load
+from .run.trained import MODEL_HELP, load
 
 SHOWN_FILES = 20  # image files up to this many get a line each
 
@@ -188,6 +188,7 @@ def parser():
     p.add_argument("--out", help="write the predictions: .csv (one row an image) or .npz (default: none)")
     p.add_argument("--overwrite", action="store_true", help="replace an --out file that exists (default: refused)")
     p.add_argument("--batch", type=int, default=256, help="images a forward pass (default 256)")
+    p.add_argument("--model", metavar="SPEC", help=MODEL_HELP)
     return p
 
 
@@ -206,7 +207,7 @@ def main(argv=None):
         found, hidden = (None, 0) if arrays else list_images(args.inputs)
         images, labels = read_arrays(arrays[0], args.split) if arrays else (None, None)
         count = len(images) if arrays else len(found)
-        model = load(args.run, which=args.which, batch=min(args.batch, max(count, 1)))
+        model = load(args.run, which=args.which, batch=min(args.batch, max(count, 1)), model=args.model)
         why = None
         if not arrays:
             resize = model.resize or image_files.RESIZE

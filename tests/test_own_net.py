@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import minibp
-from minibp import evaluate, train
+from minibp import evaluate, export, predict, train
 from minibp.run import checkpoint, modelspec
 from runs import ROOT, base_args, one_line_error, read_metrics
 
@@ -343,3 +343,38 @@ def test_a_resume_says_that_its_model_file_changed(tmp_path, data_dir, capsys):
     path.write_text(path.read_text() + "# an edit that builds the same net\n")
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 0
     assert f"note: {path} changed since" in capsys.readouterr().err
+
+
+def test_a_run_saved_before_checkpoints_kept_their_net_finds_its_moved_file_through_model(tmp_path, data_dir,
+                                                                                         capsys):
+    """A checkpoint without the net's structure (an older minibp's) builds the net with its model file: where that
+    file is gone, the one-line refusal names it and the option that points to its new place, and model= (--model)
+    loads it from there; a checkpoint that keeps its net refuses model= rather than ignore it."""
+    import h5py
+    path = write_model(tmp_path, MARKING_NET.format(marker=str(tmp_path / "marker")))
+    assert train.main(base_args(tmp_path, model=f"{path}:build", iters=2, val_every=2)) == 0
+    run = tmp_path / "run"
+    with pytest.raises(ValueError, match="keeps its net as data and loads without a model file: leave --model out"):
+        minibp.load(run, model=f"{path}:build")
+    for name in ("best.h5", "checkpoint.h5"):  # as an older minibp wrote them
+        with h5py.File(run / name, "r+") as f:
+            del f.attrs["structure"]
+            f.attrs["attrs_sha256"] = checkpoint.attrs_sha256(f.attrs)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    path.rename(moved / path.name)
+    with pytest.raises(ValueError) as refused:
+        minibp.load(run)
+    assert f"builds its net with {path}, which is not there: give the file's new place with --model " \
+           f"FILE.py:build (minibp.load(..., model=))" in str(refused.value)
+    model = minibp.load(run, model=f"{moved / path.name}:build")
+    assert model.predict(np.zeros((2, 8, 8, 3), np.uint8))[0].shape == (2,)
+    spec = f"{moved / path.name}:build"
+    np.save(tmp_path / "images.npy", np.zeros((2, 8, 8, 3), np.uint8))
+    capsys.readouterr()
+    assert evaluate.main([str(run)]) == 2  # the refusal names the option ...
+    assert "give the file's new place with --model FILE.py:build" in one_line_error(capsys.readouterr().err)
+    assert evaluate.main([str(run), "--model", spec]) == 0  # ... which each command takes
+    assert predict.main([str(run), str(tmp_path / "images.npy"), "--model", spec]) == 0
+    pytest.importorskip("onnx")
+    assert export.main([str(run), "--out", str(tmp_path / "out"), "--format", "safetensors", "--model", spec]) == 0

@@ -235,23 +235,31 @@ def build(spec, *, model_args=None, imagenet=False, input_shape, classes, functi
     return net
 
 
-def rebuild(config, saved, *, input_shape, classes):
+def rebuild(config, saved, *, input_shape, classes, model=None):
     """The uncompiled net of a trained run (evaluate, minibp.load, predict, export, --init-from), for data of
     input_shape and classes: built from the structure its checkpoint (saved) keeps, so that no code of the run's
     runs; a run saved before checkpoints kept one is built by its model spec, its file imported (a ValueError
-    naming the file where it is gone, and how to have the run keep its structure)."""
+    naming the file where it is gone, and the option that gives its new place). model: that new place, a spec of
+    the run's function in another file or module (--model FILE.py:FUNCTION), for such a run alone."""
     if saved.structure is not None:
+        if model is not None:  # never silently ignored
+            raise ValueError(f"{saved.path} keeps its net as data and loads without a model file: leave --model out")
         try:
             return Net.from_structure(saved.structure, input_shape=input_shape, classes=classes)
         except (ValueError, TypeError) as e:
             raise ValueError(f"{saved.path} is damaged: its net's structure: {' '.join(str(e).split())}") from None
-    if is_own(config.model):
-        where, _, is_file = _where(config.model)
+    spec = config.model if model is None else canonical(model)
+    if is_own(spec):
+        where, function, is_file = _where(spec)
         if is_file and not Path(where).is_file():
+            moved = "" if model is None else f" (--model {model})"
             raise ValueError(f"{saved.path} was written before checkpoints kept their net as data, and builds its net "
-                             f"with {where}, which is gone: put the file back there (a resume with it there writes "
-                             "a checkpoint that keeps the net, and no longer needs the file to load)")
-    return build(config.model, model_args=config.model_args, imagenet=config.imagenet, input_shape=input_shape,
+                             f"with {where}{moved}, which is not there: give the file's new place with --model "
+                             f"FILE.py:{function} (minibp.load(..., model=)), or put it back (a resume with the file "
+                             "writes a checkpoint that keeps the net, and loads without it)")
+    elif model is not None:
+        raise ValueError(f"--model {model}: a run's own model file or module (FILE.py:FUNCTION), not a built-in net")
+    return build(spec, model_args=config.model_args, imagenet=config.imagenet, input_shape=input_shape,
                  classes=classes)
 
 

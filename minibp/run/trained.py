@@ -92,10 +92,17 @@ def checkpoint_path(run, which=None):
     return best if which == "best" or (which is None and has_best) else last
 
 
-def load(run, *, which=None, batch=256):
+# evaluate's, predict's and export's --model: for a run whose checkpoint does not keep its net as data
+MODEL_HELP = ("a run saved before checkpoints kept their net as data: its model file's new place, FILE.py:FUNCTION "
+              "(default: the file it was trained with; a run that keeps its net needs none, and refuses it)")
+
+
+def load(run, *, which=None, batch=256, model=None):
     """The Trained model of a run folder (or a checkpoint file): which="best" (best.h5), "last"
     (checkpoint.h5), or None (best.h5 where the run has one, else checkpoint.h5); batch: images a forward
-    pass (at most). A ValueError (FileNotFoundError) of one line for what cannot be loaded."""
+    pass (at most); model: where a run saved before checkpoints kept their net finds its moved model file
+    ("FILE.py:FUNCTION", modelspec.rebuild). A ValueError (FileNotFoundError) of one line for what cannot be
+    loaded."""
     path = checkpoint_path(run, which)
     saved = checkpoint.load(path)
     config = RunConfig.from_checkpoint(saved, loading=True)
@@ -106,7 +113,7 @@ def load(run, *, which=None, batch=256):
         raise ValueError(f"{path} was written before checkpoints held their preprocessing (the training images' "
                          "mean): resume the run for one more checkpoint, or score it with python3 -m minibp.evaluate")
     shape, classes = tuple(saved.data["shape"]), int(saved.data["classes"])
-    net = modelspec.rebuild(config, saved, input_shape=shape, classes=classes)  # no code of the run's runs
+    net = modelspec.rebuild(config, saved, input_shape=shape, classes=classes, model=model)  # no code of the run's
     saved.check_parameters(net, modelspec.describe(config.model, config.model_args))
     compile_within_memory(net, batch=batch, store=memory.kept(net, config, saved), training=False,
                           hint="lower batch=")
