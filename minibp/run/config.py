@@ -58,7 +58,7 @@ class RunConfig(RunOptions):
             raise ValueError(f"--image-size must be a multiple of 32 (the net halves it five times), got "
                              f"{self.image_size}")
         transforms = data.parse_augment(self.augment)
-        if self.imagenet and transforms not in ((), data.AUGMENTS):  # its reader's are one piece
+        if self.imagenet and transforms not in ((), data.BUILT_IN):  # its reader's are one piece
             raise ValueError(f"--augment on imagenet is {BUILT_IN_AUGMENT} (its random crops and flips) or none")
         if self.val_split is not None and self.imagenet:
             raise ValueError("--val-split holds out part of an HDF5 data file; imagenet validates on its val/ folder")
