@@ -253,6 +253,16 @@ def test_the_reader_bench_runs(tmp_path):
 
 
 @pytest.mark.slow
+def test_lr_find_bench_quick_prints_its_table_and_writes_nothing():
+    results = ROOT / "bench" / "results" / "lr_find.txt"
+    before = results.read_bytes() if results.exists() else None
+    out = run("bench/lr_find.py", "--quick")
+    assert "| shapes (resnet11) | 0 | sgd | 0.03: " in out and "| shapes (resnet11) | 0 | adamw | 0.0003: " in out
+    assert "of its optimizer's best grid rate, or better: " in out and "wrote" not in out
+    assert (results.read_bytes() if results.exists() else None) == before
+
+
+@pytest.mark.slow
 def test_scaling_bench_runs():
     from test_dist import ENV  # (test_dist skips itself without mpi4py, which the bench's ranks need)
     done = subprocess.run([sys.executable, "bench/scaling.py", "--model", "resnet11", "--batch", "8", "--steps", "1",
