@@ -477,3 +477,22 @@ def test_a_fresh_start_in_a_folder_with_a_run_says_what_overwrite_would_delete(t
     assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 2
     line = one_line_error(capsys.readouterr().err)
     assert "pass --resume to continue it" in line and line.endswith("which deletes best.h5, metrics.jsonl")
+
+
+def test_a_working_folder_changed_under_a_relative_run_folder_is_said_for_what_it_is(tmp_path, monkeypatch):
+    # Code of the user's that called os.chdir (minibp takes a model function back: tests/test_own_net.py) was told
+    # that the lock was "removed or replaced", which sent them looking for another trainer
+    from minibp.run.folder import FolderLost, RunDir
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path)
+    run = RunDir.claim("run", fresh=True)
+    run.check()
+    os.chdir(tmp_path / "elsewhere")
+    with pytest.raises(FolderLost) as lost:
+        run.check()
+    assert str(lost.value) == (f"the working folder changed to {tmp_path / 'elsewhere'} (from {tmp_path}, which "
+                               "holds the run folder run) while this trainer held it: an os.chdir in your code? It "
+                               "stops without writing to the run folder")
+    os.chdir(tmp_path)
+    run.check()
+    run.release()

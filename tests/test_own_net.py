@@ -378,3 +378,41 @@ def test_a_run_saved_before_checkpoints_kept_their_net_finds_its_moved_file_thro
     assert predict.main([str(run), str(tmp_path / "images.npy"), "--model", spec]) == 0
     pytest.importorskip("onnx")
     assert export.main([str(run), "--out", str(tmp_path / "out"), "--format", "safetensors", "--model", spec]) == 0
+
+
+def test_an_error_without_a_message_is_given_a_reason(tmp_path, data_dir, monkeypatch, capsys):
+    # A model whose function ran out of memory was reported as "raised MemoryError: ", its reason empty
+    monkeypatch.chdir(tmp_path)
+    for error, reason in (("MemoryError", "out of memory"), ("RuntimeError", "(no message)")):
+        write_model(tmp_path, f"def build(*, input_shape, classes):\n    raise {error}\n")
+        assert train.main(base_args(tmp_path, out="runs/own", model="mynet.py:build", iters=2)) == 2
+        assert one_line_error(capsys.readouterr().err).endswith(f"raised {error}: {reason}")
+
+
+def test_a_model_that_changes_the_working_folder_trains_and_resumes_in_the_folder_it_started_in(tmp_path, data_dir,
+                                                                                               monkeypatch, capsys):
+    # A model whose function called os.chdir stopped its run with "lock removed or replaced": the run folder, given
+    # relative, was then looked for under the folder the model had gone to
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    model = write_model(tmp_path, f"""\
+        import os
+
+        def build(*, input_shape, classes):
+            os.chdir({str(elsewhere)!r})
+            net = Net(input_shape)
+            net.conv(8)
+            net.classifier(classes)
+            return net
+        """)
+    monkeypatch.chdir(work)
+    argv = base_args(tmp_path, model=f"{model}:build", iters=2, val_every=2, checkpoint_every=2)
+    argv[argv.index("--out") + 1] = "run"  # relative: under the working folder
+    assert train.main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"changed the working folder to {elsewhere}; minibp went back to {work}" in err, err
+    assert os.getcwd() == str(work) and (work / "run" / "checkpoint.h5").is_file()
+    assert not (elsewhere / "run").exists()
+    assert train.main(["--out", "run", "--resume", "--iters", "4"]) == 0
+    assert checkpoint.load(work / "run" / "checkpoint.h5").iteration == 4

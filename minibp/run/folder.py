@@ -16,7 +16,8 @@
 
 flock locks the lock file's inode, not the folder: a lock file deleted (or the whole folder) lets another
 trainer lock a new one. So the owner checks, before every write, that OUT/lock is still the file it
-locked, and stops writing when it is not.
+locked, and stops writing when it is not; where OUT is relative and the working folder changed meanwhile (an
+os.chdir of the user's code: modelspec takes a model's back), it says so.
 
 A run folder may be shared (a lab's box, root training beside other users): every file here is opened without
 following a link, the lock and the metrics, written in place, made with O_EXCL where they are new, and a link,
@@ -62,6 +63,7 @@ class RunDir:
         self.path, self._lock_file = Path(path), lock_file
         self._made_folders, self._made_lock, self._old_lock = list(made_folders), made_lock, old_lock
         self._overwrite, self._wrote, self._forked = False, False, False
+        self._working = None if self.path.is_absolute() else _working_folder()  # where a relative path is
         if lock_file is not None:
             _HELD.add(self)
         self.checkpoint_path, self.best_path, self.metrics_path = self.path / CHECKPOINT, self.path / BEST, \
@@ -144,6 +146,12 @@ class RunDir:
             raise FolderLost(f"this process (pid {os.getpid()}) is a fork of the trainer that holds {self.path}: it "
                              "writes nothing to it")
         if not same_file(self.path / LOCK, os.fstat(self._lock_file.fileno())):
+            now = _working_folder()
+            if self._working is not None and now != self._working:  # the path names another folder now
+                raise FolderLost(f"the working folder changed to {shown(now or 'a folder since removed')} (from "
+                                 f"{shown(self._working)}, which holds the run folder {shown(self.path)}) while this "
+                                 "trainer held it: an os.chdir in your code? It stops without writing to the run "
+                                 "folder")
             raise FolderLost(f"{self.path / LOCK} was removed or replaced while this trainer held it (the folder "
                              f"or its lock deleted): another trainer may use {self.path} now, so this one stops "
                              "without writing to it")
@@ -168,6 +176,13 @@ class RunDir:
         except (FolderLost, OSError):  # not ours any more, or no longer empty: left as it is
             pass
         self._lock_file.close()  # closing drops the flock
+
+
+def _working_folder():
+    try:
+        return os.getcwd()
+    except OSError:  # (removed)
+        return None
 
 
 def _holder(text):

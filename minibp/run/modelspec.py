@@ -13,7 +13,9 @@ checkpoint keeps as data (Net.structure), so no code of the run's runs. A file i
 run saved before checkpoints kept their net) only if you or the system own it and no one else may write it.
 
 Your code runs in the trainer's process: an import or a function that takes longer than SLOW_S seconds is said
-on stderr every SLOW_S seconds, with the line it is at, so that one that never returns is seen for what it is.
+on stderr every SLOW_S seconds, with the line it is at, so that one that never returns is seen for what it is; one
+that changes the working folder (os.chdir) is taken back to the one it was called in, with a warning, so that the
+run's relative paths (its folder, its data) still name what they named.
 """
 import contextlib
 import importlib
@@ -120,7 +122,7 @@ def load_function(spec):
     global _importing
     _importing = where
     try:
-        with said_while_slow(f"importing {where}"):
+        with said_while_slow(f"importing {where}"), _working_folder_kept(f"importing {where}"):
             module = _imported(where, is_file=is_file)
     except (Exception, SystemExit) as e:  # whatever your code raises as it imports: one line, not a traceback
         raise ValueError(f"model {spec}: cannot import {where} ({_one_line(e)})") from None
@@ -184,6 +186,25 @@ def said_while_slow(what):
         watcher.join()
 
 
+@contextlib.contextmanager
+def _working_folder_kept(what):
+    """The block (your code) ends in the working folder it began in, said on stderr where it had moved: an os.chdir
+    would move every relative path of the run (its folder, whose lock the trainer checks by that path, its data)."""
+    folder = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # (held: found again even if renamed)
+    try:
+        yield
+    finally:
+        try:
+            here, there = os.stat("."), os.fstat(folder)
+            if (here.st_dev, here.st_ino) != (there.st_dev, there.st_ino):
+                moved_to = os.getcwd()
+                os.fchdir(folder)
+                print(f"warning: {what} changed the working folder to {shown(moved_to)}; minibp went back to "
+                      f"{shown(os.getcwd())}, where the run's relative paths are", file=sys.stderr)
+        finally:
+            os.close(folder)
+
+
 _importing = None  # the file or module load_function is importing now, else None
 
 
@@ -219,7 +240,7 @@ def build(spec, *, model_args=None, imagenet=False, input_shape, classes, functi
     function = function or load_function(spec)
     called = describe(spec, model_args)
     try:
-        with said_while_slow(f"calling {called}"):
+        with said_while_slow(f"calling {called}"), _working_folder_kept(f"calling {called}"):
             net = function(input_shape=tuple(input_shape), classes=int(classes), **(model_args or {}))
     except (Exception, SystemExit) as e:  # your code's failure (even sys.exit), named in one line
         raise ValueError(f"model {called} raised {_one_line(e)}") from None
@@ -266,4 +287,6 @@ def rebuild(config, saved, *, input_shape, classes, model=None):
 def _one_line(error):
     if isinstance(error, SystemExit):
         return f"it called sys.exit({error.code!r})"
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+    # (a MemoryError, or a bare `raise RuntimeError`, has no message: the line must not end in nothing)
+    reason = " ".join(str(error).split()) or ("out of memory" if isinstance(error, MemoryError) else "(no message)")
+    return f"{type(error).__name__}: {reason}"
