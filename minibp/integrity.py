@@ -247,34 +247,43 @@ def atomic_file(path, *, replace=True):
         os.close(fd)
 
 
+_NOTICING = []  # the records of the noticed_interrupts blocks open (in the main thread), the outermost first
+
+
 @contextlib.contextmanager
 def noticed_interrupts():
-    """A function that tells whether a Ctrl-C came during the block, swallowed or not: a KeyboardInterrupt that
-    Python could only report (sys.unraisablehook: "Exception ignored in ..." of a __del__ or a C callback, which is
-    then not printed) or that SIGINT raised (where its handler is Python's own) and code caught. In the main thread
-    only, where Python delivers signals; elsewhere it tells False."""
-    seen = []
+    """A function that tells whether a Ctrl-C came during the block, or during a noticed_interrupts block around
+    it, swallowed or not: a KeyboardInterrupt that Python could only report (sys.unraisablehook: "Exception
+    ignored in ..." of a __del__ or a C callback, which is then not printed) or that SIGINT raised (where its
+    handler is Python's own) and code caught. A command that wraps its work in one (prepare) has every write in it
+    stop at a Ctrl-C that came before, too. In the main thread only, where Python delivers signals; elsewhere it
+    tells False."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: False
         return
+    seen, outer = [], list(_NOTICING)
     hook, handler = sys.unraisablehook, signal.getsignal(signal.SIGINT)
 
     def unraisable(info):
         if issubclass(info.exc_type, KeyboardInterrupt):
-            seen.append(info.exc_value)
+            for record in _NOTICING:
+                record.append(info.exc_value)
         else:
             hook(info)
 
     def interrupt(signum, frame):
-        seen.append(signum)
+        for record in _NOTICING:
+            record.append(signum)
         raise KeyboardInterrupt
+    _NOTICING.append(seen)
     sys.unraisablehook = unraisable
     ours = handler is signal.default_int_handler  # (a command's own handler, the trainer's, is left as it is)
     if ours:
         signal.signal(signal.SIGINT, interrupt)
     try:
-        yield lambda: bool(seen)
+        yield lambda: bool(seen) or any(outer)
     finally:
+        del _NOTICING[next(i for i, record in enumerate(_NOTICING) if record is seen)]  # (equal lists are many)
         sys.unraisablehook = hook
         if ours:
             signal.signal(signal.SIGINT, handler)

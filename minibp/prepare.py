@@ -25,10 +25,11 @@ names, and attributes naming the source and its checksum. Archives are checked a
 checksums before anything is read from them (CIFAR's are pickles: nothing is unpickled from a file that
 does not match); the HDF5 file is written to a temporary name and renamed, so an interrupted or failed
 conversion (a full disk) never leaves a half-written file behind and keeps the one an earlier conversion
-wrote, even where a library swallowed the Ctrl-C (integrity.atomic_file); downloads too. A temporary file that
-a killed conversion left is removed by the next one. A failure is one line on stderr: exit status 2 for a bad
-archive, input file, option or --out, 1 for a download or a write that failed; Ctrl-C says what it left
-(nothing half-written) and exits 130.
+wrote, even where a library swallowed the Ctrl-C (integrity.noticed_interrupts); downloads too. A temporary
+file that a killed conversion left is removed by the next one. A failure is one line on stderr: exit status 2
+for a bad archive, input file, option or --out, 1 for a download or a write that failed; Ctrl-C, whenever it
+comes (before the file is published: the old one kept; after: the new one whole), says what it left and exits
+130.
 """
 import argparse
 import gzip
@@ -44,7 +45,7 @@ try:  # most of a second (NumPy, h5py, CuPy): Ctrl-C meanwhile is one line and 1
 
     from .io import data
     from .io import images as image_files
-    from .integrity import atomic_file, file_digest, sha256_bytes
+    from .integrity import atomic_file, file_digest, noticed_interrupts, sha256_bytes
 except KeyboardInterrupt:
     print("interrupted while python3 -m minibp.prepare started: nothing was written", file=sys.stderr)
     sys.exit(130)
@@ -237,7 +238,11 @@ def main(argv=None):
         out = Path(args.out or "data") / f"{args.dataset}.h5"
     before = _identity(out)
     try:
-        return _prepare(args, out)
+        with noticed_interrupts() as interrupted:  # a Ctrl-C that a library swallowed too, whenever it came
+            status = _prepare(args, out)
+            if interrupted():
+                raise KeyboardInterrupt
+        return status
     except KeyboardInterrupt:
         return _interrupted(out, before)
 
