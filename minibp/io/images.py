@@ -11,7 +11,8 @@ The layout: DIR/train/CLASS/*.png|jpg|jpeg|tif|tiff, one folder a class, the cla
 the i-th); DIR/val and DIR/test likewise, where present, with classes of train's. A class folder's images are
 read at any depth below it; folders that are symbolic links are read as folders (each folder once: a link back
 up is not read twice); hidden folders and files (a name that starts with ".") are left out, the folders counted.
-Files of other extensions are left out and counted. A file Pillow cannot read is a one-line ValueError naming it.
+Files of other extensions are left out and counted (a TIFF of many pages is read as its first). A file
+Pillow cannot read is a one-line ValueError naming it.
 
 Every image is read upright (its EXIF orientation applied, as PIL.ImageOps.exif_transpose applies it: a 64x48
 image turned a quarter is 48x64, its header's size too) and at 8 bits a channel, whatever Pillow's mode: 1, L,
@@ -220,10 +221,10 @@ def read_tree(root, *, size=None, resize=RESIZE, say=print):
     channels = 1 if all(grey for _, grey in heads.values()) else 3
     _check_memory(root, len(heads), size, channels, copies=1 if "test" in listing else 2)
     shown = "x".join(map(str, size))
-    how = f"by {resize}" + (" (the default; --resize crop or pad keeps the aspect)" if resize == RESIZE else
-                            f" (the default: {RESIZE})")
+    how = f"by {resize} " + ("(the default; --resize crop or pad keeps the aspect)" if resize == RESIZE else
+                             f"({RESIZES[resize]}; the default is {RESIZE})")
     say(f"reading {root}: {len(heads):,} images of {len(class_names)} classes, " +
-        (f"resized to {shown} (H x W) {how}: {RESIZES[resize]}" if given else f"each {shown} (H x W)"), flush=True)
+        (f"resized to {shown} (H x W) {how}" if given else f"each {shown} (H x W)"), flush=True)
     tree = Tree(root, class_names, left_out=left_out, hidden=hidden,
                 resized=sum(shape != size for shape, _ in heads.values()))
     for split, paths in listing.items():
