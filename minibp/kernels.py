@@ -16,7 +16,9 @@ shape) for the program to replay.
 GPU: the source is compiled by NVRTC through cupy.RawModule, once per process.
 CPU: the same source is wrapped in a generated C++ file (kernels/cpu_shim.h supplies the CUDA
 names) that adds one exported launcher per kernel, built by build.py (g++ with OpenMP, for the CPU's
-instruction set, cached on disk) and called through ctypes.
+instruction set, cached on disk) and called through ctypes. A cached file that is not minibp's build (another
+library under its name, with a record that matches it: the user's own cache, which build.py trusts) is a
+KernelError of one line naming it and the fix: delete it, and it is built again.
 
 `real_t` is a macro every kernel file may use for its floating-point type; `load(..., dtype=)`
 picks float (float32, the default) or double (float64, for gradient checks).
@@ -266,13 +268,21 @@ def _load_cpu(path, source, signatures, real_name):
     # for the same cores: measured 13x slower on 2 cores. Sleeping at once costs a few microseconds
     # a launch instead. libgomp reads this when the first kernel library loads it.
     os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-    library = ctypes.CDLL(str(build.cached_library(path, _cpu_wrapper_source(path, signatures), real_name,
-                                                       KERNEL_DIR)))
+    built = build.cached_library(path, _cpu_wrapper_source(path, signatures), real_name, KERNEL_DIR)
+    try:
+        library = ctypes.CDLL(str(built))
+        launchers = {name: (getattr(library, f"minibp_launch_{name}"), getattr(library, f"minibp_empty_{name}"))
+                     for name, _ in signatures}
+    except (OSError, AttributeError) as e:  # the user's cache holds another library by its name (and record)
+        why = str(e).rsplit(": ", 1)[-1]  # (less the path ctypes names: /proc/self/fd/N)
+        why = f"it has no {why}" if isinstance(e, AttributeError) else why
+        raise KernelError(f"{os.path.realpath(built)} is not minibp's build of {path.name} ({why}): delete it, and "
+                          "minibp builds it again") from None
     c_scalar = {np.float32: ctypes.c_float, np.float64: ctypes.c_double, np.int32: ctypes.c_int32,
                 np.int64: ctypes.c_int64, np.uint8: ctypes.c_uint8}
     kernels = {}
     for name, params in signatures:
-        function, empty = getattr(library, f"minibp_launch_{name}"), getattr(library, f"minibp_empty_{name}")
+        function, empty = launchers[name]
         for f in (function, empty):
             f.restype = None
             f.argtypes = [ctypes.c_uint] * 6 + [ctypes.c_void_p if p.is_pointer else c_scalar[p.dtype.type]

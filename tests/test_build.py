@@ -395,3 +395,30 @@ def test_the_cache_is_private_whatever_the_umask(tmp_path):
     assert modes == {"made": "0o700", "made/home": "0o700", "made/home/minibp": "0o700",
                      "made/home/minibp/kernels": "0o700", f"made/home/minibp/kernels/{library.name}": "0o700",
                      f"made/home/minibp/kernels/{library.name}.sha256": "0o600"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(backend.device != "cpu", reason="the g++ path")
+@pytest.mark.parametrize("what", ["an empty library", "not a library"])
+def test_a_foreign_library_of_the_users_own_in_the_cache_is_named_in_one_line(built, tmp_path, what):
+    # An empty shared library of the right name (and a record that matches it: the user's own cache, which minibp
+    # trusts) ended the run in an AttributeError traceback
+    home, library = copy_of(built, tmp_path)
+    if what == "an empty library":
+        (tmp_path / "empty.cc").write_text("")
+        subprocess.run([os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-o", tmp_path / "empty.so",
+                        tmp_path / "empty.cc"], check=True)
+        plant(library, (tmp_path / "empty.so").read_bytes())
+        why = r"it has no minibp_launch_\w+"
+    else:
+        plant(library, b"not a library, and more than the 64 bytes of an ELF header: " + bytes(64))
+        why = "invalid ELF header"  # (dlerror's words)
+    code = ("from minibp import kernels\n"
+            "try:\n    kernels.load('sgd.cu')\nexcept kernels.KernelError as e:\n    print(f'error: {e}')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(home), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert re.fullmatch(re.escape(f"error: {library} is not minibp's build of sgd.cu (") + why
+                        + re.escape("): delete it, and minibp builds it again\n"), done.stdout), done.stdout
+    library.unlink()
+    assert_ran(load_in_subprocess(home))  # (as it says: rebuilt)
