@@ -3,14 +3,17 @@ input: the common layout DIR/train/CLASS/*.png|jpg with val/ and test/ where pre
 grey or RGB as the images are, a bad file named in one line, a missing test/ held out and said, Ctrl-C leaving
 no half-written file; predict's lines an image, its accuracy from class folders, and the file in its CSV."""
 import builtins
+import json
 import re
 
+import h5py
 import numpy as np
 import pytest
 
 from minibp import predict, prepare, train
 from minibp.io import data
 from minibp.io import images as image_files
+from minibp.run import checkpoint
 from runs import one_line_error
 
 Image = pytest.importorskip("PIL.Image", reason="image files need Pillow: pip install -e '.[imagenet]'")
@@ -401,7 +404,15 @@ def test_prepare_says_how_it_resized_and_records_it_for_predict(tmp_path, capsys
     assert predict.main([str(tmp_path / "run"), str(path)]) == 0
     assert "resized 1 of 1 images to the run's 12x12 (H x W) by crop (as its data file's were)" in \
         capsys.readouterr().out
-    (tmp_path / "bars.h5").unlink()  # the data file gone: the default, said
+    (tmp_path / "bars.h5").unlink()  # the data file gone: the run's checkpoint says how its images were resized
+    assert predict.main([str(tmp_path / "run"), str(path)]) == 0
+    assert "by crop (as its data file's were)" in capsys.readouterr().out
+    for name in ("checkpoint.h5", "best.h5"):  # a checkpoint from before it kept that, without the data file
+        with h5py.File(tmp_path / "run" / name, "r+") as f:
+            facts = json.loads(f.attrs["data"])
+            del facts["resize"]
+            f.attrs["data"] = json.dumps(facts)
+            f.attrs["attrs_sha256"] = checkpoint.attrs_sha256(f.attrs)
     assert predict.main([str(tmp_path / "run"), str(path)]) == 0
     assert f"by squash (the default: the run's data file {tmp_path / 'bars.h5'}, which says how its images were " \
            "resized, is gone or changed)" in capsys.readouterr().out

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import build
-from ..io import imagenet
+from ..io import data, imagenet
 from . import checkpoint, startup
 from .evaluation import evaluate
 from .folder import MetricsLog, read_metrics
@@ -60,6 +60,7 @@ class Session:
         self.memory = None      # a --memory run's memory.Memory: its mix, sub-batches and record
         self.model_file = None  # {path, sha256} of your own net's file as this process built the net with it
         self.unsaved_change = False  # a resume changed an option that no checkpoint has recorded yet
+        self.resize = None      # how the data file's images were resized (prepare folder's --resize), or None
 
 
     def start(self, config, given, *, function=None):
@@ -74,6 +75,9 @@ class Session:
         self.config, saved = config, self.saved
         self.data = startup.load_data(config, saved, self.group)
         self.train_split, self.batches = self.data.train, self.data.batches
+        # how the data file's images were resized (prepare folder --resize): checkpoints say it, so that predict resizes
+        # image files alike wherever the data file has gone
+        self.resize = None if config.imagenet else data.resize_mode(config.data_path(), self.train_split.sha256)
         self.net, self.model_file = startup.build_net(config, self.data, saved, function=function)
         self.step, self.memory = startup.make_step(self.net, config, ranks=self.ranks, group=self.group,
                                                    run_data=self.data, saved=saved)
@@ -270,7 +274,8 @@ class Session:
         path = path or self.run.checkpoint_path
         split = self.train_split
         facts = None if isinstance(split, imagenet.Folder) else dict(
-            name=split.name, sha256=split.sha256, shape=list(split.images.shape[1:]), classes=split.classes)
+            name=split.name, sha256=split.sha256, shape=list(split.images.shape[1:]), classes=split.classes,
+            **({} if self.resize is None else dict(resize=self.resize)))
         try:
             if self.rank_0:
                 self.run.check()
