@@ -18,7 +18,7 @@ preprocessing's mean. Both carry the same metadata (metadata()): where they come
 eps, gamma's floor, the padding rule and the net's forward pass as JSON (schedule()).
 
 Files are written whole (integrity.atomic_file), over an existing one only with --overwrite. Needs the export
-extra, pip install 'minibp[export]' (onnx, onnxruntime, safetensors). Exit status: 0 done, 1 a write failed or
+extra (onnx, onnxruntime, safetensors; the images extra holds them too). Exit status: 0 done, 1 a write failed or
 the graph disagreed with the run's net, 2 a bad option or input, 130 stopped by Ctrl-C.
 """
 import argparse
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, cli, layers
+from . import __version__, cli, extras, layers
 from .constants import GAMMA_MIN
 from .integrity import write_atomic
 from .kernels import KernelError
@@ -45,7 +45,6 @@ WHICH = ("best", "last")
 OPSET, IR_VERSION = 17, 8
 CHECK_IMAGES = 16       # random images onnxruntime and the run's net both predict before the graph is written
 TOLERANCE = 1e-5        # the largest difference of a probability allowed between the two
-INSTALL_HINT = "pip install 'minibp[export]'"
 PREPROCESSING = ("raw uint8 images (N, H, W, C), as the data file holds them, become the net's input "
                  "x = float32(pixel) * float32(1 / 255) - mean, where mean (H, W, C) float32 is the training "
                  "images' mean in [0, 1] units (preprocess/mean); the ONNX graph does this itself")
@@ -66,7 +65,8 @@ def _library(name):
     try:
         return importlib.import_module(name)
     except ImportError:
-        raise ImportError(f"exporting needs {name.split('.')[0]}, which is not installed: {INSTALL_HINT}") from None
+        raise ImportError(extras.missing("export", f"exporting needs {name.split('.')[0]}, which is not installed")) \
+            from None
 
 
 # ---------------------------------------------------------------------- the net as plain data

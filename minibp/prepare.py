@@ -11,7 +11,7 @@ trains from.
 
 A folder of your images (io/images.py) is in the common layout: DIR/train/CLASS/*.png|jpg|tif, one folder a
 class, and DIR/val and DIR/test alike where you have them (without test/, a tenth of train/ is held out as the
-test split, and it says so). Pillow decodes them (pip install 'minibp[imagenet]'), upright and at 8 bits a
+test split, and it says so). Pillow decodes them (the images extra), upright and at 8 bits a
 channel whatever their mode (16-bit images scaled, not clipped); they have one size, or --size HxW resizes them
 all, by --resize squash (the default: stretched), crop or pad, which it says first, with how many it resized
 after; the data file records the mode, and predict resizes a run's images by it. Hidden folders are left out

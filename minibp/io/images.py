@@ -1,5 +1,5 @@
-"""Image files (PNG, JPEG, TIFF) as the uint8 arrays a data file holds, decoded by Pillow (the imagenet extra:
-pip install 'minibp[imagenet]'): a folder in the common layout for python3 -m minibp.prepare folder and
+"""Image files (PNG, JPEG, TIFF) as the uint8 arrays a data file holds, decoded by Pillow (the images extra,
+which extras.install_command("images") installs): a folder in the common layout for python3 -m minibp.prepare folder and
 data.write_folder, and single files for python3 -m minibp.predict. decode and header are the one reading of an
 image file: prepare and predict both read through them.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import backend
+from .. import backend, extras
 from ..arena import format_bytes
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff")  # what a folder's images are (any case)
@@ -61,8 +61,7 @@ def pillow():
     try:
         from PIL import Image
     except ImportError:
-        raise ValueError("reading image files needs Pillow: pip install 'minibp[imagenet]' (or pip install "
-                         "Pillow)") from None
+        raise ValueError(extras.missing("images", "reading image files needs Pillow")) from None
     return Image
 
 
