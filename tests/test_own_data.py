@@ -83,7 +83,8 @@ def test_augmentation_is_chosen_and_recorded(tmp_path, own, capsys):
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--augment", "none"]) == 2
     assert "--augment none (the run has crop,flip)" in one_line_error(capsys.readouterr().err)
     assert train.main(args(tmp_path, own, "--augment", "mirror", out="bad")) == 2
-    assert "--augment is none or a comma-separated list of crop, flip" in one_line_error(capsys.readouterr().err)
+    assert "--augment is none or a comma-separated list of resized-crop, jitter, crop, shift, flip" in \
+        one_line_error(capsys.readouterr().err)
     assert not (tmp_path / "bad").exists()
 
 
