@@ -14,10 +14,16 @@ as Adam's moments are) and stops early where that exceeds 4 times its minimum, o
 The rule (suggest): the peak of the suggested schedule is a third of the rate at the smoothed loss's minimum, the
 edge of what the net can take: below it, where the loss still fell fast, but not far below, so that a short run
 trains at a rate that moves it. (A tenth, the other common reading, trained 3.5 points worse with SGD and 2.2 with
-AdamW in the 300-iteration run on Fashion-MNIST that chose the third: docs/results.md.) The schedule is a cosine with a linear warm-up
-over 5% of the run, cosine:PEAK:warmup=W, and the command line printed is the trainer's with the options given
-here, --optimizer, --iters (the run you will train: default 2000) and that schedule. bench/lr_find.py checks the
-rule against a hand grid of rates (docs/results.md).
+AdamW in the 300-iteration run on Fashion-MNIST that chose the third: docs/results.md.) The schedule is a cosine
+with a linear warm-up over 5% of the run, cosine:PEAK:warmup=W, and the command line printed is the trainer's with
+the options given here, --optimizer, --iters (the run you will train: default 2000) and that schedule.
+bench/lr_find.py checks the rule against a hand grid of rates: on Fashion-MNIST it was within a point of the grid's
+best or above it, on drawn shapes it failed (docs/results.md).
+
+Where the smoothed loss falls by less than a quarter of its first value, or climbs 5% above its least before it
+reaches its minimum, the suggestion is doubtful, and a warning says so: on data whose loss stays flat through the few
+steps the test gives each rate (bench/lr_find.py's drawn shapes), it falls only at rates that diverge in a run of
+their own, and the minimum is that fall's.
 
 Each optimizer has its range (--start, --end: SGD 1e-4 to 10, AdamW 1e-6 to 1); without --optimizer both are
 tested, one after the other, from the same weights and data order. The test runs the trainer's own step, planned
@@ -46,6 +52,8 @@ STEPS = 200          # steps of a range test
 SMOOTHING = 0.9      # the moving average's beta: about ten steps' memory
 DIVERGED = 4.0       # the test stops where the smoothed loss exceeds this many times its minimum
 DIVISOR = 3          # the suggested peak: the minimum's rate divided by this
+CLIMB = 1.05         # a climb: the smoothed loss this many times its least so far
+FELL = 0.25          # a test whose smoothed loss fell by less than this share of its first value saw little learning
 WARMUP = 0.05        # the suggested warm-up: this fraction of the run's iterations
 ITERS = 2000         # the run the printed command trains, where --iters is not given
 RANGES = dict(sgd=(1e-4, 10.0), adamw=(1e-6, 1.0))  # each optimizer's --start and --end
@@ -85,6 +93,19 @@ class Suggestion:
     at: int               # ... and its step
     steepest: float       # the rate where the smoothed loss fell fastest against log rate, before the minimum
     still_falling: bool   # the minimum is the last finite step: a higher --end may find a higher rate
+    climbed: float = None  # the rate where the smoothed loss first climbed CLIMB times above its least so far, where
+    #                        that came before the minimum (past the average's first steps) ...
+    fell: float = 1.0      # ... and the share of its first value the smoothed loss fell by at its minimum: either a
+    #                        climb or a fall below FELL makes the suggestion doubtful (doubt)
+
+    def doubt(self):
+        """Why the suggestion is doubtful (the module docstring), or None."""
+        if self.climbed is not None:
+            return (f"the smoothed loss climbed {CLIMB - 1:.0%} above its least at rate {self.climbed:.3g}, before "
+                    "its minimum")
+        if self.fell < FELL:
+            return f"the smoothed loss fell by {self.fell:.0%} only, at its minimum"
+        return None
 
     def schedule(self, *, iters):
         """The --lr-schedule suggested for a run of iters iterations: cosine:PEAK:warmup=W, W 5% of them."""
@@ -94,9 +115,9 @@ class Suggestion:
 def suggest(rates, smoothed, *, beta=SMOOTHING):
     """The Suggestion of a range test (its rates and smoothed losses, as long as each other), read from the steps
     before the first loss that is not finite: the minimum's rate divided by DIVISOR (the module docstring). The
-    steepest descent is read after the average's first 1 / (1 - beta) steps (its memory), whose few losses make
-    it jump. A ValueError where the smoothed loss never fell below its first value (the rates began too high) or
-    fewer than three steps are finite."""
+    steepest descent, and a climb before the minimum (climbed), are read after the average's first 1 / (1 - beta)
+    steps (its memory), whose few losses make it jump. A ValueError where the smoothed loss never fell below its
+    first value (the rates began too high) or fewer than three steps are finite."""
     if len(rates) != len(smoothed):
         raise ValueError(f"{len(rates)} rates for {len(smoothed)} losses")
     n = next((i for i, s in enumerate(smoothed) if not np.isfinite(s)), len(smoothed))
@@ -109,11 +130,15 @@ def suggest(rates, smoothed, *, beta=SMOOTHING):
         raise ValueError(f"the smoothed loss never fell below its first value ({loss[0]:.4g} at rate {rates[0]:.3g}): "
                          "the rates began too high, or the steps are too few to move it; give a lower --start or "
                          "more --steps")
-    first = min(round(1 / (1 - beta)), at - 1)
+    memory = round(1 / (1 - beta))
+    first = min(memory, at - 1)
     slopes = np.diff(loss[first:at + 1]) / np.diff(log_rate[first:at + 1])
     fastest = first + int(np.argmin(slopes))  # between steps fastest and fastest + 1: their geometric mean
+    least = np.minimum.accumulate(loss)
+    climbed = next((i for i in range(max(1, memory), at) if loss[i] > CLIMB * least[i - 1]), None)
     return Suggestion(peak=float(rates[at]) / DIVISOR, minimum=float(rates[at]), at=at,
-                      steepest=float(np.exp(log_rate[fastest:fastest + 2].mean())), still_falling=at == n - 1)
+                      steepest=float(np.exp(log_rate[fastest:fastest + 2].mean())), still_falling=at == n - 1,
+                      climbed=None if climbed is None else float(rates[climbed]), fell=float(1 - loss[at] / loss[0]))
 
 
 def range_test(step, batches, rates, *, say=print, every=20):
@@ -333,7 +358,12 @@ def _test(args, config, start, end, *, loaded):
                if suggestion.still_falling else "")
     print(f"{optimizer}: the smoothed loss is least at rate {suggestion.minimum:.3g} (step {suggestion.at + 1}) and "
           f"falls fastest at {suggestion.steepest:.3g}; suggested peak {suggestion.peak:.2g}, 1/{DIVISOR} of the "
-          f"minimum's{falling}\n", flush=True)
+          f"minimum's{falling}", flush=True)
+    if suggestion.doubt():
+        print(f"warning: {suggestion.doubt()}: the test gives each rate few steps, and on data that needs more the "
+              "loss stays flat, then falls at rates that diverge in a run of their own. Doubt this suggestion: try a "
+              "few rates below it in short runs, or a test with more --steps", flush=True)
+    print(flush=True)
     return optimizer, steps, losses, smoothed, suggestion
 
 

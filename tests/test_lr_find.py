@@ -38,6 +38,20 @@ def test_the_rule_reads_a_third_of_the_minimum_and_the_steepest_descent_off_a_sy
     assert cut.at == 60 and cut.still_falling and cut.peak == rates[60] / 3
     # a loss that is not finite ends the curve read: the same as the cut
     assert lr_find.suggest(rates[:63], smoothed[:61] + [math.nan, 1.0]) == cut
+    assert s.climbed is None and s.fell == pytest.approx(1 - smoothed[80] / smoothed[0], rel=1e-12) and not s.doubt()
+    assert cut.climbed is None and cut.doubt() is None
+    # a climb and then a deeper fall (a transient, at rates a run of their own diverges at) is said: the rate where
+    # it first climbed 5% above the least so far; one within the average's first ten steps is not (they jump)
+    bumped = smoothed[:84] + [smoothed[80] * 1.06] * 3 + [0.5] * 14
+    doubtful = lr_find.suggest(rates, bumped)
+    assert doubtful.at == 87 and doubtful.climbed == rates[84] and doubtful.peak == rates[87] / 3
+    assert doubtful.doubt() == (f"the smoothed loss climbed 5% above its least at rate {rates[84]:.3g}, before its "
+                                "minimum")
+    # a loss that fell by less than a quarter: little learning seen
+    shallow = lr_find.suggest(rates, [3.0] * 50 + [2.3] + [3.0] * 50)
+    assert shallow.at == 50 and shallow.climbed is None
+    assert shallow.doubt() == "the smoothed loss fell by 23% only, at its minimum"
+    assert lr_find.suggest(rates, [smoothed[0], 1.2 * smoothed[0]] + smoothed[2:]) == s
 
 
 def test_the_rule_refuses_a_curve_that_never_falls_or_ends_at_once():
