@@ -2,6 +2,7 @@
 
     python bench/lr_find.py            # Fashion-MNIST (ResNet-20) and drawn shapes (ResNet-11), seeds 0 and 1
     python bench/lr_find.py --quick    # seconds: tiny shapes, one seed; the check that the script runs
+    python bench/lr_find.py --shapes shapes.h5   # only write the drawn shapes the bench trains on, to look closer
 
 For each data set and seed, the range test (python3 -m minibp.lr_find, both optimizers, its default 200 steps)
 suggests a cosine schedule for SGD and one for AdamW; each trains for ITERS iterations at batch BATCH, and so does
@@ -39,6 +40,7 @@ ITERS, BATCH, SEEDS = 200, 64, (0, 1)
 GRID = dict(sgd=(0.03, 0.1, 0.3), adamw=(3e-4, 1e-3, 3e-3))
 SHAPES = ("circle", "square", "triangle", "line", "cross")
 GOAL = 1.0  # points: the suggestion within this of the grid's best
+SHAPES_SIZE = dict(train=5000, val=500, test=1000)  # the shapes' splits
 
 
 def draw_shapes(n, *, size=32, rng):
@@ -109,12 +111,16 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny shapes, one seed, a few iterations; writes nothing")
     parser.add_argument("--data-dir", default=str(ROOT / "data"), help="where fashion-mnist.h5 is (default data)")
+    parser.add_argument("--shapes", metavar="FILE", help="write the bench's shapes (its full size) to FILE, and stop")
     args = parser.parse_args(argv)
+    if args.shapes:
+        print(f"wrote {write_shapes(Path(args.shapes), **SHAPES_SIZE)}")
+        return 0
     iters, batch, seeds, steps = (10, 16, (0,), 40) if args.quick else (ITERS, BATCH, SEEDS, 200)
     rows, began = [], time.time()
     with tempfile.TemporaryDirectory(prefix="lr_find_bench.") as tmp:
         shapes = write_shapes(Path(tmp) / "shapes.h5", **(dict(train=256, val=16, test=32, size=16) if args.quick else
-                                                          dict(train=5000, val=500, test=1000)))
+                                                          SHAPES_SIZE))
         sets = [("shapes", "resnet11", ["--data-file", str(shapes)])]
         if not args.quick:
             fm = Path(args.data_dir) / "fashion-mnist.h5"
