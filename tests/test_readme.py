@@ -2,6 +2,9 @@
 or a +- interval) is in docs/results.md or, for the GPU's, docs/gpu.md, each beside the command that
 measures it, so a figure changed there and left here is found."""
 import re
+import subprocess
+
+import pytest
 
 from runs import ROOT
 
@@ -23,3 +26,15 @@ def test_every_figure_the_readme_repeats_is_in_the_results_it_comes_from():
     # a difference in points is written "pt" in the results' tables
     missing = [figure for figure in figures if re.sub(r" (points|pt)$", "", figure) not in sources]
     assert not missing, f"README figures found neither in docs/results.md nor in docs/gpu.md: {missing}"
+
+
+@pytest.mark.slow
+def test_the_own_images_section_runs_as_written():
+    """docs/examples/own_images.sh runs the README's "Your own images" commands as they stand, in a fresh folder:
+    every one of them must succeed (the section's time and accuracies come from it, docs/results.md)."""
+    done = subprocess.run(["bash", str(ROOT / "docs" / "examples" / "own_images.sh")], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    commands = [line for line in done.stdout.splitlines() if line.startswith("$ python3 ")]
+    assert len(commands) == 9 and "the section ran in" in done.stdout.splitlines()[-1]
+    assert "accuracy" in done.stdout and "wrote exported/best.onnx" in done.stdout
