@@ -16,7 +16,7 @@ import pytest
 from minibp import evaluate, train
 from minibp.run import checkpoint
 from minibp.run.config import RunConfig, model_args
-from minibp.run.options import OPTIONS, build_parser, parse_model_arg, read_command_line
+from minibp.run.options import OPTIONS, add_option, build_parser, parse_model_arg, read_command_line
 from minibp.run.schedule import CosineSchedule, StepSchedule, parse_schedule
 from runs import base_args, make_dataset, one_line_error, read_metrics, untimed
 from test_checkpoint import _set_attrs
@@ -401,3 +401,11 @@ def test_a_window_for_a_store_without_one_is_refused_not_ignored(bits):
                                          "of its choosing"):
         RunConfig.new(dict(bits=bits, window="range"))
     assert RunConfig.new(dict(bits="4", window="range")).window == "range"
+
+
+def test_another_command_may_give_a_switch_its_own_help():
+    """add_option(parser, "overwrite", help=...) gave argparse help twice (a TypeError): lr_find worked around it."""
+    parser = argparse.ArgumentParser()
+    add_option(parser, "overwrite", help="replace --plot's file")
+    assert parser.parse_args(["--overwrite"]).overwrite is True
+    assert "replace --plot's file" in parser.format_help()

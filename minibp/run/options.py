@@ -67,7 +67,7 @@ class Option:
         """argparse's keywords for the option (`changes`: another command's reading of it)."""
         if self.type is bool:
             action = argparse.BooleanOptionalAction if self.negatable else "store_true"
-            return dict(action=action, help=self.help, **changes)
+            return {**dict(action=action, help=self.help), **changes}  # (another command's help replaces it)
         keywords = dict(type=self.type, choices=self.choices, metavar=self.metavar, help=self.help)
         return {k: v for k, v in dict(keywords, **changes).items() if v is not None or k in changes}
 
