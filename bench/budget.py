@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gradients import cifar_shaped, flat_gradient, probe_batches
+from gradients import cifar_shaped, probe_batches
 from options import cpu_model, seed_option
 from minibp import backend, models, quant
 from minibp.arena import format_bytes

@@ -11,6 +11,7 @@ import numpy as np
 
 from minibp import backend, models
 from minibp.io import data
+from minibp.io.batches import Batches
 from minibp.plot import store_style
 from minibp.quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, check_rounding, check_window, parse_bits
 
@@ -120,7 +121,7 @@ def flat_gradient(net, images, labels):
 
 def probe_batches(split, mean, batch, count, *, seed, augment=False):
     """count batches of a data.Split (images on the device, labels), drawn as a run draws them."""
-    batches = data.Batches(split, batch=batch, mean=mean, augment=("crop", "flip") if augment else (), seed=seed)
+    batches = Batches(split, batch=batch, mean=mean, augment=("crop", "flip") if augment else (), seed=seed)
     return [batches.next() for _ in range(count)]
 
 

@@ -31,6 +31,7 @@ from options import modes_option, net_options, seed_option
 from gradients import compile_modes, copy_weights, label, line_style, out_path, pyplot_or_none, weight_gradients
 from minibp import quant
 from minibp.io import data
+from minibp.io.batches import Batches
 from minibp.plot import legend_below, save
 from minibp.optim import SGD
 from minibp.run.schedule import parse_schedule
@@ -94,8 +95,8 @@ def main(argv=None):
                          batch=args.batch, seed=args.seed)
     exact = nets["exact"]
     optimizer = SGD(exact)
-    train_batches = data.Batches(split, batch=args.batch, mean=mean, augment=True, seed=args.seed)
-    probe_batches = data.Batches(split, batch=args.batch, mean=mean, augment=False, seed=args.seed + 1)
+    train_batches = Batches(split, batch=args.batch, mean=mean, augment=True, seed=args.seed)
+    probe_batches = Batches(split, batch=args.batch, mean=mean, augment=False, seed=args.seed + 1)
     iteration, ratios, repeats = 0, {}, {}  # (point, mode) -> error/noise, and the repeated share, of each layer
     for point in points:
         while iteration < point:  # train the exact net up to this point

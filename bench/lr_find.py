@@ -21,7 +21,6 @@ Without --quick the table is written to bench/results/lr_find.txt (docs/results.
 """
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys

@@ -27,6 +27,7 @@ import numpy as np
 
 from minibp import backend, layers, program, quant
 from minibp.io import data
+from minibp.io.batches import Batches
 from minibp.optim import SGD
 from options import net_options, seed_option
 from gradients import compile_modes, out_path, relative_error
@@ -188,8 +189,8 @@ def main(argv=None):
     net = compile_modes(args.model, ("exact",), input_shape=split.images.shape[1:], classes=split.classes,
                         batch=args.batch, seed=args.seed)["exact"]
     optimizer = SGD(net)
-    train_batches = data.Batches(split, batch=args.batch, mean=mean, augment=True, seed=args.seed)
-    probe_batches = data.Batches(split, batch=args.batch, mean=mean, augment=False, seed=args.seed + 1)
+    train_batches = Batches(split, batch=args.batch, mean=mean, augment=True, seed=args.seed)
+    probe_batches = Batches(split, batch=args.batch, mean=mean, augment=False, seed=args.seed + 1)
     bits = (8, 4, 2)
     rows = {k: {name: [] for name in CANDIDATES} for k in bits}
     iteration, units = 0, 0

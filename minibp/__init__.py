@@ -1,26 +1,26 @@
 """minibp: memory-efficient backprop with approximate activations (Chakrabarti & Moseley, NeurIPS 2019).
 
-Read in this order (docs/architecture.md, "Reading path"); each module imports only those before it.
-The engine, here: backend (NumPy or CuPy) -> constants (numbers shared with the kernels) -> integrity
-(checksums, atomic writes) -> build (the CPU builds) -> program (every device call, recorded and replayed) ->
-kernels (one loader for CUDA sources on both devices) -> blas (the matrix product; cuBLAS bound by minibp)
--> arena (every buffer planned, one allocation) -> quant (the k-bit store) -> params (the parameter table)
--> checks -> layers -> units -> chain -> optim -> net (the approximate-activation schedule) -> models (the
-paper's ResNets) -> step (one training step) -> dist (several processes).
-The readers, io/: workers -> images (image files, a folder of them) -> data (the HDF5 data sets) -> imagenet (the
-streaming JPEG reader).
-A run's libraries, run/: modelspec (a ResNet's name or your own net) -> schedule -> options (the trainer's
-options, declared) -> config (RunConfig, checked whole) -> splits -> folder (lock and metrics log) -> checkpoint
--> sizing (a plan fitted to the memory) -> evaluation (loss and accuracy over a split) -> trained (minibp.load)
--> startup (a run's start) -> session (a run's loop).
-The command lines, python3 -m minibp.X: train (and minibp.fit), evaluate, predict, export, plan, plot, prepare;
-cli is what the printing ones share.
+Read in this order (docs/architecture.md, "Reading path"; tests/test_architecture.py holds it to the imports): each
+module imports only those before it.
+The engine, here: version -> extras (the optional extras' install lines) -> backend (NumPy or CuPy) -> constants
+(numbers shared with the kernels) -> integrity (checksums, atomic writes) -> build (the CPU builds) -> program (every
+device call, recorded and replayed) -> kernels (one loader for CUDA sources on both devices) -> blas (the matrix
+product; cuBLAS bound by minibp) -> arena (every buffer planned, one allocation) -> quant (the k-bit store) -> params
+(the parameter table) -> checks -> layers -> units -> chain -> optim -> net (the approximate-activation schedule) ->
+models (the paper's ResNets) -> step (one training step) -> dist (several processes).
+The readers, io/: workers -> images (image files, a folder of them) -> data (the HDF5 data sets) -> batches
+(shuffled, augmented batches) -> imagenet (the streaming JPEG reader).
+A run's libraries, run/: modelspec (a ResNet's name or your own net) -> schedule -> sizing (a plan fitted to the
+memory) -> tuning -> options (the trainer's options, declared) -> config (RunConfig, checked whole) -> splits ->
+folder (lock and metrics log) -> checkpoint -> budget -> calibration -> memory (--memory) -> evaluation (loss and
+accuracy over a split) -> trained (minibp.load) -> startup (a run's start) -> session (a run's loop).
+The command lines, python3 -m minibp.X: cli (what they share) -> prepare, plot, plan, evaluate, predict, export,
+lr_find, train (and minibp.fit).
 """
-__version__ = "0.1.0"
-
 import os
 
 from . import cli
+from .version import VERSION as __version__
 
 # python3 -m minibp.X: Ctrl-C and SIGTERM are one line and a status from here on, the command's imports included
 if (cli.command() or "").startswith("minibp."):

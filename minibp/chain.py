@@ -22,7 +22,7 @@ A unit of another kind, added with add(), has no recipe: such a net's recipe is 
 """
 import contextlib
 
-from . import layers
+from .layers.pool import ParameterFreeShortcut
 from .checks import positive_int
 from .units import ConvUnit, ReluConvUnit
 
@@ -111,7 +111,7 @@ class Chain:
             first.add_projection(self._shape)
             self._pending = ("projection", None)
         else:
-            self._pending = ("shortcut", layers.ParameterFreeShortcut(in_shape, self._shape))
+            self._pending = ("shortcut", ParameterFreeShortcut(in_shape, self._shape))
             first.saves_input = True
 
     def _record(self, op):

@@ -43,7 +43,6 @@ from .run.budget import unit_bits
 from .run.config import RunConfig
 from .run.evaluation import class_metrics, scores
 from .run.sizing import compile_within_memory
-from .run.trained import MODEL_HELP, checkpoint_path
 
 SHOWN_CLASSES = 20  # the most classes whose confusion matrix is printed (a file takes any)
 DEFAULT_TOP_K, TOP_K_FROM = 5, 10  # top-5 accuracy is reported for data of 10 classes or more
@@ -75,7 +74,7 @@ def parser():
     p.add_argument("--batch", type=int, default=None, help="images a forward pass (default: the run's sub-batch)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object (undefined figures: "
                                                        "null)")
-    p.add_argument("--model", metavar="SPEC", help=MODEL_HELP)
+    p.add_argument("--model", metavar="SPEC", help=modelspec.MODEL_HELP)
     return p
 
 
@@ -83,7 +82,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     try:
         check(args)
-        path = checkpoint_path(args.run, args.which)
+        path = checkpoint.checkpoint_path(args.run, args.which)
         saved, config, run_data, net, scored = score(path, args)
     except FloatingPointError as e:
         print(f"error: the checkpoint's net gives a non-finite loss on the {args.split} split ({e})", file=sys.stderr)

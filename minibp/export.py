@@ -30,13 +30,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, cli, extras, layers
+from . import cli, extras
+from .layers.pool import GlobalAvgPool, MaxPool
 from .constants import GAMMA_MIN
 from .integrity import write_atomic
 from .kernels import KernelError
 from .run import modelspec
-from .run.trained import MODEL_HELP, checkpoint_path, load
+from .run.checkpoint import checkpoint_path
+from .run.trained import load
 from .units import ConvUnit, ReluConvUnit
+from .version import VERSION
 
 FORMATS = {"onnx": ".onnx", "safetensors": ".safetensors"}  # format -> its files' suffix
 WHICH = ("best", "last")
@@ -82,9 +85,9 @@ def _pads(layer, kernel):
 def _pool(pool):
     if pool is None:
         return None
-    if isinstance(pool, layers.GlobalAvgPool):
+    if isinstance(pool, GlobalAvgPool):
         return {"kind": "global"}
-    return {"kind": "max" if isinstance(pool, layers.MaxPool) else "avg", "kernel": pool.size,
+    return {"kind": "max" if isinstance(pool, MaxPool) else "avg", "kernel": pool.size,
             "stride": pool.stride, "pads": _pads(pool, pool.size)}
 
 
@@ -143,7 +146,7 @@ def metadata(model):
     """{key: text} that both files carry."""
     net, config = model.net, model.config
     names = list(model.class_names) if model.class_names else None
-    return {"producer": f"minibp {__version__}", "model": modelspec.describe(config.model, config.model_args),
+    return {"producer": f"minibp {VERSION}", "model": modelspec.describe(config.model, config.model_args),
             "checkpoint": str(model.path), "iteration": str(model.iteration),
             "input_shape": json.dumps(list(net.input_shape)), "classes": str(net.classes),
             "class_names": json.dumps(names), "preprocessing": PREPROCESSING, "eps": repr(float(net.eps)),
@@ -259,7 +262,7 @@ def onnx_model(model):
         [helper.make_tensor_value_info(name, FLOAT, ["N", net.classes]) for name in ("logits", "probabilities")],
         initializer=g.initializers)
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], ir_version=IR_VERSION,
-                              producer_name="minibp", producer_version=__version__)
+                              producer_name="minibp", producer_version=VERSION)
     helper.set_model_props(proto, metadata(model))
     onnx.checker.check_model(proto)
     return proto
@@ -365,7 +368,7 @@ def main(argv=None):
     parser.add_argument("--out", help="a file (.onnx or .safetensors) or a folder (default: the checkpoint's folder); "
                                       "files are named after the checkpoint: best.onnx, checkpoint.safetensors")
     parser.add_argument("--overwrite", action="store_true", help="replace files that exist")
-    parser.add_argument("--model", metavar="SPEC", help=MODEL_HELP)
+    parser.add_argument("--model", metavar="SPEC", help=modelspec.MODEL_HELP)
     args = parser.parse_args(argv)
     try:
         if args.which is not None and args.which not in WHICH:

@@ -43,7 +43,7 @@ import numpy as np
 
 from . import cli, plot
 from .kernels import KernelError
-from .run import modelspec, splits, startup
+from .run import splits, startup
 from .run.config import RunConfig
 from .run.options import add_option, option, parse_model_arg
 from .run.session import Clock
@@ -143,7 +143,7 @@ def suggest(rates, smoothed, *, beta=SMOOTHING):
 
 def range_test(step, batches, rates, *, say=print, every=20):
     """(losses, smoothed losses) of a range test: one step of step (a step.TrainStep) at each rate on the next
-    batch of batches (data.Batches), until the rates end or the smoothed loss stops (stops). The net, its optimizer's
+    batch of batches (Batches), until the rates end or the smoothed loss stops (stops). The net, its optimizer's
     state and the batches' position are restored afterwards, as they were. say: each `every` steps' progress line."""
     net, before, position = step.net, step.net.state(), batches.state()
     clock, losses, smoothed = Clock(first=0, last=len(rates)), [], []
@@ -186,7 +186,7 @@ def table(rates, losses, smoothed, suggestion, *, rows=TABLE_ROWS):
 def figure(tests):
     """The smoothed loss against the rate (log scale) of each optimizer's test, its minimum and suggested peak
     marked: tests is [(optimizer, rates, losses, smoothed, Suggestion or None)]."""
-    plt = plot._pyplot()
+    plt = plot.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, (name, rates_, losses, smoothed, suggestion) in enumerate(tests):
         n = len(losses)

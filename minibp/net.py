@@ -26,14 +26,16 @@ ablation whose errors compound). docs/method.md derives all of it ("The schedule
 
 import numpy as np
 
-from . import backend, checks, layers, program
+from . import backend, checks, program
 from . import params as table
 from .arena import Arena, Plan
 from .chain import Chain
 from .checks import positive_int
 from .optim import OPTIMIZERS, SCALARS, norm_chunks
 from .params import key
-from .layers import ConvPath, update_running
+from .layers.bn import rounding_keys, update_running
+from .layers.conv import ConvPath
+from .layers.loss import softmax_cross_entropy, softmax_cross_entropy_backward
 from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store, per_unit
 from .units import Step
 
@@ -135,7 +137,7 @@ class Net(Chain):
              conv_path=None, optimizer="sgd", grad_norm=False, class_weights=False):
         """The table of every buffer a step at this batch and store needs (store: a quant.Store for every unit, a
         list of one a unit (a mix: quant.per_unit), or the one Store(bits, window) names); allocates nothing.
-        training=False: an evaluation's (no stores, gradients or momentum). conv_path: a built layers.ConvPath adds
+        training=False: an evaluation's (no stores, gradients or momentum). conv_path: a built ConvPath adds
         the buffers its convs need (cuDNN's). optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
         global gradient norm (optim.py: clipping, last_grad_norm); class_weights=True: the loss's weight of each
         class. They matter only to a training plan."""
@@ -209,7 +211,7 @@ class Net(Chain):
         ("nearest" or "stochastic"; stochastic draws from seed and forward()'s draw), and `clip`, the range or
         block window's in standard deviations (None: quant.Store's default for the window and bits). The first compile
         initialises the parameters (initialize(seed=...)); a later one keeps the trained state. conv, the path
-        each conv computes through (layers.ConvPath): "auto" (the direct kernels on the CPU in float32, else
+        each conv computes through (ConvPath): "auto" (the direct kernels on the CPU in float32, else
         im2col + GEMM), "gemm", "direct" (CPU, float32) or "cudnn" (GPU: NVIDIA's cuDNN frontend for every
         conv but the classifier). optimizer ("sgd" or "adamw") and grad_norm plan the optimizer's buffers (plan()):
         optim.AdamW needs optimizer="adamw", clipping grad_norm=True. label_smoothing (in [0, 1)) and class_weights
@@ -380,7 +382,7 @@ class Net(Chain):
         keys of this pass first)."""
         step = Step(self, n, train=train)
         if step.keys is not None:
-            layers.rounding_keys(step.keys, self.arena["draw"], seed=self.seed)
+            rounding_keys(step.keys, self.arena["draw"], seed=self.seed)
         x, act = step.shared("input", self.input_shape), 0
         for u in self.units:
             if u.is_classifier:
@@ -398,7 +400,7 @@ class Net(Chain):
             x = out
 
     def _loss(self, n, accumulate):
-        layers.softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n],
+        softmax_cross_entropy(self.arena["logits"][:n], self.arena["labels"][:n],
                                      rows=self.arena["loss_rows"][:n], loss=self.arena["loss"], accumulate=accumulate,
                                      **self._loss_options())
 
@@ -411,7 +413,7 @@ class Net(Chain):
         """The backward schedule: the loss's gradient, then every unit in reverse, reading only its store."""
         step = Step(self, n, train=True, accumulate=accumulate)
         logits, dlogits = self.arena["logits"][:n], self.arena["dlogits"][:n]
-        layers.softmax_cross_entropy_backward(logits, self.arena["labels"][:n], dlogits, scale=loss_scale,
+        softmax_cross_entropy_backward(logits, self.arena["labels"][:n], dlogits, scale=loss_scale,
                                               **self._loss_options())
         dy, act = dlogits.reshape((n,) + self.units[-1].out_shape), 0
         for u in reversed(self.units):
@@ -458,7 +460,7 @@ class Net(Chain):
 
     def add_running(self, increments):
         """running = bn_momentum * running + increments (2, S): a deferred update (defer_running), by the
-        rule of the update it defers (layers.update_running)."""
+        rule of the update it defers (update_running)."""
         running = self.arena["running"]
         update_running(running, increments.astype(running.dtype, copy=False), momentum=self.bn_momentum)
 

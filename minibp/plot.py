@@ -25,7 +25,7 @@ WINDOW_STYLES = {"fixed": ":", "range": "--", "block": "-"}
 INSTALL = extras.install_command("plot")  # how to get matplotlib, in this environment
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -96,7 +96,7 @@ def curve_records(path):
 def curves_figure(runs, *, labels=None):
     """Loss and accuracy against iteration: training (thin) and validation (thick, with markers) of every
     run, a style per run (run_styles), one legend below the axes."""
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.lines import Line2D
     every = [curve_records(Path(run) / "metrics.jsonl") for run in runs]  # all checked before a figure is made
     fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(11, 4))
@@ -135,7 +135,7 @@ def save(fig, out, *, replace=True):
         with atomic_file(out, replace=replace) as tmp, open(tmp, "wb") as f:
             fig.savefig(f, format=os.path.splitext(out)[1][1:].lower(), dpi=90, bbox_inches="tight")
     finally:
-        _pyplot().close(fig)
+        pyplot().close(fig)
     return out
 
 
@@ -143,7 +143,7 @@ def plot_plan(model, *, batch, bits, out, data="cifar10"):
     """Each unit's store, and the shared buffers as one bar, in MiB."""
     from . import models
     from .run.sizing import unit_rows
-    plt = _pyplot()
+    plt = pyplot()
     shape, classes = models.DATA_SHAPES[data]
     net = models.by_name(model, input_shape=shape, classes=classes)
     plan = net.plan(batch=batch, bits=bits)

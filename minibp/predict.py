@@ -36,7 +36,8 @@ from .integrity import atomic_file, check_own
 from .io import data
 from .io import images as image_files
 from .kernels import KernelError
-from .run.trained import MODEL_HELP, load
+from .run.modelspec import MODEL_HELP
+from .run.trained import load
 
 SHOWN_FILES = 20  # image files up to this many get a line each
 

@@ -20,7 +20,10 @@ import math
 
 import numpy as np
 
-from . import backend, layers, program
+from . import backend, program
+from .layers.bn import BatchNormReLU, add_and_keep_grad, add_and_save, reduction_chunks
+from .layers.conv import Conv2D
+from .layers.pool import AvgPool, GlobalAvgPool, MaxPool
 from .params import Own, Param, elements
 
 
@@ -72,13 +75,13 @@ class ConvUnit(Unit):
     def __init__(self, in_shape, channels, *, kernel=3, stride=1, padding="same", pool=None, batchnorm=True,
                  bias=False):
         self.in_shape = tuple(in_shape)
-        self.bn = layers.BatchNormReLU(self.in_shape) if batchnorm else None
-        self.pool = {None: None, "max": lambda s: layers.MaxPool(s, kernel=3, stride=2, padding="same"),
-                     "avg": lambda s: layers.AvgPool(s, kernel=2, stride=2),
-                     "global": layers.GlobalAvgPool}[pool]
+        self.bn = BatchNormReLU(self.in_shape) if batchnorm else None
+        self.pool = {None: None, "max": lambda s: MaxPool(s, kernel=3, stride=2, padding="same"),
+                     "avg": lambda s: AvgPool(s, kernel=2, stride=2),
+                     "global": GlobalAvgPool}[pool]
         self.pool = self.pool(self.in_shape) if self.pool else None
         self.conv_in_shape = self.pool.out_shape if self.pool else self.in_shape
-        self.conv = layers.Conv2D(self.conv_in_shape, channels, kernel=kernel, stride=stride, padding=padding,
+        self.conv = Conv2D(self.conv_in_shape, channels, kernel=kernel, stride=stride, padding=padding,
                                   bias=bias)
         self.out_shape = self.conv.out_shape
         self.projection = None  # a Conv2D of the conv's input into the residual buffer (add_projection)
@@ -93,7 +96,7 @@ class ConvUnit(Unit):
         H, Ho = self.conv_in_shape[0], out_shape[0]
         if H % Ho:
             raise ValueError(f"no projection maps {self.in_shape} to {out_shape} with an integer stride")
-        self.projection = layers.Conv2D(self.conv_in_shape, out_shape[2], kernel=1, stride=H // Ho)
+        self.projection = Conv2D(self.conv_in_shape, out_shape[2], kernel=1, stride=H // Ho)
 
     def convs(self):
         return [self.conv] + ([self.projection] if self.projection is not None else [])
@@ -122,7 +125,7 @@ class ConvUnit(Unit):
             rows, C = elements(n, self.in_shape[:2]), self.in_shape[2]
             sizes["a"] = elements(n, self.in_shape)
             if training:
-                sizes.update(da=elements(n, self.in_shape), partial=2 * layers.reduction_chunks(rows) * C,
+                sizes.update(da=elements(n, self.in_shape), partial=2 * reduction_chunks(rows) * C,
                              bn_sums=2 * C)
         if self.pool is not None:
             sizes["pooled"] = elements(n, self.conv_in_shape)
@@ -152,7 +155,7 @@ class ConvUnit(Unit):
                             running_before=s.running_before, increments=s.increments,
                             rounding_key=s.rounding_key(self.index), residual=residual, saved=saved)
         else:
-            layers.add_and_save(x, residual=residual, saved=saved)
+            add_and_save(x, residual=residual, saved=saved)
         if self.pool is not None:
             pooled = s.shared("pooled", self.conv_in_shape)
             self.pool.forward(a, pooled)
@@ -190,7 +193,7 @@ class ConvUnit(Unit):
         self.conv.backward_weights(conv_in, dy, dw=self.g["w"], dbias=self.g.get("bias"), accumulate=s.accumulate,
                                    col=col)
         if late is not None:
-            layers.add_and_keep_grad(dx, shortcut_grad=late)
+            add_and_keep_grad(dx, shortcut_grad=late)
 
     def _backward_data(self, dy, dx, a, s, *, col, residual_grad, shortcut_grad, restore):
         """dx from dy: the convs' data gradients (the projection's first: the residual gradient waiting in the
@@ -206,7 +209,7 @@ class ConvUnit(Unit):
         if pool is not None:
             pool.backward(a, dconv_in, da)
         if bn is None:
-            layers.add_and_keep_grad(dx, residual_grad=residual_grad, shortcut_grad=shortcut_grad)
+            add_and_keep_grad(dx, residual_grad=residual_grad, shortcut_grad=shortcut_grad)
             return
         C = self.in_shape[2]
         bn.backward(da, dx, store=s.stores[self.index], beta=self.p["beta"], dgamma=self.g["gamma"],
@@ -222,7 +225,7 @@ class ReluConvUnit(Unit):
 
     def __init__(self, in_shape, channels, *, kernel=3, stride=1, padding="same"):
         self.in_shape = tuple(in_shape)
-        self.conv = layers.Conv2D(self.in_shape, channels, kernel=kernel, stride=stride, padding=padding, bias=True)
+        self.conv = Conv2D(self.in_shape, channels, kernel=kernel, stride=stride, padding=padding, bias=True)
         self.out_shape = self.conv.out_shape
 
     def parameters(self):
@@ -244,7 +247,7 @@ class ReluConvUnit(Unit):
 
     def forward(self, x, out, s, *, residual=None, saved=None):
         xp = backend.xp
-        layers.add_and_save(x, residual=residual, saved=saved)
+        add_and_save(x, residual=residual, saved=saved)
         if s.train:
             program.copy(self.own["store"][: x.size].reshape(x.shape), x)
         a = s.shared("a", self.in_shape)
@@ -261,7 +264,7 @@ class ReluConvUnit(Unit):
             self.conv.backward_data(self.p["w"], dy, da, col=s.shared("col"))
             program.issue("relu mask", xp.sign, a, dx)  # 1 where x > 0 (a = relu(x) >= 0), no array beside the arena's
             program.issue("multiply", xp.multiply, dx, da, dx)
-            layers.add_and_keep_grad(dx, residual_grad=residual_grad, shortcut_grad=shortcut_grad)
+            add_and_keep_grad(dx, residual_grad=residual_grad, shortcut_grad=shortcut_grad)
         self.conv.backward_weights(a, dy, dw=self.g["w"], dbias=self.g["bias"], accumulate=s.accumulate,
                                    col=s.shared("col"))
 

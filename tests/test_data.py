@@ -11,6 +11,7 @@ import pytest
 from conftest import host
 from minibp import backend
 from minibp.io import data
+from minibp.io.batches import AUGMENTS, augment_text, Batches, parse_augment, resized_crops
 from runs import ROOT
 
 
@@ -431,26 +432,26 @@ def test_hold_out_is_the_same_every_time_and_keeps_nothing_twice(clean):
     ("flip", ("flip",), "flip"), ("crop", ("crop",), "crop"), ("none", (), "none"),
     ("flip,shift,jitter,resized-crop", ("resized-crop", "jitter", "shift", "flip"), "resized-crop,jitter,shift,flip")])
 def test_augment_names_its_transforms_in_the_order_they_are_applied(text, transforms, written):
-    assert data.parse_augment(text) == transforms and data.augment_text(transforms) == written
+    assert parse_augment(text) == transforms and augment_text(transforms) == written
 
 
 @pytest.mark.parametrize("bad", ["", "crop,crop", "mirror", "none,flip", "crop,", "rotate"])
 def test_augment_refuses_what_it_does_not_know(bad):
     with pytest.raises(ValueError, match="--augment is none or a comma-separated list of resized-crop, jitter, crop, "
                                          "shift, flip, got"):
-        data.parse_augment(bad)
+        parse_augment(bad)
 
 
 def test_each_transform_alone_does_what_it_says(clean):
     train, _ = data.load_dataset(clean)
     mean = np.zeros(train.images.shape[1:], np.float32)
-    plain = data.Batches(train, batch=6, mean=mean, augment=(), seed=0, shuffle=False).next()[0]
-    flipped = data.Batches(train, batch=6, mean=mean, augment=("flip",), seed=0, shuffle=False).next()[0]
+    plain = Batches(train, batch=6, mean=mean, augment=(), seed=0, shuffle=False).next()[0]
+    flipped = Batches(train, batch=6, mean=mean, augment=("flip",), seed=0, shuffle=False).next()[0]
     for a, b in zip(host(plain), host(flipped)):  # each image as it is or mirrored, nothing else
         assert np.array_equal(a, b) or np.array_equal(a[:, ::-1], b)
-    cropped = host(data.Batches(train, batch=6, mean=mean, augment=("crop",), seed=0, shuffle=False).next()[0])
+    cropped = host(Batches(train, batch=6, mean=mean, augment=("crop",), seed=0, shuffle=False).next()[0])
     assert not np.array_equal(cropped, host(plain))
-    both = [host(data.Batches(train, batch=6, mean=mean, augment=a, seed=3).next()[0])
+    both = [host(Batches(train, batch=6, mean=mean, augment=a, seed=3).next()[0])
             for a in (True, ("crop", "flip"))]
     assert np.array_equal(*both)  # True is the paper's two transforms, drawn as before
 
@@ -462,7 +463,7 @@ def images_split(images):
 def batch_of(images, augment, *, mean=None, seed=0):
     """The first batch of all the images, in order: its transforms draw first from default_rng(seed)."""
     mean = np.zeros(images.shape[1:], np.float32) if mean is None else mean
-    batches = data.Batches(images_split(images), batch=len(images), mean=mean, augment=augment, seed=seed,
+    batches = Batches(images_split(images), batch=len(images), mean=mean, augment=augment, seed=seed,
                            shuffle=False)
     return host(batches.next()[0])
 
@@ -485,9 +486,9 @@ def test_a_resized_crop_of_a_constant_image_is_the_constant_and_of_a_ramp_the_bo
         return np.clip(start[:, None] + (np.arange(size) + 0.5) * (length / size)[:, None] - 0.5, 0, size - 1)
     rows, columns = reads(draws[:, 2] * (H - height), height, H), reads(draws[:, 3] * (W - width), width, W)
     expected = rows[:, :, None, None] + 10 * columns[:, None, :, None] + 100 * np.arange(3)
-    assert np.allclose(data.resized_crops(ramp, draws), expected, rtol=0, atol=1e-3)
+    assert np.allclose(resized_crops(ramp, draws), expected, rtol=0, atol=1e-3)
     square, whole = ramp[:1, :7], np.array([[1.0, 0.5, 0.3, 0.6]])  # all its area at ratio 1: the image itself
-    assert np.allclose(data.resized_crops(square, whole), square, rtol=0, atol=1e-3)
+    assert np.allclose(resized_crops(square, whole), square, rtol=0, atol=1e-3)
 
 
 def jittered(image, factors):
@@ -531,15 +532,15 @@ def test_shift_moves_each_image_by_whole_pixels_up_to_a_tenth_of_a_side_and_fill
         expected[max(dy, 0):20 + min(dy, 0), max(dx, 0):30 + min(dx, 0)] = \
             before[max(-dy, 0):20 + min(-dy, 0), max(-dx, 0):30 + min(-dx, 0)]
         assert np.array_equal(after, expected)
-    assert data.Batches(images_split(images[:, :1, :8]), batch=2, mean=0, augment=("shift",), seed=0).shift == (0, 1)
+    assert Batches(images_split(images[:, :1, :8]), batch=2, mean=0, augment=("shift",), seed=0).shift == (0, 1)
 
 
-@pytest.mark.parametrize("augment", [("resized-crop",), ("jitter",), ("shift",), data.AUGMENTS])
+@pytest.mark.parametrize("augment", [("resized-crop",), ("jitter",), ("shift",), AUGMENTS])
 def test_the_same_seed_gives_the_same_batches_and_a_resume_the_uninterrupted_ones(augment):
     rng = np.random.default_rng(3)
     split = data.Split(rng.integers(0, 256, (10, 8, 6, 3), dtype=np.uint8), rng.integers(0, 2, 10), 2, "made")
     mean = split.pixel_mean()
-    stream = lambda seed: data.Batches(split, batch=4, mean=mean, augment=augment, seed=seed)  # noqa: E731
+    stream = lambda seed: Batches(split, batch=4, mean=mean, augment=augment, seed=seed)  # noqa: E731
     straight, again, other = stream(7), stream(7), stream(8)
     batches = [host(straight.next()[0]).copy() for _ in range(6)]  # 3 epochs of 2 batches (2 images dropped)
     assert all(np.array_equal(a, host(again.next()[0])) for a in batches)

@@ -73,7 +73,7 @@ def test_the_smoothed_loss_is_a_bias_corrected_moving_average_and_stops_at_four_
 
 
 class Stream:
-    """Batches of random 8x8x3 images for tiny_net, with a position to save and restore (as data.Batches')."""
+    """Batches of random 8x8x3 images for tiny_net, with a position to save and restore (as Batches')."""
 
     def __init__(self):
         self.rng = np.random.default_rng(0)

@@ -230,7 +230,7 @@ def epoch_order(seed, epoch, n):
 
 class Batches:
     """Endless training batches of a Folder: reshuffled every epoch, augmented (augment=False: the
-    evaluation crop), normalised; the ragged end of an epoch is dropped, as data.Batches does."""
+    evaluation crop), normalised; the ragged end of an epoch is dropped, as Batches does."""
 
     def __init__(self, folder, *, batch, size=224, augment=True, seed=0, workers=None, prefetch=2):
         if not 1 <= batch <= len(folder):
@@ -271,7 +271,7 @@ class Batches:
         return _normalised(images), self.folder.labels[order[start:position]]
 
     def state(self):
-        """{epoch, position, order (N,) int64, rng (JSON)}: the fields data.Batches gives a checkpoint;
+        """{epoch, position, order (N,) int64, rng (JSON)}: the fields Batches gives a checkpoint;
         rng names this reader, the seed and a digest of the listing the order indexes."""
         rng = dict(reader=READER, state=dict(seed=self.seed, listing_sha256=self._listing))
         return dict(epoch=self.epoch, position=self.position, order=self.order.copy(), rng=json.dumps(rng))

@@ -43,10 +43,11 @@ import numpy as np
 
 from .. import backend
 from ..arena import format_bytes
-from ..io.data import _stored_problem
+from ..io.data import stored_problem
 from ..io.imagenet import READER
 from ..integrity import (HDF5_ERRORS, NotOwnFile, descriptor_path, open_own, sha256_array as sha256, sha256_bytes,
                          stored_outside, write_atomic)
+from .folder import BEST, CHECKPOINT
 
 FORMAT = "minibp-checkpoint-3"
 UNCHECKED_ATTRS = "minibp-checkpoint-2"  # no class names, attributes not under a checksum: still read
@@ -66,7 +67,7 @@ def _count(end):
 
 _SHA256 = (lambda v: isinstance(v, str) and len(v) == 64 and all(c in "0123456789abcdef" for c in v), "a hex SHA-256")
 # data_rng, field by field: a resume hands it to the data reader as it is (a wrong field was a KeyError deep in
-# numpy). data.Batches draws from numpy's PCG64; imagenet.Batches.state names its reader, seed and listing.
+# numpy). Batches draws from numpy's PCG64; imagenet.Batches.state names its reader, seed and listing.
 PCG64_STATE = dict(bit_generator=(lambda v: v == "PCG64", "'PCG64'"),
                    state=dict(state=(_count(2**128), "an integer in [0, 2**128)"),
                               inc=(_count(2**128), "an integer in [0, 2**128)")),
@@ -219,6 +220,27 @@ def save(path, net, *, iteration, config, data_state, class_names=None, data=Non
     return path
 
 
+def checkpoint_path(run, which=None):
+    """The checkpoint file of a run folder (which: "best", "last", or None: best.h5 where there is one), or
+    `run` itself when it is a file (which, a choice among a folder's, refused with it: never silently ignored)."""
+    run = Path(run)
+    if which not in (None, "best", "last"):
+        raise ValueError(f"which is 'best', 'last' or None, got {which!r}")
+    if run.is_file():
+        if which is not None:
+            raise ValueError(f"{run} is a checkpoint file: --which {which} (which=) chooses among a run folder's "
+                             "best.h5 and checkpoint.h5; give the folder, or the file alone")
+        return run
+    if not run.is_dir():
+        raise FileNotFoundError(f"no run folder or checkpoint at {run}")
+    best, last = run / BEST, run / CHECKPOINT
+    has_best = os.path.lexists(best)  # (a link there too: load refuses it, never reads through it)
+    if which == "best" and not has_best:
+        raise FileNotFoundError(f"{run} has no best.h5: it is written at each validation that beats the run's "
+                                "best so far (which='last', --which last: its last checkpoint)")
+    return best if which == "best" or (which is None and has_best) else last
+
+
 def load(path):
     """The Checkpoint at path, validated; a ValueError naming the file and the fault otherwise (NotOwnFile for a
     link or anything but a regular file there: never read through)."""
@@ -289,7 +311,7 @@ def _check_declared(path, datasets, size):
     """Refuse arrays that declare values the file does not store (never written: they would read as zeros, a
     file of kilobytes declaring gigabytes), or more bytes stored than the file has, or more than the memory
     takes, before any is read."""
-    problem = next(filter(None, (_stored_problem(f"{name}'s values", item) for name, item in datasets.items())), None)
+    problem = next(filter(None, (stored_problem(f"{name}'s values", item) for name, item in datasets.items())), None)
     if problem:
         raise _Refused(f"is damaged: {problem}")
     stored = sum(item.id.get_storage_size() for item in datasets.values())  # (compressed: what the file holds)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..io import data
+from ..io.batches import BUILT_IN, augment_text, parse_augment
 from ..quant import BITS, DEFAULT_WINDOW, Store
 from . import modelspec
 from .options import (ADAMW_DECAY, BUILT_IN_AUGMENT, CHANGEABLE, DATA_SETS, DEFINING, EVERY_RUN, IMAGENET_DEFAULTS,
@@ -57,8 +58,8 @@ class RunConfig(RunOptions):
         if self.imagenet and (self.image_size is None or self.image_size < 32 or self.image_size % 32):
             raise ValueError(f"--image-size must be a multiple of 32 (the net halves it five times), got "
                              f"{self.image_size}")
-        transforms = data.parse_augment(self.augment)
-        if self.imagenet and transforms not in ((), data.BUILT_IN):  # its reader's are one piece
+        transforms = parse_augment(self.augment)
+        if self.imagenet and transforms not in ((), BUILT_IN):  # its reader's are one piece
             raise ValueError(f"--augment on imagenet is {BUILT_IN_AUGMENT} (its random crops and flips) or none")
         if self.val_split is not None and self.imagenet:
             raise ValueError("--val-split holds out part of an HDF5 data file; imagenet validates on its val/ folder")
@@ -240,7 +241,7 @@ def _recorded(given, *, ranks):
     if "model_args" in recorded:
         recorded["model_args"] = model_args(recorded["model_args"])
     if isinstance(recorded.get("augment"), str):
-        recorded["augment"] = data.augment_text(data.parse_augment(recorded["augment"]))
+        recorded["augment"] = augment_text(parse_augment(recorded["augment"]))
     if weights_syntax(recorded.get("class_weights")):  # a file's numbers: the run stands without the file
         recorded["class_weights"] = recorded_weights(recorded["class_weights"])
     if whole(1)(recorded.get("sub_batches")):

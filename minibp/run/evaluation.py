@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..io import data, imagenet
+from ..io import imagenet
+from ..io.batches import evaluation_batches
 
 
 @dataclass
@@ -92,7 +93,7 @@ def scores(net, split, mean, *, group=None, workers=None, top_k=None):
     if isinstance(split, imagenet.Folder):
         batches = imagenet.evaluation_batches(split, batch=net.batch, size=net.input_shape[0], workers=workers)
     else:
-        batches = data.evaluation_batches(split, batch=net.batch, mean=mean)
+        batches = evaluation_batches(split, batch=net.batch, mean=mean)
     sums = []  # (-log-likelihood, correct, correct in the top k) of each batch
     confusion = np.zeros((net.classes, net.classes), np.float64)  # (classes, classes), this rank's batches
     for i, (images, labels) in enumerate(batches):

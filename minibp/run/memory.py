@@ -17,7 +17,8 @@ import numpy as np
 
 from .. import backend, models
 from ..arena import format_bytes
-from ..io import data, imagenet
+from ..io import imagenet
+from ..io.batches import evaluation_batches
 from ..optim import SGD
 from ..quant import describe
 from . import budget, calibration
@@ -80,7 +81,7 @@ def calibration_images(config, run_data, n):
     if isinstance(train, imagenet.Folder):
         batches = imagenet.evaluation_batches(train, batch=n, size=config.image_size, workers=config.workers)
     else:
-        batches = data.evaluation_batches(train, batch=n, mean=run_data.mean)
+        batches = evaluation_batches(train, batch=n, mean=run_data.mean)
     images, labels = next(iter(batches))
     return backend.to_host(images), np.asarray(labels)[:n]
 

@@ -32,6 +32,11 @@ from ..integrity import file_digest, shown
 from ..net import Net
 
 
+# evaluate's, predict's and export's --model: for a run whose checkpoint does not keep its net as data
+MODEL_HELP = ("a run saved before checkpoints kept their net as data: its model file's new place, FILE.py:FUNCTION "
+              "(default: the file it was trained with; a run that keeps its net needs none, and refuses it)")
+
+
 def is_own(spec):
     """Whether a model spec names your own function ("FILE.py:FUNCTION", "package.module:FUNCTION")."""
     return ":" in str(spec)

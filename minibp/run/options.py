@@ -22,6 +22,7 @@ from dataclasses import MISSING, dataclass, field, fields
 import numpy as np
 
 from ..io import data
+from ..io.batches import AUGMENTS, augment_text, parse_augment
 from ..optim import OPTIMIZERS
 from ..quant import BITS, DEFAULT_ROUNDING, DEFAULT_WINDOW, ROUNDINGS, WINDOWS
 from .schedule import COSINE_SYNTAX, REFERENCE_SCHEDULE, STEPS_SYNTAX
@@ -142,14 +143,14 @@ def _memory(v):
 
 def _augment(v):
     try:
-        return isinstance(v, str) and data.augment_text(data.parse_augment(v)) == v
+        return isinstance(v, str) and augment_text(parse_augment(v)) == v
     except ValueError:
         return False
 
 
 POSITIVE, NON_NEGATIVE = "a positive integer", "a non-negative integer"
 # (named here: inside RunOptions' body its field `data` hides the module)
-DATA_SETS, TRANSFORMS = data.DATASETS + ("imagenet",), ", ".join(data.AUGMENTS)
+DATA_SETS, TRANSFORMS = data.DATASETS + ("imagenet",), ", ".join(AUGMENTS)
 FINITE = "a finite non-negative number"
 MODEL, STORE, SCHEDULE, FOLDER, PROCESSES, IMAGENET = GROUPS
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io import data, imagenet
+from ..io.batches import Batches, parse_augment
 
 
 @dataclass
@@ -24,7 +25,7 @@ class RunData:
     val: object          # the split validations read
     test: object         # the test split (ImageNet: its val/ folder)
     mean: np.ndarray     # (H, W, C) float32: the training images' mean, subtracted from every image; None: ImageNet
-    batches: object      # data.Batches or imagenet.Batches over train
+    batches: object      # Batches or imagenet.Batches over train
     input_shape: tuple   # (H, W, C) the net takes
     path: Path           # the data file (ImageNet: its folder)
     validates_on: str    # the validation split, in the header's words
@@ -55,6 +56,6 @@ def load(config, *, batches=True):
         val, validates_on = test, ("the test split: the data has no val split (--val-split FRACTION holds one "
                                    "out of the training split)")
     mean = train.pixel_mean()
-    stream = data.Batches(train, batch=config.batch, mean=mean, augment=data.parse_augment(config.augment),
+    stream = Batches(train, batch=config.batch, mean=mean, augment=parse_augment(config.augment),
                           seed=config.seed) if batches else None
     return RunData(train, val, test, mean, stream, train.images.shape[1:], path, validates_on)

@@ -26,7 +26,6 @@ from .config import RunConfig
 from .folder import BEST, CHECKPOINT
 from .options import DEFINING, option, option_fields
 from .sizing import compile_within_memory
-from .trained import checkpoint_path
 
 
 def resumed(folder, given, *, ranks):
@@ -122,7 +121,7 @@ def take_weights(net, run, *, group=None):
 def _source(run):
     """The checkpoint file of --init-from's run (its best.h5 where it has one); FileNotFoundError naming it."""
     try:
-        return checkpoint_path(run)
+        return checkpoint.checkpoint_path(run)
     except FileNotFoundError as e:
         raise FileNotFoundError(f"--init-from: {e}") from None
 
@@ -188,7 +187,7 @@ def _structure(config, saved, function):
     if function is not None or config.find_model:
         return None
     if saved is None:  # a fine-tune of --init-from's own net
-        return checkpoint.load(checkpoint_path(config.init_from)).structure
+        return checkpoint.load(checkpoint.checkpoint_path(config.init_from)).structure
     if modelspec.is_own(config.model) and not modelspec.found(config.model):
         print(f"note: {config.model} is not there: the net is built from the structure {saved.path} keeps",
               file=sys.stderr)

@@ -15,7 +15,6 @@ already normalised. `resize` is how python3 -m minibp.predict resizes image file
 data file was made (its resize attribute, prepare folder --resize), read from the checkpoint's data facts where
 they carry it, else from the data file while it is there, unchanged (its checksum the one the run recorded).
 """
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +55,7 @@ class Trained:
         if images.ndim != 4 or images.shape[1:] != self.input_shape or len(images) == 0:
             raise ValueError(f"predict takes images of the run's shape, (N, {', '.join(map(str, self.input_shape))})"
                              f" uint8, or one ({', '.join(map(str, self.input_shape))}); got {given}")
-        return images.astype(np.float32) * np.float32(1 / 255) - self.mean  # as data.evaluation_batches does
+        return images.astype(np.float32) * np.float32(1 / 255) - self.mean  # as evaluation_batches does
 
     def predict(self, images):
         """(classes (N,) int64, probabilities (N, classes) float64) of raw images (uint8 (N, H, W, C), or one
@@ -71,39 +70,13 @@ class Trained:
         return logits.argmax(axis=1), shifted / shifted.sum(axis=1, keepdims=True)
 
 
-def checkpoint_path(run, which=None):
-    """The checkpoint file of a run folder (which: "best", "last", or None: best.h5 where there is one), or
-    `run` itself when it is a file (which, a choice among a folder's, refused with it: never silently ignored)."""
-    run = Path(run)
-    if which not in (None, "best", "last"):
-        raise ValueError(f"which is 'best', 'last' or None, got {which!r}")
-    if run.is_file():
-        if which is not None:
-            raise ValueError(f"{run} is a checkpoint file: --which {which} (which=) chooses among a run folder's "
-                             "best.h5 and checkpoint.h5; give the folder, or the file alone")
-        return run
-    if not run.is_dir():
-        raise FileNotFoundError(f"no run folder or checkpoint at {run}")
-    best, last = run / "best.h5", run / "checkpoint.h5"
-    has_best = os.path.lexists(best)  # (a link there too: load refuses it, never reads through it)
-    if which == "best" and not has_best:
-        raise FileNotFoundError(f"{run} has no best.h5: it is written at each validation that beats the run's "
-                                "best so far (which='last', --which last: its last checkpoint)")
-    return best if which == "best" or (which is None and has_best) else last
-
-
-# evaluate's, predict's and export's --model: for a run whose checkpoint does not keep its net as data
-MODEL_HELP = ("a run saved before checkpoints kept their net as data: its model file's new place, FILE.py:FUNCTION "
-              "(default: the file it was trained with; a run that keeps its net needs none, and refuses it)")
-
-
 def load(run, *, which=None, batch=256, model=None):
     """The Trained model of a run folder (or a checkpoint file): which="best" (best.h5), "last"
     (checkpoint.h5), or None (best.h5 where the run has one, else checkpoint.h5); batch: images a forward
     pass (at most); model: where a run saved before checkpoints kept their net finds its moved model file
     ("FILE.py:FUNCTION", modelspec.rebuild). A ValueError (FileNotFoundError) of one line for what cannot be
     loaded."""
-    path = checkpoint_path(run, which)
+    path = checkpoint.checkpoint_path(run, which)
     saved = checkpoint.load(path)
     config = RunConfig.from_checkpoint(saved, loading=True)
     if config.imagenet:
