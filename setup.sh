@@ -19,11 +19,11 @@ RESUME_JOB=(python3 -m minibp.train --out "$OUT" --resume)
 
 # g++ builds the CPU kernels; python3-venv makes the venv; dataset-fashion-mnist holds the data.
 MAIN_APT=(g++ python3-venv dataset-fashion-mnist)
-# The tests also build and run the direct convolutions' NEON version (tests/test_conv.py): an
+# The tests also build and run the direct convolutions' NEON version (tests/layers/test_conv.py): an
 # aarch64 cross compiler, and qemu to run what it builds. tests/test_hosts.py links simulated machines
 # (network namespaces) with iproute2's ip.
 TEST_APT=("${MAIN_APT[@]}" g++-aarch64-linux-gnu qemu-user-static iproute2)
-# tests/test_cudnn.py builds cuDNN graph descriptions on the CPU: the frontend alone, --no-deps
+# tests/layers/test_conv_cudnn.py builds cuDNN graph descriptions on the CPU: the frontend alone, --no-deps
 # leaving out its GPU-only dependencies (so it is not in the test extra).
 CUDNN_FRONTEND='nvidia-cudnn-frontend==1.32.0'
 

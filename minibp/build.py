@@ -137,7 +137,7 @@ class _Untrusted(Exception):
     """A cache folder no code is loaded from: args = (what is wrong with it, how to fix it)."""
 
 
-def _cache_dir():
+def cache_dir():
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(root) / "minibp" / "kernels"
 
@@ -429,7 +429,7 @@ def cached_library(path, wrapper, real_name, include_dir):
     real_name with include_dir's headers: the cached one, or a new one published to the cache. The path
     reaches the very file checked (/proc/self/fd/N, held open), for ctypes.CDLL to load."""
     command, name = _library_name(path, wrapper, real_name, include_dir)
-    cache, fd = _usable_cache(_cache_dir())
+    cache, fd = _usable_cache(cache_dir())
     try:
         library, why = _cached(fd, name)
         if library is not None:
@@ -441,7 +441,7 @@ def cached_library(path, wrapper, real_name, include_dir):
         os.close(fd)
     try:
         # A first run compiles every kernel file (minutes on a loaded machine): say so, not a silent wait.
-        kept = (f"once: later runs load it from {cache}" if cache == _cache_dir()
+        kept = (f"once: later runs load it from {cache}" if cache == cache_dir()
                 else f"for this process only, in {cache}")
         print(f"minibp: compiling {path.name} ({real_name}) for this CPU ({cpu_target()[0]}), {kept}", end="",
               file=sys.stderr, flush=True)

@@ -153,7 +153,7 @@ def _session(invocation, given, group, *, function=None, python=False):
     """(exit status, net) of a run (_run), on one process or on every rank of a group, whose ranks must
     agree on the options; rank 0 alone prints. function: the model's function (fit), else the spec's."""
     if group is not None:
-        group.agree(_as_agreed(invocation, given))
+        group.agree(as_agreed(invocation, given))
     with contextlib.ExitStack() as stack:
         if group is not None and group.rank:
             stack.enter_context(contextlib.redirect_stdout(stack.enter_context(open(os.devnull, "w"))))
@@ -161,7 +161,7 @@ def _session(invocation, given, group, *, function=None, python=False):
         return _run(invocation, given, group, function=function, python=python)
 
 
-def _as_agreed(invocation, given):
+def as_agreed(invocation, given):
     """What ranks must agree on, each option as this rank resolves it: a fresh run's at its default where not given
     (a rank without --rounding runs nearest, and is named so), a resume's as "(the run's)"; paths absolute."""
     given = absolute_paths(given)

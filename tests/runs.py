@@ -11,6 +11,7 @@ import h5py
 import numpy as np
 
 from minibp.io import data
+from minibp.run.checkpoint import attrs_sha256
 
 ROOT = Path(__file__).resolve().parent.parent
 COLORS = np.array([[200, 40, 40], [40, 200, 40], [40, 40, 200], [200, 200, 40]])  # a colour a class (make_tree)
@@ -103,3 +104,39 @@ def wait_gone(pids, seconds=30):  # (generous: CI machines can be loaded)
     while time.time() < deadline and any(running(p) for p in pids):
         time.sleep(0.05)
     return not any(running(p) for p in pids)
+
+
+def bar(direction, rng, size=(12, 12)):
+    """A bright bar at the left or the right (mirror images: only orientation tells them apart), or the top."""
+    image = rng.integers(0, 60, size).astype(np.uint8)
+    where = dict(left=np.s_[:, :3], right=np.s_[:, -3:], top=np.s_[:3, :])[direction]
+    image[where] += 150
+    return image
+
+
+def make_folder(root, *, classes=("left", "right", "top"), splits=(("train", 20), ("val", 6), ("test", 6)),
+                size=(12, 12), seed=0):
+    """The common layout of grey PNGs, `count` images a class in each split."""
+    from PIL import Image  # (the tests that draw folders skip themselves without Pillow)
+    rng = np.random.default_rng(seed)
+    for split, count in splits:
+        for direction in classes:
+            folder = root / split / direction
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.fromarray(bar(direction, rng, size)).save(folder / f"{i}.png")
+    return root
+
+
+def set_attrs(f, **attrs):
+    """Change attributes and their checksum, as a hand-made checkpoint would: only the content checks remain."""
+    f.attrs.update(attrs)
+    f.attrs["attrs_sha256"] = attrs_sha256(f.attrs)
+
+
+def make_file(path, *, n_train=6, n_test=4, classes=5):
+    """A file written by data.write, with random 8x8x3 images and labels."""
+    rng = np.random.default_rng(0)
+    splits = {split: (rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8), rng.integers(0, classes, n))
+              for split, n in (("train", n_train), ("test", n_test))}
+    return data.write(path, **splits, classes=classes)

@@ -106,3 +106,61 @@ def test_the_graph_reader_sees_relative_and_lazy_imports(tmp_path):
     modules = {module_name(p.relative_to(tmp_path)): p for p in package.rglob("*.py")}
     assert imports("pkg.sub.c", package / "sub" / "c.py", modules) == {"pkg.a", "pkg.b"}
     assert imports("pkg.d", package / "d.py", modules) == {"pkg.a", "pkg.b", "pkg.sub.c", "pkg"}
+
+
+# ----------------------------------------------------------------------------- tests/ mirrors minibp/
+
+TESTS = ROOT / "tests"
+
+
+def own_test_file(module_path):
+    """minibp/run/config.py -> tests/run/test_config.py; minibp/__init__.py has none of its own."""
+    relative = Path(module_path).relative_to("minibp")
+    return TESTS / relative.parent / f"test_{relative.stem}.py"
+
+
+def test_every_module_has_its_test_file_or_a_line_in_conftest():
+    from conftest import COVERED_BY
+    graph = import_graph()
+    modules = [str(p.relative_to(ROOT)) for p in package_modules().values()]
+    silent = [m for m in modules if Path(m).name == "__init__.py" and not graph[module_name(m)]]  # a folder's name
+    lacking = [m for m in modules if m not in silent and not own_test_file(m).exists() and m not in COVERED_BY]
+    assert not lacking, f"no tests/.../test_X.py and no line in conftest.py's COVERED_BY: {lacking}"
+    for module, covering in COVERED_BY.items():
+        assert (ROOT / module).exists(), f"COVERED_BY names {module}, which is gone"
+        assert (TESTS / covering).exists(), f"COVERED_BY says {covering} covers {module}; there is no such file"
+        assert not own_test_file(module).exists(), f"{module} has its own test file: its COVERED_BY line is stale"
+
+
+def test_every_test_file_stands_where_its_module_does():
+    """A test file in a subfolder mirrors a module there (tests/io/test_X.py: minibp/io/X.py), so that the
+    folders never hold a file that belongs elsewhere; at the top, theme files (test_reliability.py) are welcome."""
+    stray = [str(p.relative_to(TESTS)) for p in TESTS.glob("*/test_*.py")
+             if not (PACKAGE / p.parent.name / f"{p.stem[5:]}.py").exists()
+             and not (p.parent.name == "layers" and p.stem in ("test_bn_layout", "test_layers"))]
+    assert not stray, f"test files in a package's folder with no module of that name: {stray}"
+
+
+def test_no_test_imports_a_private_name():
+    """Tests use what a module offers: an import of a name that starts with `_` (or an attribute of a minibp module
+    read that way) would tie them to what the module may change freely."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "") != "__future__":
+                found += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_")]
+                if (node.module or "").startswith("minibp"):
+                    imported.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                imported.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("minibp"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                root = node.value
+                while isinstance(root, ast.Attribute):
+                    root = root.value
+                if isinstance(root, ast.Name) and root.id in imported:
+                    found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)

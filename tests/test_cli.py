@@ -10,7 +10,7 @@ import time
 import pytest
 
 from minibp import cli, train
-from runs import ROOT, base_args
+from runs import ROOT, base_args, make_folder
 
 
 def commands(tmp_path, data_dir):
@@ -90,7 +90,6 @@ def all_commands(tmp_path, data_dir):
 @pytest.fixture
 def inputs(tmp_path, data_dir):
     """A 2-iteration run, a folder of images to prepare and the folder the commands write into; the commands."""
-    from test_image_folders import make_folder
     assert train.main(base_args(tmp_path, iters=2, val_every=2)) == 0
     make_folder(tmp_path / "images", splits=(("train", 4), ("test", 2)))
     (tmp_path / "out").mkdir()

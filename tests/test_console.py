@@ -36,7 +36,7 @@ def test_every_line_tells_time_and_a_train_line_averages_its_interval(tmp_path, 
 
 
 def test_the_clock_reads_hours_minutes_seconds_and_extrapolates_this_sessions_pace(monkeypatch):
-    assert [session._clock_time(s) for s in (0, 59.4, 83, 3599.6, 3725.2)] == ["0:00", "0:59", "1:23", "1:00:00",
+    assert [session.clock_time(s) for s in (0, 59.4, 83, 3599.6, 3725.2)] == ["0:00", "0:59", "1:23", "1:00:00",
                                                                             "1:02:05"]
     now = [1000.0]
     monkeypatch.setattr(session.time, "monotonic", lambda: now[0])

@@ -1,8 +1,8 @@
 """python3 -m minibp.evaluate on a run: its batch no larger than the split, data of other channels or classes
 than the run's named as such, best.h5 by default (said), each class's recall (its accuracy), precision and F1,
 their macro means, the confusion matrix, and the top-k accuracy (top-5 from 10 classes on). (What it says of a
-run, and how it names a damaged checkpoint or data: tests/test_console.py, test_checkpoint.py, test_config.py,
-test_imagenet.py.)"""
+run, and how it names a damaged checkpoint or data: tests/test_console.py, run/test_checkpoint.py, run/test_config.py,
+io/test_imagenet.py.)"""
 import json
 
 import numpy as np

@@ -64,7 +64,7 @@ def cluster(work, tmp_path):
             host.path("/tmp/data").mkdir()
             shutil.copy(work / "data" / "cifar10.h5", host.path("/tmp/data"))
             cache = host.path("/tmp/cache/minibp/kernels")
-            shutil.copytree(build._cache_dir(), cache, ignore=shutil.ignore_patterns("build-*"))
+            shutil.copytree(build.cache_dir(), cache, ignore=shutil.ignore_patterns("build-*"))
             for folder in (cache.parent, cache):  # private, as minibp makes them (copytree's follow the umask)
                 folder.chmod(0o700)
         yield made

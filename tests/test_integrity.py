@@ -1,6 +1,6 @@
 """Files published whole (integrity.py): a rewritten file keeps its mode, a new one gets the umask's, never writable
 by others. (A write cut short by a full disk, the temporary files of killed writes, and links where minibp's files
-go: tests/test_folder.py.)"""
+go: tests/run/test_folder.py.)"""
 import fcntl
 import os
 import time

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from minibp.version import VERSION
+
 pytestmark = pytest.mark.slow  # builds the wheel and installs it in a fresh venv
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,7 +34,8 @@ net.zero_grad()
 loss, _ = net.forward(rng.standard_normal((4, 8, 8, 3)).astype(np.float32), np.array([0, 1, 2, 0]))
 net.backward()
 opt.step(lr=0.1)
-print(json.dumps({"minibp": minibp.__file__, "kernel_dir": str(kernels.KERNEL_DIR), "loss": loss}))
+print(json.dumps({"minibp": minibp.__file__, "kernel_dir": str(kernels.KERNEL_DIR), "loss": loss,
+                  "version": minibp.__version__}))
 """
 
 
@@ -54,6 +57,7 @@ def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
     run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "--no-index",
          "-w", tmp_path / "dist", source])
     [wheel] = (tmp_path / "dist").glob("minibp-*.whl")
+    assert wheel.name.startswith(f"minibp-{VERSION}-")  # setup.cfg reads minibp/version.py, where it is written once
     shipped = set(zipfile.ZipFile(wheel).namelist())
     sources = [p.name for p in (REPO / "kernels").iterdir() if p.suffix in (".cu", ".cuh", ".h")]
     assert sources and {f"minibp/kernels_src/{name}" for name in sources} <= shipped, sorted(shipped)
@@ -81,6 +85,7 @@ def test_the_wheel_ships_the_kernels_and_trains_outside_the_checkout(tmp_path):
     assert Path(report["minibp"]).is_relative_to(venv), report
     assert Path(report["kernel_dir"]).is_relative_to(venv) and report["kernel_dir"].endswith("kernels_src"), report
     assert 0 < report["loss"] < float("inf"), report
+    assert report["version"] == VERSION, report
     # the command the trainer's missing-data message gives runs from the wheel
     assert run([python, "-m", "minibp.prepare", "--help"], cwd=elsewhere, env=env).startswith(
         "usage: python3 -m minibp.prepare")

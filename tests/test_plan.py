@@ -1,6 +1,6 @@
 """The planner, python3 -m minibp.plan: stores sized from the unit shapes; the categories, units and largest batch
 under a budget it prints, quickly for any budget, for the CIFAR and the ImageNet ResNets; its errors. (The
-largest-batch search itself: tests/test_sizing.py.)"""
+largest-batch search itself: tests/run/test_sizing.py.)"""
 import json
 import math
 

@@ -64,13 +64,13 @@ def test_codes_byte_identical_to_reference_on_random_data(rng, bits, kind):
 @pytest.mark.parametrize("bits", BITS)
 @pytest.mark.parametrize("b_value", [0.0, 1.0, -1.0, 2.9, -2.9, 5.0, -5.0, 1e-30, 1e8, -1e8, 1e30, -1e30])
 def test_codes_byte_identical_on_hard_cases(bits, b_value, kind):
-    assert np.array_equal(*_codes(*_hard_case(bits, b_value, kind), bits, kind))
+    assert np.array_equal(*_codes(*hard_case(bits, b_value, kind), bits, kind))
 
 
 HARD_B = [0.0, 1.0, -1.0, 2.9, -2.9, 5.0, -5.0, 1e-30, 1e8, -1e8, 1e30, -1e30]
 
 
-def _hard_case(bits, b_value, kind):
+def hard_case(bits, b_value, kind):
     """(v, b): the edge values and the same plus b_value, a row per byte's worth of channels."""
     per_byte = 8 // bits
     values = _edge_values(bits)
@@ -95,7 +95,7 @@ wrong = []
 for kind in test_quant.KINDS:
     for bits in test_quant.BITS:
         for b_value in test_quant.HARD_B:
-            v, b = test_quant._hard_case(bits, b_value, kind)
+            v, b = test_quant.hard_case(bits, b_value, kind)
             lo, hi = v.min(axis=0), v.max(axis=0)
             ref = quant.window_ref(b, bits=bits, kind=kind, lo=lo, hi=hi)
             want = quant.quantize_ref(v, ref, bits=bits)      # NumPy, subnormals kept

@@ -1,6 +1,6 @@
 """Nothing lost, nothing silent: the trainer under divergence, kills, SIGTERM and a failing validation, and the
-cheap checks that refuse a run before anything is allocated. (Damaged checkpoints: tests/test_checkpoint.py; two
-trainers at once and damaged metrics: test_folder.py; options that do not fit a resumed run: test_config.py.)"""
+cheap checks that refuse a run before anything is allocated. (Damaged checkpoints: tests/run/test_checkpoint.py; two
+trainers at once and damaged metrics: run/test_folder.py; options that do not fit a resumed run: run/test_config.py.)"""
 import signal
 import time
 

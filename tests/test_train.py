@@ -247,7 +247,7 @@ def test_ranks_are_compared_on_their_options_as_they_resolve_them():
 
     def agreed(argv):
         invocation, given = read_command_line(argv)
-        return train._as_agreed(invocation, given)
+        return train.as_agreed(invocation, given)
 
     class TwoRanks:  # what each rank would send: dist.Group.agree compares them
         def __init__(self, argvs):

@@ -1,6 +1,6 @@
 """Units: a new kind of unit (ReLU, conv and bias, without batch norm) in a net, its gradients and its store.
 (The Net API around them: tests/test_net.py; the state as named arrays: test_params.py; old checkpoints:
-test_checkpoint.py.)"""
+run/test_checkpoint.py.)"""
 import numpy as np
 
 from minibp.net import Net

@@ -241,7 +241,7 @@ class Batches:
         self.prefetch, self.workers = prefetch, workers if workers is not None else default_count()
         self.epoch, self.position, self.order = 0, 0, epoch_order(seed, 0, len(folder))
         self._listing = folder.sha256()
-        self._pool, self._stream = None, None
+        self.pool, self._stream = None, None
 
     def _batches(self, epoch, position, order):
         """(indices, keys, (epoch, position after, order)) of every batch from a point on."""
@@ -257,9 +257,9 @@ class Batches:
     def next(self):
         """(images (B, size, size, 3) float32 on the device, labels (B,) int64 on the host)."""
         if self._stream is None:
-            if self._pool is None or self._pool.closed:
-                self._pool = start_workers(self.workers)
-            self._stream = _stream(self._pool, self.folder, self.size,
+            if self.pool is None or self.pool.closed:
+                self.pool = start_workers(self.workers)
+            self._stream = _stream(self.pool, self.folder, self.size,
                                    self._batches(self.epoch, self.position, self.order), prefetch=self.prefetch)
         try:
             images, (epoch, position, order) = next(self._stream)
@@ -299,8 +299,8 @@ class Batches:
         if self._stream is not None:
             self._stream.close()
             self._stream = None
-        if self._pool is not None:
-            self._pool.close()
+        if self.pool is not None:
+            self.pool.close()
 
     def __enter__(self):
         return self

@@ -98,7 +98,7 @@ class Conv2D:
                              f"{self.kh}x{self.kw} conv needs {size}: size it by workspace_shape(batch)")
         return col.reshape(-1)[:size].reshape(shape)
 
-    def _geometry(self, n):
+    def kernel_args(self, n):
         """The shape arguments of the im2col/col2im (and conv_weight_grad) kernels, by name."""
         return dict(N=n, H=self.H, W=self.W, C=self.cin, kh=self.kh, kw=self.kw, stride=self.stride,
                     pad_top=self.pad_top, pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
@@ -149,7 +149,7 @@ class GemmPath:
         if c.is_pointwise:  # strided 1x1: subsample
             program.copy(out.reshape(n, c.Ho, c.Wo, c.cin), x[:, ::c.stride, ::c.stride, :], name="subsample")
         else:
-            kernels.load("conv.cu", x.dtype).im2col(**c._geometry(n), x=x, col=out, threads=rows * c.kh * c.kw)
+            kernels.load("conv.cu", x.dtype).im2col(**c.kernel_args(n), x=x, col=out, threads=rows * c.kh * c.kw)
         return out
 
     def _add_columns(self, dcol, dx, *, accumulate):
@@ -162,7 +162,7 @@ class GemmPath:
                 program.fill(dx, 0)
             program.add(dx[:, ::c.stride, ::c.stride, :], dcol.reshape(n, c.Ho, c.Wo, c.cin))
         else:
-            kernels.load("conv.cu", dx.dtype).col2im(**c._geometry(n), accumulate=accumulate, col=dcol, dx=dx,
+            kernels.load("conv.cu", dx.dtype).col2im(**c.kernel_args(n), accumulate=accumulate, col=dcol, dx=dx,
                                                      threads=n * c.H * c.W)
 
     def _chunks(self, n, *, columns=True):

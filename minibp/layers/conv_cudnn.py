@@ -20,7 +20,7 @@ An execute goes through program.issue, so a recorded pass holds it, with the ten
 the handle follows CuPy's current stream at each call, as minibp's cuBLAS binding does (blas.py), so a CUDA
 graph captures it on the capturing stream.
 
-Status: the graph descriptions and the plan filter are checked on the CPU in CI (tests/test_cudnn.py); the
+Status: the graph descriptions and the plan filter are checked on the CPU in CI (tests/layers/test_conv_cudnn.py); the
 float32-only plans have not run on a GPU yet (docs/gpu.md). GEMM stays the GPU's default until they have.
 
     graphs = ConvGraphs(conv, batch=128)      # descriptions only: no device needed

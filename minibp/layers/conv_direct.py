@@ -7,7 +7,7 @@ Why not BLAS: OpenBLAS's threads spin for a while after each GEMM and take the c
 kernels that run between (measured 2x slower kernels after a GEMM, 2 cores). One source serves every CPU:
 its vectors are as wide as the build's CPU target (build.py: AVX-512, AVX2, SSE or NEON), and geometry()
 reads the tile sizes the build chose. The results agree with the im2col path (conv.py's GemmPath) to
-float32 rounding; tests/test_conv.py checks both.
+float32 rounding; tests/layers/test_conv.py checks both.
 """
 import functools
 
@@ -118,7 +118,7 @@ class DirectPath:
         g = geometry()
         tasks = chunks * c.kh * c.kw * -(-c.cin // g.grad_inputs) * -(-c.cout // g.grad_outputs)
         module = kernels.load("conv_direct.cu", x.dtype)
-        module.conv_weight_grad(**c._geometry(n), Cout=c.cout, images_per_chunk=images, x=x, dy=dy, partial=partial,
+        module.conv_weight_grad(**c.kernel_args(n), Cout=c.cout, images_per_chunk=images, x=x, dy=dy, partial=partial,
                                 **_tasks(tasks))
         module.conv_weight_grad_finish(chunks=chunks, K=c.kh * c.kw * c.cin, Cout=c.cout, accumulate=accumulate,
                                        partial=partial, dw=dw, threads=dw.size)

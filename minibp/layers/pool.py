@@ -28,7 +28,7 @@ class Pool:
     def out_shape(self):
         return (self.Ho, self.Wo, self.Cy)
 
-    def _geometry(self, n):
+    def kernel_args(self, n):
         return dict(N=n, H=self.H, W=self.W, C=self.C, size=self.size, stride=self.stride, pad_top=self.pad_top,
                     pad_left=self.pad_left, Ho=self.Ho, Wo=self.Wo)
 
@@ -36,7 +36,7 @@ class Pool:
         """pool.cu's kernel name over images (N, H, W, C) (x or dx): a row per output (backward: input) pixel."""
         n = images.shape[0]
         rows = n * (self.H * self.W if backward else self.Ho * self.Wo)
-        getattr(kernels.load("pool.cu", images.dtype), name)(**self._geometry(n), **arguments, **launch(rows, self.C))
+        getattr(kernels.load("pool.cu", images.dtype), name)(**self.kernel_args(n), **arguments, **launch(rows, self.C))
 
 
 class MaxPool(Pool):
@@ -63,8 +63,8 @@ class AvgPool(Pool):
         if self.Cy < self.C:
             raise ValueError(f"average pooling cannot drop channels ({self.C} -> {self.Cy})")
 
-    def _geometry(self, n):
-        return dict(super()._geometry(n), Cy=self.Cy)
+    def kernel_args(self, n):
+        return dict(super().kernel_args(n), Cy=self.Cy)
 
     def forward(self, x, y, *, accumulate=False):
         self._kernel("avgpool_forward", x, accumulate=accumulate, x=x, y=y)

@@ -365,19 +365,19 @@ class Clock:
         """'elapsed 1:23  eta 4:56' at `iteration` (eta ? before this session's first iteration ends)."""
         done = iteration - self.first
         pace = self.session_seconds() - (build.compiling_seconds() - self.compiling)  # (a first build: once)
-        eta = _clock_time(max(pace, 0.0) / done * (self.last - iteration)) if done > 0 else "?"
-        return f"elapsed {_clock_time(self.run_seconds())}  eta {eta}"
+        eta = clock_time(max(pace, 0.0) / done * (self.last - iteration)) if done > 0 else "?"
+        return f"elapsed {clock_time(self.run_seconds())}  eta {eta}"
 
     def done(self, iteration):
         """The end line's account: ' in 3:10' for a run of one session; ' (322 earlier, 378 now) in 1:39 of 3:10'
         for a resumed one (' in 1:39' alone where its checkpoint kept no clock)."""
         if self.first == 0:
-            return f" in {_clock_time(self.run_seconds())}"
-        whole = "" if self.earlier is None else f" of {_clock_time(self.run_seconds())}"
-        return f" ({self.first} earlier, {iteration - self.first} now) in {_clock_time(self.session_seconds())}{whole}"
+            return f" in {clock_time(self.run_seconds())}"
+        whole = "" if self.earlier is None else f" of {clock_time(self.run_seconds())}"
+        return f" ({self.first} earlier, {iteration - self.first} now) in {clock_time(self.session_seconds())}{whole}"
 
 
-def _clock_time(seconds):
+def clock_time(seconds):
     """3725.2 -> '1:02:05', 83 -> '1:23'."""
     minutes, seconds = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)

@@ -14,30 +14,9 @@ from minibp import predict, prepare, train
 from minibp.io import data
 from minibp.io import images as image_files
 from minibp.run import checkpoint
-from runs import one_line_error
+from runs import bar, make_folder, one_line_error
 
 Image = pytest.importorskip("PIL.Image", reason="image files need Pillow: pip install -e '.[imagenet]'")
-
-
-def bar(direction, rng, size=(12, 12)):
-    """A bright bar at the left or the right (mirror images: only orientation tells them apart), or the top."""
-    image = rng.integers(0, 60, size).astype(np.uint8)
-    where = dict(left=np.s_[:, :3], right=np.s_[:, -3:], top=np.s_[:3, :])[direction]
-    image[where] += 150
-    return image
-
-
-def make_folder(root, *, classes=("left", "right", "top"), splits=(("train", 20), ("val", 6), ("test", 6)),
-                size=(12, 12), seed=0):
-    """The common layout of grey PNGs, `count` images a class in each split."""
-    rng = np.random.default_rng(seed)
-    for split, count in splits:
-        for direction in classes:
-            folder = root / split / direction
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                Image.fromarray(bar(direction, rng, size)).save(folder / f"{i}.png")
-    return root
 
 
 def test_a_folder_becomes_a_data_file_with_its_class_names_and_splits(tmp_path, capsys):

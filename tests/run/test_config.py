@@ -18,8 +18,7 @@ from minibp.run import checkpoint
 from minibp.run.config import RunConfig, model_args
 from minibp.run.options import OPTIONS, add_option, build_parser, parse_model_arg, read_command_line
 from minibp.run.schedule import CosineSchedule, StepSchedule, parse_schedule
-from runs import base_args, make_dataset, one_line_error, read_metrics, untimed
-from test_checkpoint import _set_attrs
+from runs import ROOT, base_args, make_dataset, one_line_error, read_metrics, set_attrs, untimed
 
 
 def test_the_cosine_schedule_warms_up_linearly_then_follows_a_half_cosine():
@@ -132,7 +131,7 @@ def test_resume_keeps_the_window_and_runs_from_before_it_resume_with_the_papers(
     with h5py.File(tmp_path / "run" / "checkpoint.h5", "r+") as f:
         config = json.loads(f.attrs["config"])
         del config["window"]
-        _set_attrs(f, config=json.dumps(config))
+        set_attrs(f, config=json.dumps(config))
     assert train.main(["--out", run, "--resume", "--window", "range"]) == 2
     assert "(the run has fixed)" in one_line_error(capsys.readouterr().err)
     assert train.main(["--out", run, "--resume", "--iters", "3"]) == 0
@@ -173,7 +172,7 @@ def test_a_hand_made_config_is_checked_field_by_field(tmp_path, data_dir, capsys
     with h5py.File(path, "r+") as f:
         config = json.loads(f.attrs["config"])
         config.update(edit)
-        _set_attrs(f, config=json.dumps({k: v for k, v in config.items() if v is not None}))
+        set_attrs(f, config=json.dumps({k: v for k, v in config.items() if v is not None}))
     capsys.readouterr()
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "4"]) == 2
     line = one_line_error(capsys.readouterr().err)
@@ -269,7 +268,7 @@ def test_the_old_spelling_of_sub_batches_still_works_for_a_release_with_a_notice
     with h5py.File(path, "r+") as f:  # as a run from before the rename saved it
         config = json.loads(f.attrs["config"])
         config["split"] = config.pop("sub_batches")
-        _set_attrs(f, config=json.dumps(config))
+        set_attrs(f, config=json.dumps(config))
     assert train.main(["--out", str(tmp_path / "run"), "--resume", "--iters", "3", "--lr-schedule", "0:0.05"]) == 0
     assert "(2 x 8)" in capsys.readouterr().out
 
@@ -288,7 +287,7 @@ def test_the_old_and_new_spelling_of_sub_batches_together_are_refused(tmp_path, 
 
 def test_docs_training_md_lists_every_option_fit_takes():
     """fit's options are documented in one table of docs/training.md, which may not miss one."""
-    text = (Path(__file__).resolve().parent.parent / "docs" / "training.md").read_text()
+    text = (ROOT / "docs" / "training.md").read_text()
     table = text.split("## `fit`'s options", 1)[1].split("\n## ", 1)[0]
     listed = {line.split("`")[1] for line in table.splitlines() if line.startswith("| `")}
     own = {"data", "data_file", "out", "resume", "overwrite", "model"}  # fit's own arguments

@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,7 @@ from minibp import backend, build, kernels, layers
 from minibp.layers import conv_direct
 from conftest import device, host
 
-ROOT = Path(__file__).resolve().parent.parent
+from runs import ROOT
 CASES = [  # (H, W, Cin, Cout, kernel, stride, padding): odd sizes, channels off the 16-lane blocks
     (5, 7, 3, 16, 3, 1, "same"), (6, 6, 16, 32, 3, 2, "same"), (7, 5, 20, 5, 3, 2, "valid"),
     (9, 9, 17, 40, 5, 1, "same"), (8, 6, 6, 24, 5, 1, "valid"), (6, 6, 16, 16, 1, 1, "same"),

@@ -10,7 +10,7 @@ import pytest
 from minibp import backend, evaluate, integrity, train
 from minibp.run import checkpoint
 from nets import tiny_net, tiny_resnet, train_steps
-from runs import base_args, one_line_error
+from runs import base_args, one_line_error, set_attrs
 
 
 def test_a_checkpoint_is_never_written_from_a_net_that_is_not_finite(tmp_path, data_dir):
@@ -32,12 +32,6 @@ def _rewrite(f, name, array):
     f[name].attrs["sha256"] = checkpoint.sha256(array)
 
 
-def _set_attrs(f, **attrs):
-    """Change attributes and their checksum, as a hand-made checkpoint would: only the content checks remain."""
-    f.attrs.update(attrs)
-    f.attrs["attrs_sha256"] = checkpoint.attrs_sha256(f.attrs)
-
-
 def _damage(path, how):
     if how == "zeroed tail":  # what a disk that lost its last block leaves: HDF5 cannot parse the file
         with open(path, "r+b") as f:
@@ -54,7 +48,7 @@ def _damage(path, how):
             order[0] = 10**6
             _rewrite(f, "data_order", order)
         elif how == "broken config":
-            _set_attrs(f, config="{not json")
+            set_attrs(f, config="{not json")
         elif how == "missing state":
             del f["state"]
         elif how == "not finite":
@@ -71,7 +65,7 @@ def _damage(path, how):
                 del rng["state"]["state"]
             else:
                 rng["state"]["inc"] = "7"
-            _set_attrs(f, data_rng=json.dumps(rng))
+            set_attrs(f, data_rng=json.dumps(rng))
 
 
 @pytest.mark.parametrize("how,match", [("flipped bit", "state/params/unit0.w fails its SHA-256"),

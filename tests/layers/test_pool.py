@@ -58,7 +58,7 @@ def _run(pool, a, launch):
     for name, kernel, inputs, out, fill in _calls(pool, a):
         target = _output(a, out, fill)
         inputs = {key: device(v) if isinstance(v, np.ndarray) else v for key, v in inputs.items()}
-        getattr(module, kernel)(**pool._geometry(a["x"].shape[0]), **inputs, **{out: target}, **launch)
+        getattr(module, kernel)(**pool.kernel_args(a["x"].shape[0]), **inputs, **{out: target}, **launch)
         results[name] = host(target)
     return results
 

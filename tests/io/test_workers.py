@@ -1,6 +1,6 @@
 """The worker processes (workers.py) that decode the ImageNet reader's JPEGs: they stop with the reader however it
 ends (closed, exit, an error, Ctrl-C, SIGKILL), and one that dies is an error, not a hang. (The trainer
-interrupted: tests/test_imagenet.py::test_ctrl_c_saves_and_leaves_no_worker_running.)"""
+interrupted: tests/io/test_imagenet.py::test_ctrl_c_saves_and_leaves_no_worker_running.)"""
 import os
 import signal
 import subprocess
@@ -22,7 +22,7 @@ from minibp.io import imagenet
 train_split, _ = imagenet.load_folders(sys.argv[1])
 batches = imagenet.Batches(train_split, batch=4, size=32, workers=2)
 batches.next()
-print(*[p.pid for p in batches._pool.processes], flush=True)
+print(*[p.pid for p in batches.pool.processes], flush=True)
 sys.stdin.readline()  # the test has seen them running
 if sys.argv[2] == "close":
     batches.close()
@@ -67,7 +67,7 @@ def test_a_dead_worker_is_an_error(tree):
     train_split, _ = imagenet.load_folders(tree)
     with imagenet.Batches(train_split, batch=4, size=32, workers=2) as batches:
         batches.next()
-        batches._pool.processes[1].kill()
+        batches.pool.processes[1].kill()
         with pytest.raises(ChildProcessError, match=r"image-decoding worker \(pid \d+\) stopped, exit code -9"):
             for _ in range(6):  # (what it wrote before it died is still read)
                 batches.next()
