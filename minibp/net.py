@@ -37,7 +37,7 @@ from .layers.bn import rounding_keys, update_running
 from .layers.conv import ConvPath
 from .layers.loss import softmax_cross_entropy, softmax_cross_entropy_backward
 from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store, per_unit
-from .units import Step
+from .units import Pass
 
 
 # The net's own buffers, beside the units' (each unit's store, windows and statistics, layers/bn.py):
@@ -380,23 +380,23 @@ class Net(Chain):
     def _forward(self, n, *, train):
         """The forward schedule: every unit from the input to the logits (and, under stochastic rounding, the units'
         keys of this pass first)."""
-        step = Step(self, n, train=train)
-        if step.keys is not None:
-            rounding_keys(step.keys, self.arena["draw"], seed=self.seed)
-        x, act = step.shared("input", self.input_shape), 0
+        pass_ = Pass(self, n, train=train)
+        if pass_.keys is not None:
+            rounding_keys(pass_.keys, self.arena["draw"], seed=self.seed)
+        x, act = pass_.shared("input", self.input_shape), 0
         for u in self.units:
             if u.is_classifier:
                 out = self.arena["logits"][:n].reshape((n,) + u.out_shape)
             else:
-                out, act = step.shared(("act0", "act1")[act], u.out_shape), 1 - act
+                out, act = pass_.shared(("act0", "act1")[act], u.out_shape), 1 - act
             residual = saved = None  # the block's schedule around the unit, which the unit takes in where it can
             if u.shortcut is not None and not u.shortcut.is_identity:
-                u.shortcut.add(step.shared("residual", u.shortcut.in_shape), x)
+                u.shortcut.add(pass_.shared("residual", u.shortcut.in_shape), x)
             elif u.shortcut is not None or u.adds_projection:
-                residual = step.shared("residual", u.in_shape)
+                residual = pass_.shared("residual", u.in_shape)
             if u.saves_input:
-                saved = step.shared("residual", u.in_shape)
-            u.forward(x, out, step, residual=residual, saved=saved)
+                saved = pass_.shared("residual", u.in_shape)
+            u.forward(x, out, pass_, residual=residual, saved=saved)
             x = out
 
     def _loss(self, n, accumulate):
@@ -411,22 +411,22 @@ class Net(Chain):
 
     def _backward(self, n, loss_scale, accumulate):
         """The backward schedule: the loss's gradient, then every unit in reverse, reading only its store."""
-        step = Step(self, n, train=True, accumulate=accumulate)
+        pass_ = Pass(self, n, train=True, accumulate=accumulate)
         logits, dlogits = self.arena["logits"][:n], self.arena["dlogits"][:n]
         softmax_cross_entropy_backward(logits, self.arena["labels"][:n], dlogits, scale=loss_scale,
                                               **self._loss_options())
         dy, act = dlogits.reshape((n,) + self.units[-1].out_shape), 0
         for u in reversed(self.units):
             if u.index == 0:
-                dx = step.shared("input_grad", u.in_shape) if "input_grad" in self.arena else None
+                dx = pass_.shared("input_grad", u.in_shape) if "input_grad" in self.arena else None
             else:
-                dx, act = step.shared(("act0", "act1")[act], u.in_shape), 1 - act
+                dx, act = pass_.shared(("act0", "act1")[act], u.in_shape), 1 - act
             keeps = (u.shortcut is not None and u.shortcut.is_identity) or u.adds_projection  # dresidual = dx
-            residual = step.shared("residual", u.in_shape) if u.saves_input or keeps else None
-            u.backward(dy, dx, step, residual_grad=residual if u.saves_input else None,
+            residual = pass_.shared("residual", u.in_shape) if u.saves_input or keeps else None
+            u.backward(dy, dx, pass_, residual_grad=residual if u.saves_input else None,
                        shortcut_grad=residual if keeps and dx is not None else None)
             if u.shortcut is not None and not u.shortcut.is_identity:
-                u.shortcut.backward(dx, step.shared("residual", u.shortcut.in_shape))
+                u.shortcut.backward(dx, pass_.shared("residual", u.shortcut.in_shape))
             dy = dx
 
     # ------------------------------------------------------------------ backward

@@ -10,10 +10,10 @@ params.OWN_ROLES). Nothing else spells a buffer name.
     ConvUnit      [BN -> ReLU, writing the k-bit store] -> [pool] -> conv [-> projection into the residual]
     ReluConvUnit  ReLU -> conv + bias, no batch norm: its input is stored in full precision
 
-A unit's forward(x, out, step) reads x (N, H, W, C) in a shared buffer and writes out; its
-backward(dy, dx, step) reads dy = dL/dout, accumulates its parameter gradients (+=; =, where the step's
-accumulate is False) and writes dx = dL/dx (dx None: not wanted). `step` carries the batch size, the mode, and
-views of the shared buffers (Step.shared).
+A unit's forward(x, out, s) reads x (N, H, W, C) in a shared buffer and writes out; its backward(dy, dx, s) reads
+dy = dL/dout, accumulates its parameter gradients (+=; =, where the pass's accumulate is False) and writes dx = dL/dx
+(dx None: not wanted). `s`, the Pass, carries the pass's images n, the mode, and views of the shared buffers
+(Pass.shared).
 """
 import functools
 import math
@@ -269,9 +269,9 @@ class ReluConvUnit(Unit):
                                    col=s.shared("col"))
 
 
-class Step:
-    """One pass's view of the net for its units: batch n, each unit's store (quant.Store: stores[index]), the shared
-    buffers, and where a training forward's running statistics and rounding keys go."""
+class Pass:
+    """One pass's view of the net for its units: its images n, each unit's store (quant.Store: stores[index]), the
+    shared buffers, and where a training forward's running statistics and rounding keys go."""
 
     def __init__(self, net, n, *, train, accumulate=True):
         self.net, self.n, self.train, self.accumulate = net, n, train, accumulate  # accumulate: a backward's grads +=
