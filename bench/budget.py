@@ -139,21 +139,21 @@ def run(model, args, folder):
         S = record["sub_batches"]
         n = batch // S
         if noise is None:
-            net = start().compile(batch=n, bits="exact")
+            net = start().compile(pass_images=n, bits="exact")
             others = [gradient(net, b_, S) for b_ in probe[1:]]
             noise = float(np.mean([np.sum((g - np.mean(others, axis=0)) ** 2) for g in others]))
             del net
         if S not in exact_by_s:
-            exact_by_s[S] = gradient(start().compile(batch=n, bits="exact"), probe[0], S)
+            exact_by_s[S] = gradient(start().compile(pass_images=n, bits="exact"), probe[0], S)
         reference = exact_by_s[S]
         mix = start()
-        mix.compile(batch=n, store=list(budget.stores_of(mix, record["bits"], quant.Store("4"))))
+        mix.compile(pass_images=n, store=list(budget.stores_of(mix, record["bits"], quant.Store("4"))))
         mix_error = float(np.sum((gradient(mix, probe[0], S) - reference) ** 2)) / noise
         del mix
-        fits = [k for k in UNIFORM if record["overhead"] + start().plan(batch=n, bits=k).allocation_bytes <= b]
+        fits = [k for k in UNIFORM if record["overhead"] + start().plan(pass_images=n, bits=k).allocation_bytes <= b]
         uniform = fits[-1] if fits else None
-        uniform_error = (float(np.sum((gradient(start().compile(batch=n, bits=uniform), probe[0], S) - reference) ** 2))
-                         / noise if uniform else float("nan"))
+        uniform_error = (float(np.sum((gradient(start().compile(pass_images=n, bits=uniform), probe[0], S)
+                                       - reference) ** 2)) / noise if uniform else float("nan"))
         row = dict(name=name, budget=b, sub_batches=S, mix=quant.describe([quant.Store("4").at(k) for k in
                                                                              record["bits"]]),
                    planned=record["arena"] + record["overhead"], peak=int(peak), mix_error=mix_error,

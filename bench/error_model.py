@@ -115,7 +115,7 @@ def run(model, split, args, rng):
     def make_net(bits):
         net = models.by_name(model, input_shape=shape, classes=split.classes)
         store = quant.Store("exact") if bits == "exact" else list(budget.stores_of(net, bits, quant.Store("4")))
-        return net.compile(batch=args.batch, store=store, seed=args.seed)
+        return net.compile(pass_images=args.batch, store=store, seed=args.seed)
 
     n_cal = min(calibration.IMAGES, args.batch)
     images = (split.images[:n_cal].astype(np.float32) / 255 - mean).astype(np.float32)

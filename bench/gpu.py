@@ -113,7 +113,7 @@ def parse_config(text):
 
 
 def stepper(model, bits, mode, conv, batch, seed=0):
-    net = models.by_name(model).compile(batch=batch, bits=bits, seed=seed, conv=conv)
+    net = models.by_name(model).compile(pass_images=batch, bits=bits, seed=seed, conv=conv)
     return TrainStep(net, SGD(net), graph=mode == "replayed")
 
 

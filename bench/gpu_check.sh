@@ -53,7 +53,7 @@ from minibp.optim import SGD
 print("minibp device", backend.device, "; graph capture:", step.graph_capture_refused() or "possible")
 rng = np.random.default_rng(0)
 x = rng.standard_normal((16, 16, 16, 3)).astype(np.float32); y = rng.integers(0, 10, 16)
-net = models.preact_resnet(20, input_shape=(16, 16, 3)).compile(batch=16, bits="4", seed=0)
+net = models.preact_resnet(20, input_shape=(16, 16, 3)).compile(pass_images=16, bits="4", seed=0)
 train = step.TrainStep(net, SGD(net))
 start = time.perf_counter()
 for i in range(4):

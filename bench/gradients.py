@@ -67,7 +67,7 @@ def sample_batch(data_name, data_dir, *, quick, batch, seed=0):
 
 def compile_modes(model, modes, *, input_shape, classes, batch, seed=0):
     """{mode: compiled net}, all with the same initial weights (same seed)."""
-    return {m: models.by_name(model, input_shape=input_shape, classes=classes).compile(batch=batch, seed=seed,
+    return {m: models.by_name(model, input_shape=input_shape, classes=classes).compile(pass_images=batch, seed=seed,
                                                                                       **store_options(m))
             for m in modes}
 

@@ -47,7 +47,7 @@ def child(model, model_args, batch, mode, data):
     from minibp.models import DATA_SHAPES
     shape, classes = DATA_SHAPES[data]
     rng = np.random.default_rng(0)
-    tiny = models.by_name("resnet11", input_shape=(8, 8, shape[2]), classes=classes).compile(batch=2, bits=mode)
+    tiny = models.by_name("resnet11", input_shape=(8, 8, shape[2]), classes=classes).compile(pass_images=2, bits=mode)
     tiny.forward(rng.standard_normal((2, 8, 8, shape[2])).astype(np.float32), np.zeros(2, np.int64))
     tiny.backward()
     SGD(tiny).step(lr=0.1)
@@ -56,7 +56,7 @@ def child(model, model_args, batch, mode, data):
     labels = rng.integers(0, classes, batch)
     del tiny
     baseline = resident_bytes("VmRSS")
-    net = build(model, model_args, data).compile(batch=batch, bits=mode)
+    net = build(model, model_args, data).compile(pass_images=batch, bits=mode)
     net.forward(images, labels)
     net.backward()
     SGD(net).step(lr=0.1)

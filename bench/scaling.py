@@ -54,7 +54,7 @@ def worker(args):
     group = dist.start(timeout=120)
     ranks, rank = (group.size, group.rank) if group else (1, 0)
     net = models.by_name(args.model, input_shape=SHAPE, classes=CLASSES)
-    net.compile(batch=args.batch // ranks, bits=args.bits, seed=0)
+    net.compile(pass_images=args.batch // ranks, bits=args.bits, seed=0)
     step = TrainStep(net, SGD(net), group=group)
     rng = np.random.default_rng(0)
     batches = [(rng.standard_normal((args.batch,) + SHAPE).astype(np.float32), rng.integers(0, CLASSES, args.batch))

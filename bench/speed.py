@@ -99,8 +99,8 @@ def main(argv=None):
     modes = args.modes.split(",")
     nets, optimizers = {}, {}
     for mode in modes:
-        nets[mode] = models.by_name(args.model, input_shape=shape, classes=classes).compile(batch=args.batch, seed=0,
-                                                                                           **store_options(mode))
+        nets[mode] = models.by_name(args.model, input_shape=shape, classes=classes).compile(
+            pass_images=args.batch, seed=0, **store_options(mode))
         optimizers[mode] = SGD(nets[mode])
 
     def iteration(mode):

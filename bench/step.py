@@ -46,7 +46,7 @@ def build(model, *, mode, batch, bits, conv, seed=0):
     """A TrainStep of its own net: eager (graph=False: the passes' programs one by one, on a GPU too) or the
     replayed whole step (graph=True: a CUDA graph on a GPU)."""
     shape, classes = DATA_SHAPES["cifar10"]
-    net = models.by_name(model, input_shape=shape, classes=classes).compile(batch=batch, bits=bits, seed=seed,
+    net = models.by_name(model, input_shape=shape, classes=classes).compile(pass_images=batch, bits=bits, seed=seed,
                                                                               conv=conv)
     return TrainStep(net, SGD(net), graph=mode == "replayed")
 

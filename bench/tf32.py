@@ -49,7 +49,7 @@ def emulated(product):
 
 def step(bits, x, y):
     """(loss, flat gradient in float64) of one step of the test's net through the GEMM path."""
-    net = resnet20_16x16().compile(batch=16, bits=bits, seed=0, conv="gemm")
+    net = resnet20_16x16().compile(pass_images=16, bits=bits, seed=0, conv="gemm")
     loss = net.forward(x, y)[0]
     net.backward()
     return loss, backend.to_host(net.grads).astype(np.float64)

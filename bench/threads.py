@@ -39,7 +39,7 @@ def child(name, steps, *, forever=False):
     import numpy as np
     from minibp import models
     from minibp.optim import SGD
-    net = models.by_name("resnet20", input_shape=(32, 32, 3), classes=10).compile(batch=64, bits=4, seed=0,
+    net = models.by_name("resnet20", input_shape=(32, 32, 3), classes=10).compile(pass_images=64, bits=4, seed=0,
                                                                                  conv=CONFIGS[name][0])
     opt = SGD(net)
     rng = np.random.default_rng(0)

@@ -127,7 +127,7 @@ def minibp_child(args, bits, shape, classes, rng):
     from minibp.optim import SGD
 
     def trainer(name, batch, size):
-        net = models.by_name(name, input_shape=(size, size, shape[2]), classes=classes).compile(batch=batch,
+        net = models.by_name(name, input_shape=(size, size, shape[2]), classes=classes).compile(pass_images=batch,
                                                                                              bits=bits, seed=0)
         opt = SGD(net, momentum=0.9, weight_decay=2e-4)
         images = rng.standard_normal((batch, size, size, shape[2])).astype(np.float32)

@@ -1,7 +1,7 @@
 """The arena: every large buffer of a training step, planned in one table, allocated once.
 
 A Plan is a table of buffers (name, shape, dtype, category). It reports bytes per category and
-in total without allocating anything, which is how a user learns what a batch size costs.
+in total without allocating anything, which is how a user learns what a pass size costs.
 An Arena makes one allocation for a plan and carves it into views, each starting on a
 256-byte boundary; asking it for a buffer the plan does not hold is an error.
 

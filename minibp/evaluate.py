@@ -170,8 +170,8 @@ def score(path, args):
     if not config.imagenet:
         saved.check_data_checksum(run_data.train.sha256, run_data.path)
     k = top_k(args.top_k, split.classes)  # before the work of scoring
-    batch = min(args.batch or config.sub_batch, len(split.labels))  # no bigger than the split
-    compile_within_memory(net, batch=batch, store=memory.kept(net, config, saved), training=False,
+    batch = min(args.batch or config.sub_batch, len(split.labels))  # no bigger than the split; one pass each
+    compile_within_memory(net, pass_images=batch, store=memory.kept(net, config, saved), training=False,
                           hint="lower --batch")
     checkpoint.restore(net, saved)
     return saved, config, run_data, net, scores(net, split, run_data.mean, workers=args.workers, top_k=k)

@@ -6,14 +6,14 @@
         net.conv(16, kernel=1)
         net.conv(64, kernel=3)
     net.classifier(10)                           # ... and added to this unit's input
-    print(net.plan(batch=128, bits=4).summary())
-    net.compile(batch=128, bits=4)               # one allocation for the whole step
+    print(net.plan(pass_images=128, bits=4).summary())
+    net.compile(pass_images=128, bits=4)         # one allocation: passes of up to 128 images
     loss, accuracy = net.forward(images, labels) # exact forward; each unit writes its k-bit store
     net.backward()                               # reads only the stores; grads += dL/dparams
     logits = net.predict(images)                 # running statistics, no labels
 
 Each pass (a training forward, an evaluation forward, the loss, the backward) is recorded once as a program of
-bound device calls, when the net compiles (and at the first use of another batch size), and replayed
+bound device calls, when the net compiles (and at the first use of another pass size), and replayed
 (program.py): the API below runs those programs, and a training step (step.py) replays them in turn, on the GPU
 as one CUDA graph.
 
@@ -23,6 +23,8 @@ flowing through the same buffers. One residual is outstanding at a time, in `res
 the store: "exact" (ordinary backprop), 8, 4, 2 (k-bit codes), or "naive" (4 bits fed forward: the
 ablation whose errors compound). docs/method.md derives all of it ("The schedule through shared buffers").
 """
+
+import warnings
 
 import numpy as np
 
@@ -40,8 +42,19 @@ from .quant import DEFAULT_ROUNDING, DEFAULT_WINDOW, Store, per_unit
 from .units import Pass
 
 
+class _NotGiven:
+    """The default of plan()'s and compile()'s pass_images and batch (its old name): told from a None given, which
+    is refused as a count."""
+
+    def __repr__(self):
+        return "<not given>"
+
+
+NOT_GIVEN = _NotGiven()
+
+
 # The net's own buffers, beside the units' (each unit's store, windows and statistics, layers/bn.py):
-#   input (N, H, W, C), labels (N,), logits / dlogits (N, classes)       the batch and the loss
+#   input (N, H, W, C), labels (N,), logits / dlogits (N, classes)       a pass's images and the loss
 #   act0, act1 (max unit output or input)                                 unit outputs, then gradients, in turn
 #   residual (max saved input or projection output)                      the outstanding residual (and its grad)
 #   params, grads, velocity (P,)                                         decayed weights first (optim.py)
@@ -75,7 +88,8 @@ class Net(Chain):
         self.unit_stores = ()           # ... those of the units that keep a store
         self.stochastic = self.naive = False  # a store rounds at random; one is fed forward (read each forward)
         self.label_smoothing = 0.0      # the training loss's options, set by compile (layers/loss.py)
-        self._n = 0                     # the batch of the last training forward, which backward reads
+        self.pass_images = None         # the most images of one pass, set by compile
+        self._n = 0                     # the images of the last training forward, which backward reads
         self.deferred_running = None    # (2, S) while defer_running() defers the running statistics' updates
         self._programs = {}             # the recorded passes (program()), dropped by a compile
 
@@ -133,16 +147,18 @@ class Net(Chain):
         return kept.pop() if len(kept) == 1 else None
 
 
-    def plan(self, *, batch, bits="4", window=DEFAULT_WINDOW, store=None, training=True, input_grad=False,
-             conv_path=None, optimizer="sgd", grad_norm=False, class_weights=False):
-        """The table of every buffer a step at this batch and store needs (store: a quant.Store for every unit, a
-        list of one a unit (a mix: quant.per_unit), or the one Store(bits, window) names); allocates nothing.
-        training=False: an evaluation's (no stores, gradients or momentum). conv_path: a built ConvPath adds
-        the buffers its convs need (cuDNN's). optimizer: "sgd" (momentum) or "adamw" (its second moment too); grad_norm=True: the buffers of the
-        global gradient norm (optim.py: clipping, last_grad_norm); class_weights=True: the loss's weight of each
-        class. They matter only to a training plan."""
+    def plan(self, *, pass_images=NOT_GIVEN, bits="4", window=DEFAULT_WINDOW, store=None, training=True,
+             input_grad=False, conv_path=None, optimizer="sgd", grad_norm=False, class_weights=False, batch=NOT_GIVEN):
+        """The table of every buffer passes of up to pass_images images need at this store (store: a quant.Store for
+        every unit, a list of one a unit (a mix: quant.per_unit), or the one Store(bits, window) names); allocates
+        nothing. training=False: an evaluation's (no stores, gradients or momentum). conv_path: a built ConvPath adds
+        the buffers its convs need (cuDNN's). optimizer: "sgd" (momentum) or "adamw" (its second moment too);
+        grad_norm=True: the buffers of the global gradient norm (optim.py: clipping, last_grad_norm);
+        class_weights=True: the loss's weight of each class. They matter only to a training plan. batch=:
+        pass_images's old name, for a release (a DeprecationWarning)."""
         stores = self._stores(store, bits=bits, window=window)
-        N = self._check_request(batch=batch, stores=stores, optimizer=optimizer, grad_norm=grad_norm)
+        N = self._check_request(pass_images=_pass_images(pass_images, batch, "plan"), stores=stores,
+                                optimizer=optimizer, grad_norm=grad_norm)
         dtype, units = self.dtype, self.units
         plan = Plan()
         plan.add("input", (N,) + self.input_shape, dtype, "input batch")
@@ -190,21 +206,22 @@ class Net(Chain):
             conv_path.plan_buffers(plan, dtype=dtype)
         return plan
 
-    def _check_request(self, *, batch, stores, optimizer, grad_norm):
-        """The batch (a positive int) once a plan of it could be made; a one-line error naming the fault."""
+    def _check_request(self, *, pass_images, stores, optimizer, grad_norm):
+        """pass_images (a positive int) once a plan of it could be made; a one-line error naming the fault."""
         if self.classes is None:
             raise ValueError("the net has no classifier yet: call net.classifier(classes)")
         _check_optimizer(optimizer, grad_norm)
-        N = positive_int(batch, "batch")
+        N = positive_int(pass_images, "pass_images")
         checks.check_channels(self.units, [s.k for s in stores])
         return N
 
     # ------------------------------------------------------------------ allocation and state
 
-    def compile(self, *, batch, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, clip=None, store=None,
-                seed=0, training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False,
-                label_smoothing=0.0, class_weights=None, check_plan=None):
-        """Allocate the arena for a step at this batch and store. The store (quant.Store) is given whole, as a
+    def compile(self, *, pass_images=NOT_GIVEN, bits="4", window=DEFAULT_WINDOW, rounding=DEFAULT_ROUNDING, clip=None,
+                store=None, seed=0, training=True, input_grad=False, conv="auto", optimizer="sgd", grad_norm=False,
+                label_smoothing=0.0, class_weights=None, check_plan=None, batch=NOT_GIVEN):
+        """Allocate the arena for passes of up to pass_images images (forward or backward; a training step of
+        sub-batches runs several: step.py) at this store. The store (quant.Store) is given whole, as a
         list of one a unit (a mix of bits, as a memory budget solves it: quant.per_unit), or by its words: `bits`
         ("exact", 8, 4, 2 or "naive"), `window`, the k-bit codes' window ("range", "block" or "fixed"; the naive
         ablation's is fixed), `rounding`, how a value becomes a code
@@ -217,13 +234,15 @@ class Net(Chain):
         optim.AdamW needs optimizer="adamw", clipping grad_norm=True. label_smoothing (in [0, 1)) and class_weights
         ((classes,) non-negative numbers, or None) make the training loss's target and weights (layers/loss.py).
         check_plan: called with the plan before anything is allocated, to refuse it by raising
-        (run/sizing.compile_within_memory: does it fit?)."""
+        (run/sizing.compile_within_memory: does it fit?). batch=: pass_images's old name, for a release (a
+        DeprecationWarning); net.pass_images is the number compiled for."""
         stores = self._stores(store, bits=bits, window=window, rounding=rounding, clip=clip)
-        batch = self._check_request(batch=batch, stores=stores, optimizer=optimizer, grad_norm=grad_norm)
+        n = self._check_request(pass_images=_pass_images(pass_images, batch, "compile"), stores=stores,
+                                optimizer=optimizer, grad_norm=grad_norm)
         weights = self._check_loss(label_smoothing, class_weights, training=training)
-        conv_path = ConvPath(conv, self.units, batch=batch, dtype=self.dtype)
-        plan = self.plan(batch=batch, store=list(stores), training=training, input_grad=input_grad, optimizer=optimizer,
-                         grad_norm=grad_norm, class_weights=weights is not None,
+        conv_path = ConvPath(conv, self.units, pass_images=n, dtype=self.dtype)
+        plan = self.plan(pass_images=n, store=list(stores), training=training, input_grad=input_grad,
+                         optimizer=optimizer, grad_norm=grad_norm, class_weights=weights is not None,
                          conv_path=conv_path)  # the one plan of this compile
         if check_plan is not None:
             check_plan(plan)
@@ -232,7 +251,7 @@ class Net(Chain):
         self.unit_stores = tuple(s for u, s in zip(self.units, stores) if u.bn_channels)  # (decided once: forward
         self.stochastic = any(s.stochastic for s in self.unit_stores)                     # reads them each step)
         self.naive = any(s.naive for s in self.unit_stores)
-        self.batch, self.training, self.conv_path = batch, training, conv_path
+        self.pass_images, self.training, self.conv_path = n, training, conv_path
         self.label_smoothing = float(label_smoothing)
         self.arena, self._programs = None, {}  # the old arena goes before the new one comes, with the passes on it
         self.arena = Arena(plan)
@@ -250,8 +269,16 @@ class Net(Chain):
         self._n = 0
         # every call checked and bound now, as a one-sub-batch TrainStep and forward() will replay them
         for kind in ("forward", "loss", "backward") if training else ("evaluate",):
-            self.program(kind, batch, accumulate=False)
+            self.program(kind, n, accumulate=False)
         return self
+
+    @property
+    def batch(self):
+        """pass_images's old name, for a release: read-only, a DeprecationWarning (a batch is now the images a step,
+        an evaluation or a prediction takes from the data; a pass's are pass_images)."""
+        warnings.warn("Net.batch is now Net.pass_images; batch goes in a later release", DeprecationWarning,
+                      stacklevel=2)
+        return self.pass_images
 
     def _check_loss(self, label_smoothing, class_weights, *, training):
         """compile()'s class weights as an array of the net's dtype (None where not given), once both loss options
@@ -296,7 +323,7 @@ class Net(Chain):
         checks.check_images(images, self.input_shape, self.dtype)
 
     def forward(self, images, labels, *, train=True, sync=True, draw=None):
-        """(loss, accuracy) as floats of a batch (N <= the compiled batch). train: batch statistics, running
+        """(loss, accuracy) as floats of one pass's images (N <= pass_images). train: batch statistics, running
         ones updated, stores written for backward(); else the running statistics. A loss that is not finite
         leaves the running statistics as they were and raises FloatingPointError. sync=False: (loss,
         accuracy) stay on the device, unchecked: views of arena["loss"][0], which the next forward overwrites.
@@ -320,7 +347,7 @@ class Net(Chain):
             return loss[0], loss[1]
         loss, accuracy = (float(v) for v in backend.to_host(loss))  # the one host round-trip of an eager step
         if not np.isfinite(loss):
-            if train:  # this batch's statistics must not reach later evaluations
+            if train:  # this pass's statistics must not reach later evaluations
                 backend.xp.copyto(self.arena["running"], self.arena["running_before"])
             self._n = 0
             raise FloatingPointError(f"the loss is {loss}")
@@ -330,17 +357,17 @@ class Net(Chain):
         """Logits (N, classes) on the host of any number of images, with the running statistics."""
         self._check_images(images)
         out = np.empty((images.shape[0], self.classes), self.dtype)
-        for start in range(0, images.shape[0], self.batch):
-            n = self.load_batch(images[start:start + self.batch])
+        for start in range(0, images.shape[0], self.pass_images):
+            n = self.load_batch(images[start:start + self.pass_images])
             self.program("evaluate", n).run()
             out[start:start + n] = backend.to_host(self.arena["logits"][:n])
         return out
 
     def load_batch(self, images, labels=None):
-        """Copy a batch of n <= batch images (and labels) into the input buffers the passes read; returns n."""
+        """Copy a pass's n <= pass_images images (and labels) into the input buffers the passes read; returns n."""
         n = images.shape[0]
-        if not 1 <= n <= self.batch:
-            raise ValueError(f"a batch of {n} images does not fit the {self.batch} the net was compiled for")
+        if not 1 <= n <= self.pass_images:
+            raise ValueError(f"a pass of {n} images does not fit the {self.pass_images} the net was compiled for")
         backend.copy_in(self.arena["input"][:n], images)
         if labels is not None:
             backend.copy_in(self.arena["labels"][:n], labels.astype(np.int64, copy=False))
@@ -356,7 +383,7 @@ class Net(Chain):
         loss of the logits into arena["loss"], its sums over a step's sub-batches added to with accumulate) or
         "backward" (the loss's gradient, scaled by loss_scale, and every unit's, reading the stores; the gradients
         added to, or with accumulate=False set). Recorded at its first use, every call's arguments checked then
-        (a compile records its batch's passes), and replayed after; a compile, or defer_running, records anew."""
+        (a compile records its passes of pass_images), and replayed after; a compile, or defer_running, records anew."""
         if kind not in self.PASSES:
             raise ValueError(f"a pass is one of {', '.join(self.PASSES)}, got {kind!r}")
         self._check_compiled()
@@ -364,7 +391,7 @@ class Net(Chain):
                id(self.deferred_running))
         recorded = self._programs.get(key)
         if recorded is None:
-            self.conv_path.check_batch(n)
+            self.conv_path.check_pass(n)
             with program.record() as recorded:
                 {"forward": lambda: self._forward(n, train=True), "evaluate": lambda: self._forward(n, train=False),
                  "loss": lambda: self._loss(n, accumulate),
@@ -405,7 +432,8 @@ class Net(Chain):
                                      **self._loss_options())
 
     def _loss_options(self):
-        """The training loss's smoothing and class weights (their arena buffer, or None), as layers/loss.py takes them."""
+        """The training loss's smoothing and class weights (their arena buffer, or None), as layers/loss.py takes
+        them."""
         weights = self.arena["class_weights"] if "class_weights" in self.arena else None
         return dict(smoothing=self.label_smoothing, weights=weights)
 
@@ -473,7 +501,7 @@ class Net(Chain):
 
     def _check_compiled(self):
         if self.arena is None:
-            raise RuntimeError("compile the net first: net.compile(batch=..., bits=...)")
+            raise RuntimeError("compile the net first: net.compile(pass_images=..., bits=...)")
 
 
 def _check_optimizer(optimizer, grad_norm):
@@ -481,6 +509,20 @@ def _check_optimizer(optimizer, grad_norm):
         raise ValueError(f"optimizer must be one of {', '.join(map(repr, OPTIMIZERS))}, got {optimizer!r}")
     if not isinstance(grad_norm, (bool, np.bool_)):
         raise TypeError(f"grad_norm must be True or False, got {grad_norm!r}")
+
+
+def _pass_images(pass_images, batch, call):
+    """plan()'s or compile()'s pass_images, or batch, its old name, for a release (as fit()'s split is sub_batches):
+    with a DeprecationWarning naming the new one; both at once, a TypeError."""
+    if batch is NOT_GIVEN:
+        if pass_images is NOT_GIVEN:
+            raise TypeError(f"Net.{call}() missing required keyword-only argument: 'pass_images'")
+        return pass_images
+    if pass_images is not NOT_GIVEN:
+        raise TypeError(f"Net.{call}()'s batch is pass_images' old name: give pass_images alone")
+    warnings.warn(f"Net.{call}()'s batch is now pass_images (the images of one pass; a batch is a step's); batch "
+                  "goes in a later release", DeprecationWarning, stacklevel=3)
+    return batch
 
 
 def _store(store, **words):

@@ -7,11 +7,11 @@ state in the arena, so it is planned, checkpointed and allocated with everything
 is SGD's momentum and AdamW's first moment, `second_moment` (P,) AdamW's second (planned by
 compile(optimizer="adamw")); `grad_sums` and `grad_norm` hold the norm (compile(grad_norm=True)).
 
-    net.compile(batch=128, bits=4)
+    net.compile(pass_images=128, bits=4)
     opt = SGD(net, momentum=0.9, weight_decay=2e-4)
     net.zero_grad(); net.forward(x, y); net.backward(); opt.step(lr=0.1)
 
-    net.compile(batch=128, bits=4, optimizer="adamw", grad_norm=True)
+    net.compile(pass_images=128, bits=4, optimizer="adamw", grad_norm=True)
     opt = AdamW(net, weight_decay=0.05, clip_norm=1.0)
     ...; opt.step(lr=1e-3, iteration=i)      # i: the steps done before this one (bias correction t = i + 1)
     opt.last_grad_norm                       # the norm of the last step's gradient, before clipping

@@ -47,7 +47,7 @@ class Own:
 
 
 def elements(n, shape):
-    """Values in a batch of n arrays of this shape."""
+    """Values in n arrays of this shape (a pass of n images)."""
     return n * int(np.prod(shape))
 
 

@@ -9,9 +9,10 @@
     python3 -m minibp.plan --model resnet1001 --batch 128 --memory 1.25GiB --units  # a budget solved, unit by unit
 
 The numbers come from Net.plan, the very table the trainer's arena allocates from: a batch "fits"
-a budget when the arena's one allocation (every buffer, aligned) is at most the budget. The devices'
-plans differ only in the convolution workspace (the GPU's im2col covers the whole batch, the CPU works
-a chunk of images at a time); --device plans for either, whatever this machine has.
+a budget when the arena's one allocation (every buffer, aligned) is at most the budget (a step of one pass;
+with --memory, of the sub-batches it solves, the arena a pass's). The devices' plans differ only in the
+convolution workspace (the GPU's im2col covers a whole pass, the CPU works a chunk of images at a time);
+--device plans for either, whatever this machine has.
 
 --memory solves a budget as the trainer's --memory does (run/budget.py): the fewest sub-batches and a store a unit,
 the process beside the arena measured in this process after a warm-up (on a GPU: the pool alone), plus the data
@@ -36,15 +37,17 @@ from .run.sizing import (MAX_BATCH, Footprint, auto_budget, check_budget, larges
                          unit_rows)
 
 
-def report(net, *, model, batch, store, budget=None, optimizer="sgd", grad_norm=False, solution=None):
-    """(the plan of a training step at this batch and store, the dict --json prints); with a budget, the
-    largest batch of every store's precision, through the same window. store: a quant.Store, or one a unit (a
-    solution's mix: solution, the budget.Solution it came from). optimizer, grad_norm: Net.plan's."""
+def report(net, *, model, pass_images, store, budget=None, optimizer="sgd", grad_norm=False, solution=None):
+    """(the plan of a training step's passes of pass_images images at this store, the dict --json prints, whose
+    "batch" is pass_images: --batch, or with a solution its sub-batch); with a budget, the largest batch (of one
+    pass) of every store's precision, through the same window. store: a quant.Store, or one a unit (a solution's
+    mix: solution, the budget.Solution it came from). optimizer, grad_norm: Net.plan's."""
     planned = dict(optimizer=optimizer, grad_norm=grad_norm)
-    plan = net.plan(batch=batch, store=store, **planned)
+    plan = net.plan(pass_images=pass_images, store=store, **planned)
     stores = per_unit(store, len(net.units))
     kept = {u.index: s.bits for u, s in zip(net.units, stores)}
-    result = dict(model=model, batch=batch, bits=store.bits if isinstance(store, Store) else unit_bits(net, stores),
+    result = dict(model=model, batch=pass_images,
+                  bits=store.bits if isinstance(store, Store) else unit_bits(net, stores),
                   window=stores[0].window if isinstance(store, Store) else next(
                       (s.window for s in stores if s.has_window), "fixed"),
                   units=len(net.units), parameters=net.num_parameters, categories=plan.bytes_by_category(),
@@ -149,7 +152,7 @@ def main(argv=None):
             if args.memory is not None or args.max_sub_batches is not None:
                 solution = solve(net, args, store=store, data_bytes=facts.get("held_bytes", 0) if facts else 0,
                                  train_images=facts.get("train_images", 0) if facts else 0)
-            plan, result = report(net, model=args.model, batch=args.batch if solution is None else
+            plan, result = report(net, model=args.model, pass_images=args.batch if solution is None else
                                   args.batch // solution.sub_batches, store=store if solution is None else
                                   list(solution.stores), budget=budget, solution=solution)
     except (ValueError, FileNotFoundError) as e:

@@ -140,13 +140,13 @@ def save(fig, out, *, replace=True):
 
 
 def plot_plan(model, *, batch, bits, out, data="cifar10"):
-    """Each unit's store, and the shared buffers as one bar, in MiB."""
+    """Each unit's store, and the shared buffers as one bar, in MiB, of a training step at this batch in one pass."""
     from . import models
     from .run.sizing import unit_rows
     plt = pyplot()
     shape, classes = models.DATA_SHAPES[data]
     net = models.by_name(model, input_shape=shape, classes=classes)
-    plan = net.plan(batch=batch, bits=bits)
+    plan = net.plan(pass_images=batch, bits=bits)
     rows = unit_rows(net, plan)
     fig, ax = plt.subplots(figsize=(11, 3.5))
     ax.bar([i for i, _, _ in rows], [b / 2**20 for _, _, b in rows], width=1.0, color="C0")

@@ -2,7 +2,7 @@
 replayed.
 
     step = TrainStep(net, opt, sub_batches=2)          # graph=None: the device's default (below)
-    step.run(images, labels, lr=0.1, iteration=i)      # one step over sub_batches * net.batch images
+    step.run(images, labels, lr=0.1, iteration=i)      # one step: a batch of sub_batches * net.pass_images images
     loss, accuracy = step.result()                     # the last step's mean over its sub-batches
     TrainStep(net, opt, group=dist.start())            # one rank's share of a batch (dist.py): see below
 
@@ -29,7 +29,7 @@ stochastic rounding.
 - On the CPU the same program is replayed as it is: the graph's stand-in, equal to eager steps bit for bit.
 The default, graph=None, replays as a CUDA graph on a GPU that can capture one and runs eagerly elsewhere.
 Either way run() checks the images as the eager forward does (checks.check_images: their height, width,
-channels and dtype), before anything runs; and a net compiled again (another batch or store) is stepped on its
+channels and dtype), before anything runs; and a net compiled again (another pass size or store) is stepped on its
 new arena, the replay's staging buffers, program and graph made anew.
 
 Several ranks (group, dist.py), each running sub_batches sub-batches of its share of the batch, take the
@@ -107,9 +107,9 @@ class TrainStep:
 
     def _prepare_replay(self):
         """The staging buffers the replayed step copies each sub-batch from (pinned host memory on the GPU), and
-        on the GPU the stream it runs on; again after the net is compiled anew (another batch, store or arena),
+        on the GPU the stream it runs on; again after the net is compiled anew (another pass size, store or arena),
         the program and graph of the old arena dropped."""
-        net, B = self.net, self.sub_batches * self.net.batch
+        net, B = self.net, self.sub_batches * self.net.pass_images
         self._arena, self._program, self._cuda_graph, self._steps = weakref.ref(net.arena), None, None, 0
         if backend.device == "gpu":
             import cupyx  # (the GPU only: backend chose CuPy)
@@ -121,16 +121,17 @@ class TrainStep:
             self._labels = np.empty((B,), np.int64)
 
     def run(self, images, labels, *, lr, iteration=None):
-        """One step on images (sub_batches * net.batch, H, W, C) and labels (sub_batches * net.batch,). iteration
-        numbers the stores' random draws under stochastic rounding: sub-batch s of rank r takes draw
-        iteration * ranks * sub_batches + r * sub_batches + s, as sub-batch r * sub_batches + s of one process
-        would, so a resumed run and P ranks draw as one uninterrupted process (None: the net counts its forwards).
+        """One step on a batch: images (sub_batches * net.pass_images, H, W, C) and labels (sub_batches *
+        net.pass_images,), a pass a sub-batch. iteration numbers the stores' random draws under stochastic
+        rounding: sub-batch s of rank r takes draw iteration * ranks * sub_batches + r * sub_batches + s, as
+        sub-batch r * sub_batches + s of one process would, so a resumed run and P ranks draw as one
+        uninterrupted process (None: the net counts its forwards).
         It is the number of steps done before this one, which the optimizer's step takes too (AdamW needs it)."""
         _check_compiled(self.net)  # (compiled again since: for evaluation, say)
         if self.replay and self._arena() is not self.net.arena:
             self._prepare_replay()
-        if len(images) != self.sub_batches * self.net.batch:
-            raise ValueError(f"a step takes {self.sub_batches} x {self.net.batch} images, got {len(images)}")
+        if len(images) != self.sub_batches * self.net.pass_images:
+            raise ValueError(f"a step takes {self.sub_batches} x {self.net.pass_images} images, got {len(images)}")
         # the eager forward's check, before anything runs: a replay's staging copy would broadcast other images
         checks.check_images(images, self.net.input_shape, self.net.dtype)
         if iteration is None and self.opt.uses_iteration:  # before anything runs
@@ -164,7 +165,7 @@ class TrainStep:
     def _step_program(self):
         """The whole step as one Program (the module docstring), recorded at its first use."""
         if self._program is None:
-            net, n = self.net, self.net.batch
+            net, n = self.net, self.net.pass_images
             step = program.Program()
             for s in range(self.sub_batches):
                 with program.record() as load:
@@ -206,7 +207,7 @@ class TrainStep:
         return self._last
 
     def _eager(self, images, labels, lr, first_draw):
-        net, n = self.net, self.net.batch
+        net, n = self.net, self.net.pass_images
         results = []
         for s, start in enumerate(range(0, len(images), n)):
             results.append(net.forward(images[start:start + n], labels[start:start + n],
@@ -218,7 +219,7 @@ class TrainStep:
     def _ranks(self, images, labels, lr, first_draw):
         """One rank's share of the step, eagerly: its sub-batches with the running statistics deferred, then the
         sum of the gradients, the gather of the increments and losses, and their application in rank order."""
-        net, n, group = self.net, self.net.batch, self.group
+        net, n, group = self.net, self.net.pass_images, self.group
         checks.check_labels(np.asarray(labels), len(labels), net.classes)
         S = self._increments.shape[1]
         net.defer_running(self._increments)

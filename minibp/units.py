@@ -35,7 +35,7 @@ class Unit:
         is_classifier             it ends the net: its output is the logits
         bn_channels               channels whose running statistics the net keeps for it (0: none)
         parameters()              [Param]: its parameters by role
-        own_buffers(n, *, store, keep)   [Own]: its own buffers for a batch of n under its quant.Store;
+        own_buffers(n, *, store, keep)   [Own]: its own buffers for a pass of n images under its quant.Store;
                                   keep=False (an evaluation): only what an evaluation needs
         shared_sizes(n, *, training)     {shared buffer name: elements it uses} (net.py's SHARED)
         bind(*, p, g, own, running)      its views: parameters and gradients by role, own buffers by role,

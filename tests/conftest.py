@@ -78,7 +78,7 @@ def plan_calls(monkeypatch):
     calls, real = [], Net.plan
 
     def counted(self, **options):
-        calls.append(options["batch"])
+        calls.append(options["pass_images"])
         assert len(calls) <= 300, "the batch search does not stop"
         return real(self, **options)
     monkeypatch.setattr(Net, "plan", counted)

@@ -115,8 +115,8 @@ def test_a_nets_recipe_builds_the_same_net_and_a_custom_unit_has_none(rng):
         assert rebuilt.structure() == original.structure() and wiring(rebuilt) == wiring(original)
         assert [(n, p.shape) for n, _, p in rebuilt.parameter_table()] == \
             [(n, p.shape) for n, _, p in original.parameter_table()]
-        original.compile(batch=2, bits="exact", seed=4, training=False)
-        rebuilt.compile(batch=2, bits="exact", seed=4, training=False)
+        original.compile(pass_images=2, bits="exact", seed=4, training=False)
+        rebuilt.compile(pass_images=2, bits="exact", seed=4, training=False)
         x = rng.standard_normal((2, 8, 8, 3)).astype(np.float32)
         assert np.array_equal(original.predict(x), rebuilt.predict(x))
     other = Net.from_structure(net.structure(), input_shape=(16, 16, 3), classes=7)

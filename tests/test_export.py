@@ -69,7 +69,7 @@ def run(tmp_path_factory):
 
 def as_model(run, net, rng):
     """A Trained model of the run's checkpoint holding another net, compiled and randomised, and its own mean."""
-    net.compile(batch=8, training=False)
+    net.compile(pass_images=8, training=False)
     randomise(net, rng)
     mean = rng.uniform(0.2, 0.6, net.input_shape).astype(np.float32)
     return replace(minibp.load(run), net=net, mean=mean)
@@ -128,7 +128,7 @@ def test_the_graph_takes_raw_images_and_states_the_preprocessing(run):
 
 def test_a_naive_run_is_refused_an_onnx_graph(run, rng):
     net = every_unit_net()
-    net.compile(batch=4, bits="naive", training=False)
+    net.compile(pass_images=4, bits="naive", training=False)
     with pytest.raises(ValueError, match="naive run, which predicts through its 4-bit codes"):
         export.onnx_model(replace(minibp.load(run), net=net))
 
@@ -140,7 +140,7 @@ def test_export_writes_both_files_that_load_back_into_an_equal_net(run, tmp_path
     tensors = safetensors_numpy.load_file(written["safetensors"])
     assert np.array_equal(tensors["preprocess/mean"], model.mean)
     assert tensors["params/unit1.w"].shape == (16, 1, 1, 16) and tensors["running/unit1.bn"].shape == (2, 16)
-    net = models.preact_resnet(11, input_shape=(8, 8, 3), classes=4).compile(batch=16, training=False)
+    net = models.preact_resnet(11, input_shape=(8, 8, 3), classes=4).compile(pass_images=16, training=False)
     net.load_state({name: array for name, array in tensors.items() if not name.startswith("preprocess/")})
     images = np.random.default_rng(1).integers(0, 256, (16, 8, 8, 3), dtype=np.uint8)
     assert np.array_equal(net.predict(model.preprocess(images)), model.net.predict(model.preprocess(images)))

@@ -55,7 +55,7 @@ def test_a_run_starts_from_the_arrays_that_fit_and_a_new_classifier_starts_fresh
 
 
 def test_the_weights_taken_are_the_runs_and_the_rest_keeps_its_initialisation(source, tmp_path):
-    net = models.by_name("resnet11", input_shape=(8, 8, 3), classes=5).compile(batch=4, bits="4", seed=3)
+    net = models.by_name("resnet11", input_shape=(8, 8, 3), classes=5).compile(pass_images=4, bits="4", seed=3)
     SGD(net, momentum=0.9)
     fresh = net.state()
     started_from, why = startup.take_weights(net, source / "checkpoint.h5")
@@ -137,7 +137,7 @@ def test_frozen_units_stay_as_loaded_while_the_rest_trains(source, tmp_path, cap
             assert np.array_equal(array, theirs[name]), name
         elif name.startswith("momentum/"):
             assert not array.any(), name
-    fresh = models.by_name("resnet11", input_shape=(8, 8, 3), classes=5).compile(batch=4, bits="4", seed=0)
+    fresh = models.by_name("resnet11", input_shape=(8, 8, 3), classes=5).compile(pass_images=4, bits="4", seed=0)
     assert not np.array_equal(tuned.state["params/unit10.w"], fresh.state()["params/unit10.w"])
     assert train.main(["--out", str(tmp_path / "tuned"), "--resume", "--freeze", "0-3"]) == 2
     assert "--freeze 0-3 (the run has all-but-classifier)" in one_line_error(capsys.readouterr().err)

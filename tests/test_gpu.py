@@ -24,7 +24,7 @@ from minibp import models
 from minibp.optim import SGD
 rng = np.random.default_rng(0)
 x = rng.standard_normal((16, 16, 16, 3)).astype(np.float32); y = rng.integers(0, 10, 16)
-net = models.preact_resnet(20, input_shape=(16, 16, 3)).compile(batch=16, bits="{mode}", seed=0, conv="{conv}")
+net = models.preact_resnet(20, input_shape=(16, 16, 3)).compile(pass_images=16, bits="{mode}", seed=0, conv="{conv}")
 opt = SGD(net)
 losses = []
 for _ in range(20):
@@ -62,7 +62,7 @@ def test_cudnn_and_gemm_convolutions_agree():
     for bits in ("exact", "4"):
         grads, losses = {}, {}
         for conv in ("gemm", "cudnn"):
-            net = resnet20_16x16().compile(batch=16, bits=bits, seed=0, conv=conv)
+            net = resnet20_16x16().compile(pass_images=16, bits=bits, seed=0, conv=conv)
             losses[conv] = net.forward(x, y)[0]
             net.backward()
             grads[conv] = backend.to_host(net.grads).astype(np.float64)
@@ -74,7 +74,7 @@ def test_cudnn_and_gemm_convolutions_agree():
 
 def test_backward_and_step_never_synchronise_with_the_host():
     import cupyx
-    net = resnet20_16x16().compile(batch=16, bits="4", seed=0)
+    net = resnet20_16x16().compile(pass_images=16, bits="4", seed=0)
     opt = SGD(net)
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((16, 16, 16, 3)).astype(np.float32), rng.integers(0, 10, 16)
@@ -89,7 +89,7 @@ def test_memory_pool_holds_the_plan_and_little_else():
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
     before = pool.used_bytes()
-    net = models.preact_resnet(56).compile(batch=64, bits="4", seed=0)
+    net = models.preact_resnet(56).compile(pass_images=64, bits="4", seed=0)
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((64, 32, 32, 3)).astype(np.float32), rng.integers(0, 10, 64)
     net.forward(x, y)
@@ -111,7 +111,7 @@ def test_a_replayed_step_holds_the_plan_to_the_byte():
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
     before = pool.used_bytes()
-    net = models.preact_resnet(56).compile(batch=64, bits="4", seed=0)
+    net = models.preact_resnet(56).compile(pass_images=64, bits="4", seed=0)
     step = TrainStep(net, SGD(net), graph=True)
     rng = np.random.default_rng(0)
     for i in range(3):  # eager on the step's stream, captured, replayed

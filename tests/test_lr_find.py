@@ -90,7 +90,7 @@ class Stream:
 
 def test_a_range_test_leaves_the_net_its_optimizer_and_the_batches_as_they_were():
     net = tiny_net()
-    net.compile(batch=4, bits=4, seed=0)
+    net.compile(pass_images=4, bits=4, seed=0)
     step, stream = TrainStep(net, SGD(net)), Stream()
     before, first = net.state(), stream.next()[0]
     stream.restore(np.random.default_rng(0).bit_generator.state)

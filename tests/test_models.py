@@ -16,7 +16,7 @@ from nets import tiny_batch
 
 @pytest.mark.parametrize("depth", [11, 20])
 def test_projection_resnets_train(rng, depth):
-    net = preact_resnet(depth, input_shape=(8, 8, 3), classes=3, shortcut="projection").compile(batch=4, bits="4")
+    net = preact_resnet(depth, input_shape=(8, 8, 3), classes=3, shortcut="projection").compile(pass_images=4, bits="4")
     opt = SGD(net)
     x, y = tiny_batch(rng)
     losses = []
@@ -75,7 +75,7 @@ def test_imagenet_resnets_have_the_standard_shapes_and_parameters(depth):
     assert projected == [1 + 3 * sum(blocks[:s]) for s in range(4)]
     assert [net.units[i].projection.stride for i in projected] == [1, 2, 2, 2]
     assert net.units[-1].in_shape == (7, 7, 2048) and net.classes == 1000
-    stores = net.plan(batch=256, bits="4", window="range").bytes_by_category()["activation stores"]  # planned only
+    stores = net.plan(pass_images=256, bits="4", window="range").bytes_by_category()["activation stores"]  # planned
     assert stores == sum(256 * h * w * c // 2 for h, w, c in inputs)
 
 
@@ -92,7 +92,7 @@ def test_resnet101_keeps_its_cifar_meaning_and_misused_names_are_refused():
 def test_a_tiny_imagenet_resnet_matches_finite_differences_in_float64(rng):
     """The ImageNet builder's path (7x7/2 stem, max pool, projections, identity blocks) at 16x16."""
     net = models.bottleneck_resnet((2, 1), (4, 8), stem=4, input_shape=(16, 16, 3), classes=3, dtype=np.float64)
-    net.compile(batch=2, bits="exact", seed=5, input_grad=True)
+    net.compile(pass_images=2, bits="exact", seed=5, input_grad=True)
     x, y = device(rng.standard_normal((2, 16, 16, 3))), rng.integers(0, 3, 2)
     net.forward(x, y)
     net.backward()

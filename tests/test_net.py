@@ -24,7 +24,7 @@ def batch(rng, n=4, shape=(8, 8, 3), classes=5, dtype=np.float32):
 
 @pytest.mark.slow
 def test_whole_net_gradients_match_finite_differences_in_float64(rng):
-    net = small_net(dtype=np.float64).compile(batch=3, bits="exact", seed=7, input_grad=True)
+    net = small_net(dtype=np.float64).compile(pass_images=3, bits="exact", seed=7, input_grad=True)
     x, y = batch(rng, 3, dtype=np.float64)
     x_device = device(x)
     net.forward(x_device, y)
@@ -47,7 +47,7 @@ def test_projection_block_then_fewer_channels_matches_finite_differences(rng):
         net.conv(16, kernel=3, stride=2)
     net.conv(4, kernel=1)  # adds the projection, then reduces the channels
     net.classifier(3)
-    net.compile(batch=2, bits="exact", seed=1)
+    net.compile(pass_images=2, bits="exact", seed=1)
     x = device(rng.standard_normal((2, 8, 8, 3)))
     y = rng.integers(0, 3, 2)
     net.forward(x, y)
@@ -58,7 +58,7 @@ def test_projection_block_then_fewer_channels_matches_finite_differences(rng):
 
 
 def test_exact_mode_equals_ordinary_backprop(rng):
-    net = small_net().compile(batch=4, bits="exact", seed=3, input_grad=True)
+    net = small_net().compile(pass_images=4, bits="exact", seed=3, input_grad=True)
     x, y = batch(rng)
     loss, _ = net.forward(device(x), y)
     net.backward()
@@ -75,7 +75,7 @@ def test_forward_in_approximate_modes_is_bit_identical_to_exact(rng):
     modes = ["exact"] + [f"{k}:{w}" for k in ("8", "4", "2") for w in quant.WINDOWS]  # every store and window
     for mode in modes:
         bits, _, window = mode.partition(":")
-        net = small_net().compile(batch=12, bits=bits, window=window or "fixed", seed=1)
+        net = small_net().compile(pass_images=12, bits=bits, window=window or "fixed", seed=1)
         loss, accuracy = net.forward(device(x), y)
         results[mode] = (loss, accuracy, host(net.arena["logits"]).copy(),
                          [host(net.arena["running"]).copy()])
@@ -83,12 +83,12 @@ def test_forward_in_approximate_modes_is_bit_identical_to_exact(rng):
         assert results[mode][:2] == results["exact"][:2]
         assert np.array_equal(results[mode][2], results["exact"][2])
         assert all(np.array_equal(a, b) for a, b in zip(results[mode][3], results["exact"][3]))
-    naive = small_net().compile(batch=12, bits="naive", seed=1)
+    naive = small_net().compile(pass_images=12, bits="naive", seed=1)
     assert naive.forward(device(x), y)[0] != results["exact"][0]  # the ablation does feed a~ forward
 
 
 def _grads(net_fn, mode, x, y, *, seed=0):
-    net = net_fn().compile(batch=x.shape[0], bits=mode, seed=seed)
+    net = net_fn().compile(pass_images=x.shape[0], bits=mode, seed=seed)
     net.forward(device(x), y)
     net.backward()
     return host(net.grads).astype(np.float64), net
@@ -155,7 +155,7 @@ def test_error_does_not_compound_with_depth_as_naive_quantization_does(rng):
 
 def test_plan_stores_cost_k_over_32_of_exact():
     net = preact_resnet(20)
-    stores = {mode: net.plan(batch=32, bits=mode, window="range").bytes_by_category()["activation stores"]
+    stores = {mode: net.plan(pass_images=32, bits=mode, window="range").bytes_by_category()["activation stores"]
               for mode in ("exact", "8", "4", "2")}
     for bits in (8, 4, 2):
         assert stores[str(bits)] * 32 == stores["exact"] * bits
@@ -168,7 +168,7 @@ def test_a_training_step_allocates_little_outside_the_arena(rng):
     a 19-30 MB arena, whose largest activation buffer is 2 MB."""
     x, y = batch(rng, 32, shape=(16, 16, 3), classes=10)
     for mode in ("exact", "4"):
-        net = resnet20_16x16().compile(batch=32, bits=mode)
+        net = resnet20_16x16().compile(pass_images=32, bits=mode)
         opt = SGD(net)
         net.forward(x, y)
         net.backward()
@@ -185,7 +185,7 @@ def test_a_training_step_allocates_little_outside_the_arena(rng):
 
 
 def test_resnet164_trains_a_step_at_batch_8(rng):
-    net = preact_resnet(164).compile(batch=8, bits="4", seed=0)
+    net = preact_resnet(164).compile(pass_images=8, bits="4", seed=0)
     assert len(net.units) == 164
     opt = SGD(net)
     x, y = batch(rng, 8, shape=(32, 32, 3), classes=10)
@@ -199,7 +199,7 @@ def test_resnet164_trains_a_step_at_batch_8(rng):
 
 def test_backward_accumulates_with_a_loss_scale(rng):
     """backward() adds scale * gradient: two half-scaled passes over a batch equal one full pass."""
-    net = small_net().compile(batch=4, bits="4", seed=2)
+    net = small_net().compile(pass_images=4, bits="4", seed=2)
     x, y = batch(rng)
     net.forward(x, y)
     net.backward()
@@ -219,13 +219,13 @@ def test_backward_accumulates_with_a_loss_scale(rng):
     (np.zeros((4, 8, 8, 3), np.float32), np.zeros(3, np.int64), "labels must be 4"),
 ])
 def test_bad_input_is_refused_clearly(images, labels, match):
-    net = small_net().compile(batch=4, bits="4")
+    net = small_net().compile(pass_images=4, bits="4")
     with pytest.raises(ValueError, match=match):
         net.forward(images, labels)
 
 
 def test_nan_loss_stops_training(rng):
-    net = small_net().compile(batch=4, bits="4")
+    net = small_net().compile(pass_images=4, bits="4")
     x, y = batch(rng)
     x[0, 0, 0, 0] = np.nan
     with pytest.raises(FloatingPointError, match="nan"):
@@ -236,11 +236,11 @@ def test_misuse_is_refused():
     net = small_net()
     with pytest.raises(RuntimeError, match="compile"):
         net.forward(np.zeros((1, 8, 8, 3), np.float32), np.zeros(1, np.int64))
-    net.compile(batch=2, bits="4")
+    net.compile(pass_images=2, bits="4")
     with pytest.raises(RuntimeError, match="forward"):
         net.backward()
     with pytest.raises(ValueError, match="bits must be one of"):
-        net.plan(batch=2, bits="3")
+        net.plan(pass_images=2, bits="3")
     with pytest.raises(ValueError, match="classifier"):
         net.conv(4)
     nested = Net((8, 8, 3))
@@ -251,16 +251,16 @@ def test_misuse_is_refused():
                 pass
     odd = odd_net()
     with pytest.raises(ValueError, match="multiple of 2"):
-        odd.compile(batch=2, bits="4")
+        odd.compile(pass_images=2, bits="4")
     with pytest.raises(ValueError, match="9n\\+2"):
         preact_resnet(50)
 
 
 def test_recompiling_keeps_the_trained_state(rng):
-    net = tiny_net().compile(batch=4, bits=4)
+    net = tiny_net().compile(pass_images=4, bits=4)
     train_steps(net, rng)
     before = net.state()
-    net.compile(batch=2, bits=8)
+    net.compile(pass_images=2, bits=8)
     after = net.state()
     assert before.keys() == after.keys()
     assert all(np.array_equal(before[k], after[k]) for k in before)
@@ -269,9 +269,9 @@ def test_recompiling_keeps_the_trained_state(rng):
 
 
 def test_predict_runs_any_number_of_images_through_an_evaluation_arena(rng):
-    trained = tiny_net().compile(batch=4, bits=4)
+    trained = tiny_net().compile(pass_images=4, bits=4)
     train_steps(trained, rng)
-    evaluator = tiny_net().compile(batch=3, bits=4, training=False)
+    evaluator = tiny_net().compile(pass_images=3, bits=4, training=False)
     evaluator.load_state(trained.state())  # momentum ignored: the evaluation arena has none
     plan = evaluator.arena.plan
     assert not any(n in plan for n in ("grads", "velocity", "unit1.store", "dlogits", "da"))
@@ -288,12 +288,12 @@ def test_predict_runs_any_number_of_images_through_an_evaluation_arena(rng):
 def test_the_optimizer_options_plan_their_buffers_and_nothing_else():
     net = small_net()
     P = net.num_parameters
-    sgd = net.plan(batch=4, bits="4")
+    sgd = net.plan(pass_images=4, bits="4")
     assert not any(n in sgd for n in ("second_moment", "grad_sums", "grad_norm"))
-    assert sgd.buffers == net.plan(batch=4, bits="4", optimizer="sgd", grad_norm=False).buffers
+    assert sgd.buffers == net.plan(pass_images=4, bits="4", optimizer="sgd", grad_norm=False).buffers
     for optimizer in ("sgd", "adamw"):
         for grad_norm in (False, True):
-            plan = net.plan(batch=4, bits="4", optimizer=optimizer, grad_norm=grad_norm)
+            plan = net.plan(pass_images=4, bits="4", optimizer=optimizer, grad_norm=grad_norm)
             added = {n: plan[n] for n in plan.buffers if n not in sgd}
             assert all(plan[n] == sgd[n] for n in sgd.buffers)  # SGD's plan, in its order, first
             assert list(plan.buffers)[:len(sgd.buffers)] == list(sgd.buffers)
@@ -304,8 +304,8 @@ def test_the_optimizer_options_plan_their_buffers_and_nothing_else():
                 want["grad_sums"] = ((optim.norm_chunks(P),), np.float64, "workspace")
                 want["grad_norm"] = ((1,), np.float64, "workspace")
             assert {n: (b.shape, b.dtype, b.category) for n, b in added.items()} == want
-            evaluation = net.plan(batch=4, bits="4", training=False, optimizer=optimizer, grad_norm=grad_norm)
-            assert evaluation.buffers == net.plan(batch=4, bits="4", training=False).buffers
+            evaluation = net.plan(pass_images=4, bits="4", training=False, optimizer=optimizer, grad_norm=grad_norm)
+            assert evaluation.buffers == net.plan(pass_images=4, bits="4", training=False).buffers
     assert optim.norm_chunks(P) == -(-P // optim.NORM_CHUNK) == 3
 
 
@@ -318,12 +318,12 @@ def test_plan_and_compile_refuse_unknown_optimizer_options(options, error, match
     net = small_net()
     for call in (net.plan, net.compile):
         with pytest.raises(error, match=match):
-            call(batch=2, bits="4", **options)
+            call(pass_images=2, bits="4", **options)
     assert net.arena is None
 
 
 def test_recompiling_keeps_the_adamw_state_and_another_optimizer_drops_it(rng):
-    net = tiny_net().compile(batch=4, bits=4, optimizer="adamw")
+    net = tiny_net().compile(pass_images=4, bits=4, optimizer="adamw")
     opt = AdamW(net)
     x, y = batch(rng, classes=3)
     net.forward(device(x), y)
@@ -331,12 +331,12 @@ def test_recompiling_keeps_the_adamw_state_and_another_optimizer_drops_it(rng):
     opt.step(lr=1e-3, iteration=0)
     before = net.state()
     assert sum(k.startswith("second_moment/") for k in before) == len(net.parameter_table())
-    net.compile(batch=2, bits=8, optimizer="adamw", grad_norm=True)
+    net.compile(pass_images=2, bits=8, optimizer="adamw", grad_norm=True)
     after = net.state()
     assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
-    net.compile(batch=2, bits=8)  # SGD's arena: no second moment, the rest kept
+    net.compile(pass_images=2, bits=8)  # SGD's arena: no second moment, the rest kept
     assert {k: v for k, v in before.items() if not k.startswith("second_moment/")}.keys() == net.state().keys()
-    net.compile(batch=2, bits=8, optimizer="adamw")
+    net.compile(pass_images=2, bits=8, optimizer="adamw")
     assert all(not v.any() for k, v in net.state().items() if k.startswith("second_moment/"))
     net.initialize(seed=1)
     assert all(not v.any() for k, v in net.state().items() if k.startswith(("second_moment/", "momentum/")))
@@ -346,7 +346,7 @@ def test_recompiling_keeps_the_adamw_state_and_another_optimizer_drops_it(rng):
 def test_an_adamw_step_with_clipping_allocates_nothing_large(rng):
     """The norm's partial sums and the moments are the arena's: a step of the optimizer allocates no (P,)
     temporary (resnet20_16x16: P = 0.27 M, 1 MB a float32 copy)."""
-    net = resnet20_16x16().compile(batch=2, bits="4", optimizer="adamw", grad_norm=True)
+    net = resnet20_16x16().compile(pass_images=2, bits="4", optimizer="adamw", grad_norm=True)
     net.grads[...] = device(rng.standard_normal(net.num_parameters).astype(np.float32))
     for opt in (AdamW(net, clip_norm=1.0), SGD(net, clip_norm=1.0)):
         opt.step(lr=1e-3, iteration=0)  # loads the kernels
@@ -361,15 +361,15 @@ def test_the_memory_checks_plan_the_optimizers_buffers(monkeypatch):
     """run/sizing.py's largest_batch and compile_within_memory size the plan the compile will allocate."""
     from minibp.run.sizing import compile_within_memory, largest_batch
     net, store = small_net(), quant.Store("4")
-    sgd = net.plan(batch=64, store=store).allocation_bytes
-    adamw = net.plan(batch=64, store=store, optimizer="adamw", grad_norm=True).allocation_bytes
+    sgd = net.plan(pass_images=64, store=store).allocation_bytes
+    adamw = net.plan(pass_images=64, store=store, optimizer="adamw", grad_norm=True).allocation_bytes
     budget = (sgd + adamw) // 2
     assert largest_batch(net, store=store, budget=budget) >= 64
     assert largest_batch(net, store=store, budget=budget, optimizer="adamw", grad_norm=True) < 64
     monkeypatch.setattr(backend, "available_memory", lambda: budget)
-    with pytest.raises(ValueError, match="a batch of 64 needs"):
-        compile_within_memory(net, batch=64, store=store, optimizer="adamw", grad_norm=True)
-    compile_within_memory(net, batch=64, store=store)
+    with pytest.raises(ValueError, match="a pass of 64 images needs"):
+        compile_within_memory(net, pass_images=64, store=store, optimizer="adamw", grad_norm=True)
+    compile_within_memory(net, pass_images=64, store=store)
     assert "second_moment" not in net.arena
 
 
@@ -381,25 +381,25 @@ def test_a_mix_plans_each_units_store_by_its_own_bits():
     net = small_net()
     bits = ["exact", "8", "4", "2", "exact", "4", "8", "2"][:len(net.units)]
     mix = [quant.Store(b) for b in bits]
-    plan = net.plan(batch=4, store=mix)
+    plan = net.plan(pass_images=4, store=mix)
     for u, store in zip(net.units, mix):
         name = f"unit{u.index}.store"
         if u.bn_channels:
             want = 4 * int(np.prod(u.in_shape)) * (4 if store.bits == "exact" else store.k / 8)
             assert plan[name].nbytes == want, name
             assert (f"unit{u.index}.windows" in plan) == (store.bits != "exact")
-    uniform = net.plan(batch=4, store=quant.Store("4"))
-    assert net.plan(batch=4, store=[quant.Store("4")] * len(net.units)).buffers == uniform.buffers
-    assert net.compile(batch=4, store=mix).stores == tuple(mix) and net.store is None
-    assert net.compile(batch=4, store=[quant.Store("4")] * len(net.units)).store == quant.Store("4")
+    uniform = net.plan(pass_images=4, store=quant.Store("4"))
+    assert net.plan(pass_images=4, store=[quant.Store("4")] * len(net.units)).buffers == uniform.buffers
+    assert net.compile(pass_images=4, store=mix).stores == tuple(mix) and net.store is None
+    assert net.compile(pass_images=4, store=[quant.Store("4")] * len(net.units)).store == quant.Store("4")
 
 
 def test_a_mix_is_refused_in_one_line_where_it_does_not_fit_the_units():
     net = small_net()
     with pytest.raises(TypeError, match=f"a list of {len(net.units)} of them \\(one a unit\\), got list of 2"):
-        net.plan(batch=4, store=[quant.Store("4")] * 2)
+        net.plan(pass_images=4, store=[quant.Store("4")] * 2)
     with pytest.raises(ValueError, match="differs in bits alone"):
-        net.plan(batch=4, store=[quant.Store("4", "range")] + [quant.Store("4")] * (len(net.units) - 1))
+        net.plan(pass_images=4, store=[quant.Store("4", "range")] + [quant.Store("4")] * (len(net.units) - 1))
 
 
 def test_each_unit_reads_its_own_store(rng):
@@ -407,11 +407,11 @@ def test_each_unit_reads_its_own_store(rng):
     every other exact, every gradient of a unit above i is the exact net's bit for bit, unit i's own is not, and the
     loss (an exact forward) is the same."""
     x, y = batch(rng, 4)
-    exact = small_net().compile(batch=4, bits="exact", seed=3)
+    exact = small_net().compile(pass_images=4, bits="exact", seed=3)
     i = 3
     mix = [quant.Store("exact")] * len(exact.units)
     mix[i] = quant.Store("4")
-    mixed = small_net().compile(batch=4, store=mix, seed=3)
+    mixed = small_net().compile(pass_images=4, store=mix, seed=3)
     losses = [n.forward(device(x), y) for n in (exact, mixed)]
     for n in (exact, mixed):
         n.backward(accumulate=False)
@@ -426,15 +426,15 @@ def test_a_training_loss_smooths_and_weights_as_its_reference(rng):
     weights are planned as a buffer of their own, and an evaluation net refuses both."""
     x, y = batch(rng, 4)
     weights = np.array([1.0, 2.0, 0.5, 0.0, 3.0])
-    net = small_net().compile(batch=4, bits="exact", seed=1, label_smoothing=0.1, class_weights=weights)
+    net = small_net().compile(pass_images=4, bits="exact", seed=1, label_smoothing=0.1, class_weights=weights)
     assert net.arena.plan.buffers["class_weights"].shape == (5,)
     loss, _ = net.forward(device(x), device(y))
     logits = host(net.arena["logits"])  # the training forward's (batch statistics)
     want, _ = softmax_cross_entropy_ref(logits, y, smoothing=0.1, weights=weights)
     assert loss == pytest.approx(want, rel=1e-5)
     with pytest.raises(ValueError, match="training loss"):
-        small_net().compile(batch=4, training=False, label_smoothing=0.1)
+        small_net().compile(pass_images=4, training=False, label_smoothing=0.1)
     with pytest.raises(ValueError, match="5 finite non-negative numbers"):
-        small_net().compile(batch=4, class_weights=[1.0, -1.0, 1.0, 1.0, 1.0])
+        small_net().compile(pass_images=4, class_weights=[1.0, -1.0, 1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match=r"label_smoothing must be a number in \[0, 1\)"):
-        small_net().compile(batch=4, label_smoothing=1.0)
+        small_net().compile(pass_images=4, label_smoothing=1.0)

@@ -20,7 +20,7 @@ def _net():
     net.conv(4, kernel=3)
     net.conv(4, kernel=1)
     net.classifier(3)
-    return net.compile(batch=2, bits="4", seed=0)
+    return net.compile(pass_images=2, bits="4", seed=0)
 
 
 def test_sgd_kernel_equals_reference_exactly(rng):
@@ -85,7 +85,7 @@ def test_step_takes_any_real_learning_rate(lr):
 def test_step_needs_a_net_compiled_for_training():
     net = _net()
     opt = optim.SGD(net)
-    net.compile(batch=2, bits="4", training=False)
+    net.compile(pass_images=2, bits="4", training=False)
     with pytest.raises(RuntimeError, match="compiled for evaluation"):
         opt.step(lr=0.1)
     with pytest.raises(RuntimeError, match="compiled for evaluation"):
@@ -103,15 +103,15 @@ def test_step_needs_a_net_compiled_for_training():
     (dict(momentum=False), TypeError, "momentum must be a real number, got False"),
 ])
 def test_sgd_refuses_hyperparameters_that_are_not_numbers_in_range(options, error, match):
-    net = tiny_net().compile(batch=2, bits="4")
+    net = tiny_net().compile(pass_images=2, bits="4")
     with pytest.raises(error, match=match):
         SGD(net, **options)
 
 
 def test_sgd_follows_a_recompiled_net(rng):
-    net = tiny_net().compile(batch=4, bits="4")
+    net = tiny_net().compile(pass_images=4, bits="4")
     opt = SGD(net, momentum=0.9)
-    net.compile(batch=2, bits="4")  # a new arena, with a new momentum buffer
+    net.compile(pass_images=2, bits="4")  # a new arena, with a new momentum buffer
     x, y = tiny_batch(rng, 2)
     net.zero_grad()
     net.forward(x, y)
@@ -156,7 +156,7 @@ def test_grad_norm_kernels_equal_the_reference_for_any_launch_shape(rng, n):
 
 
 def _compiled(optimizer="sgd", *, grad_norm=True, dtype=np.float32):
-    return small_net(dtype=dtype).compile(batch=2, bits="4", seed=0, optimizer=optimizer, grad_norm=grad_norm)
+    return small_net(dtype=dtype).compile(pass_images=2, bits="4", seed=0, optimizer=optimizer, grad_norm=grad_norm)
 
 
 @pytest.mark.parametrize("binds", [True, False])
@@ -207,7 +207,7 @@ def test_measuring_the_norm_leaves_sgd_as_it_was(rng):
                                        weight_decay=2e-4)
     assert np.array_equal(host(net.params), want_p)
     assert opt.last_grad_norm == optim.grad_norm_ref(grads)
-    net.compile(batch=2, bits="4", grad_norm=True)  # a new arena: its norm is not measured yet
+    net.compile(pass_images=2, bits="4", grad_norm=True)  # a new arena: its norm is not measured yet
     assert opt.last_grad_norm is None
     assert SGD(_compiled(grad_norm=False)).last_grad_norm is None
 
@@ -225,7 +225,7 @@ def test_sgd_takes_an_iteration_and_ignores_it(rng):
 
 
 def test_adamw_decays_weights_only():
-    net = small_net().compile(batch=2, bits="4", optimizer="adamw")
+    net = small_net().compile(pass_images=2, bits="4", optimizer="adamw")
     net.params[...] = 1
     net.grads[...] = 0  # m = v = 0: the update is the decay alone
     AdamW(net, weight_decay=0.5).step(lr=0.1, iteration=0)
@@ -277,10 +277,10 @@ def test_the_optimizers_need_their_buffers():
             make(_compiled("adamw"), clip_norm=-1.0)
     net = _compiled("adamw")
     opt = AdamW(net, clip_norm=1.0)
-    net.compile(batch=2, bits="4")  # an SGD arena now: a step says what is missing
+    net.compile(pass_images=2, bits="4")  # an SGD arena now: a step says what is missing
     with pytest.raises(RuntimeError, match="optimizer='adamw'"):
         opt.step(lr=1e-3, iteration=0)
-    net.compile(batch=2, bits="4", optimizer="adamw", training=False)
+    net.compile(pass_images=2, bits="4", optimizer="adamw", training=False)
     with pytest.raises(RuntimeError, match="compiled for evaluation"):
         opt.step(lr=1e-3, iteration=0)
 
@@ -296,7 +296,7 @@ def _adamw_steps(net, opt, batches, first_iteration, *, lr=3e-3):
 
 
 def test_adamw_trains_a_tiny_net(rng):
-    net = tiny_net().compile(batch=8, bits="4", seed=0, optimizer="adamw", grad_norm=True)
+    net = tiny_net().compile(pass_images=8, bits="4", seed=0, optimizer="adamw", grad_norm=True)
     opt = AdamW(net, clip_norm=5.0)
     x, y = tiny_batch(rng, 8)
     losses = _adamw_steps(net, opt, [(x, y)] * 30, 0, lr=3e-2)  # one batch, learnt by heart
@@ -308,7 +308,7 @@ def test_adamw_with_clipping_continues_bit_for_bit_from_its_state(rng):
     """The state (params, momentum = first moment, second moment, running statistics) and the iteration are all
     an AdamW run needs: a fresh compile loading it takes the uninterrupted run's steps exactly."""
     batches = [tiny_batch(rng, 4) for _ in range(6)]
-    compile_options = dict(batch=4, bits="4", optimizer="adamw", grad_norm=True)
+    compile_options = dict(pass_images=4, bits="4", optimizer="adamw", grad_norm=True)
     options = dict(beta1=0.8, beta2=0.99, weight_decay=0.1, clip_norm=0.3)
     run = tiny_net().compile(**compile_options, seed=0)
     run_opt = AdamW(run, **options)

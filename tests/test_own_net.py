@@ -72,7 +72,7 @@ BAD_MODELS = {
     "no classifier": ("def build(*, input_shape, classes):\n    net = Net(input_shape)\n    net.conv(8)\n"
                       "    return net\n", "mynet.py:build", "without a classifier"),
     "compiled": ("def build(*, input_shape, classes):\n    net = Net(input_shape)\n    net.conv(8)\n"
-                 "    net.classifier(classes)\n    return net.compile(batch=2)\n", "mynet.py:build",
+                 "    net.classifier(classes)\n    return net.compile(pass_images=2)\n", "mynet.py:build",
                  "returned a compiled net"),
     "other classes": ("def build(*, input_shape, classes):\n    net = Net(input_shape)\n    net.conv(8)\n"
                       "    net.classifier(classes + 1)\n    return net\n", "mynet.py:build",

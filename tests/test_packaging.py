@@ -27,7 +27,7 @@ from minibp.optim import SGD
 net = Net(input_shape=(8, 8, 3))
 net.conv(8, kernel=3)
 net.classifier(3)
-net.compile(batch=4, bits="4")
+net.compile(pass_images=4, bits="4")
 opt = SGD(net)
 rng = np.random.default_rng(0)
 net.zero_grad()

@@ -11,9 +11,9 @@ from nets import tiny_batch, tiny_net, train_steps
 
 
 def test_state_round_trips_and_refuses_another_net(rng):
-    a = tiny_net().compile(batch=4, bits=4)
+    a = tiny_net().compile(pass_images=4, bits=4)
     train_steps(a, rng)
-    b = tiny_net().compile(batch=4, bits=4, seed=9)
+    b = tiny_net().compile(pass_images=4, bits=4, seed=9)
     b.load_state(a.state())
     x = device(rng.standard_normal((4, 8, 8, 3)).astype(np.float32))
     assert np.array_equal(a.predict(x), b.predict(x))
@@ -21,7 +21,7 @@ def test_state_round_trips_and_refuses_another_net(rng):
     other = Net((8, 8, 3))
     other.conv(8, kernel=3)
     other.classifier(3)
-    other.compile(batch=4, bits=4)
+    other.compile(pass_images=4, bits=4)
     with pytest.raises(ValueError, match="does not fit this net"):
         other.load_state(a.state())
     bad = a.state()
@@ -33,7 +33,7 @@ def test_state_round_trips_and_refuses_another_net(rng):
 @pytest.mark.parametrize("name", ["params/unit1.w", "momentum/unit2.gamma", "running/unit1.bn"])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, 1e39])  # 1e39: finite as given, infinite as float32
 def test_load_state_refuses_values_that_are_not_finite(rng, name, bad):
-    net = tiny_net().compile(batch=4, bits="4")
+    net = tiny_net().compile(pass_images=4, bits="4")
     x, y = tiny_batch(rng)
     net.forward(x, y)
     net.backward()
@@ -48,7 +48,7 @@ def test_load_state_refuses_values_that_are_not_finite(rng, name, bad):
 
 
 def test_load_state_refuses_arrays_that_are_not_numbers():
-    net = tiny_net().compile(batch=4, bits="4")
+    net = tiny_net().compile(pass_images=4, bits="4")
     state = net.state()
     state["params/unit1.gamma"] = np.array(["1"] * 8)
     with pytest.raises(TypeError, match="state 'params/unit1.gamma' must be an array of numbers, got <U1"):
@@ -56,7 +56,7 @@ def test_load_state_refuses_arrays_that_are_not_numbers():
 
 
 def _adamw_trained(rng):
-    net = tiny_net().compile(batch=4, bits="4", optimizer="adamw")
+    net = tiny_net().compile(pass_images=4, bits="4", optimizer="adamw")
     x, y = tiny_batch(rng)
     net.forward(x, y)
     net.backward()
@@ -71,12 +71,12 @@ def test_the_optimizer_state_is_optional_both_ways(rng):
     assert {"second_moment/" + n for n in names} | {"momentum/" + n for n in names} <= set(state)
     assert all(state["second_moment/" + n].shape == state["params/" + n].shape for n in names)
     for options in (dict(), dict(training=False)):  # an SGD net, an evaluation net: the second moment left out
-        other = tiny_net().compile(batch=4, bits="4", seed=3, **options)
+        other = tiny_net().compile(pass_images=4, bits="4", seed=3, **options)
         other.load_state(state)
         assert all(np.array_equal(other.state()[k], v) for k, v in state.items() if k in other.state())
         assert not any(k.startswith("second_moment/") for k in other.state())
     sgd_state = {k: v for k, v in state.items() if not k.startswith("second_moment/")}
-    fresh = tiny_net().compile(batch=4, bits="4", seed=3, optimizer="adamw")
+    fresh = tiny_net().compile(pass_images=4, bits="4", seed=3, optimizer="adamw")
     fresh.load_state(sgd_state)  # an SGD state: the second moment starts at zero, as momentum would
     loaded = fresh.state()
     assert all(np.array_equal(loaded[k], v) for k, v in sgd_state.items())

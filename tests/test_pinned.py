@@ -35,7 +35,7 @@ STEPS, LR, MOMENTUM, WEIGHT_DECAY = 3, 0.1, 0.9, 2e-4
 def test_resnet20_steps_follow_ordinary_backprop(bits):
     rng = np.random.default_rng(2024)
     net = preact_resnet(20, input_shape=(16, 16, 3), classes=10)
-    net.compile(batch=8, bits=bits, window="fixed", seed=5)
+    net.compile(pass_images=8, bits=bits, window="fixed", seed=5)
     opt = SGD(net, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY)
     for step in range(1, STEPS + 1):
         x = rng.standard_normal((8, 16, 16, 3)).astype(np.float32)

@@ -21,7 +21,7 @@ def test_stores_hold_bits_per_element_of_each_normalised_input(mode):
     net, batch = models.by_name("resnet20", input_shape=(28, 28, 1)), 7
     elements = sum(batch * math.prod(u.in_shape) for u in net.units if u.batchnorm)
     bits = BITS[mode] or 32
-    plan = net.plan(batch=batch, bits=mode, window="range")
+    plan = net.plan(pass_images=batch, bits=mode, window="range")
     assert plan.bytes_by_category()["activation stores"] == elements * bits // 8
 
 

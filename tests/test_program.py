@@ -120,13 +120,13 @@ def test_the_cublas_binding_asks_for_the_row_major_product(monkeypatch, dtype, t
 
 
 def test_a_nets_passes_are_recorded_once():
-    net = tiny_resnet(classes=3).compile(batch=4, bits=4, seed=1)
+    net = tiny_resnet(classes=3).compile(pass_images=4, bits=4, seed=1)
     x, y = device(np.random.default_rng(0).standard_normal((4, 8, 8, 3)).astype(np.float32)), np.array([0, 1, 2, 0])
     net.forward(x, y)
     first = net.program("forward", 4)
     net.forward(x, y)
     assert net.program("forward", 4) is first and len(first) > 0
-    net.compile(batch=4, bits=4)
+    net.compile(pass_images=4, bits=4)
     assert net.program("forward", 4) is not first  # a compile binds new buffers: the passes are recorded anew
     with pytest.raises(ValueError, match="a pass is one of forward, evaluate, loss, backward"):
         net.program("sideways", 4)

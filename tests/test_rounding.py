@@ -82,7 +82,7 @@ def test_the_draws_are_uniform_and_differ_by_key_row_and_channel():
 
 def _net(rounding):
     net = tiny_resnet()
-    return net.compile(batch=4, bits=2, rounding=rounding, seed=3)
+    return net.compile(pass_images=4, bits=2, rounding=rounding, seed=3)
 
 
 def _steps(net, iterations, *, split=2):
@@ -116,6 +116,6 @@ def test_stochastic_rounding_takes_no_memory_and_only_k_bit_stores():
     assert _net("stochastic").arena.plan.total_bytes == _net("nearest").arena.plan.total_bytes
     for bits in ("exact", "naive"):
         with pytest.raises(ValueError, match="stochastic rounding codes a k-bit store"):
-            tiny_resnet().compile(batch=4, bits=bits, rounding="stochastic")
+            tiny_resnet().compile(pass_images=4, bits=bits, rounding="stochastic")
     with pytest.raises(ValueError, match="rounding must be one of nearest, stochastic"):
-        tiny_resnet().compile(batch=4, bits=4, rounding="up")
+        tiny_resnet().compile(pass_images=4, bits=4, rounding="up")

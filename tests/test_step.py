@@ -13,8 +13,8 @@ from nets import tiny_resnet
 from runs import base_args, make_dataset
 
 
-def net_and_opt(batch=4, seed=1):
-    net = tiny_resnet(classes=3).compile(batch=batch, bits=4, seed=seed)
+def net_and_opt(pass_images=4, seed=1):
+    net = tiny_resnet(classes=3).compile(pass_images=pass_images, bits=4, seed=seed)
     return net, SGD(net, momentum=0.9, weight_decay=2e-4)
 
 
@@ -67,8 +67,9 @@ def test_a_replayed_step_is_the_eager_step_bit_for_bit(rng, optimizer, rounding,
     data = batches(rng, 4, 4 * sub_batches)
     finals = []
     for graph in (False, True):
-        net = tiny_resnet(classes=3).compile(batch=4, bits=2 if rounding == "stochastic" else 4, rounding=rounding,
-                                             seed=1, optimizer="adamw" if optimizer == "adamw" else "sgd",
+        net = tiny_resnet(classes=3).compile(pass_images=4, bits=2 if rounding == "stochastic" else 4,
+                                             rounding=rounding, seed=1,
+                                             optimizer="adamw" if optimizer == "adamw" else "sgd",
                                              grad_norm=optimizer != "sgd")
         opt = AdamW(net, clip_norm=0.5) if optimizer == "adamw" else SGD(net, clip_norm=0.5 if optimizer == "sgd-clip"
                                                                           else None)
@@ -97,7 +98,7 @@ def test_a_replayed_step_of_a_mix_is_the_eager_step_bit_for_bit(rng):
         units = len(tiny_resnet(classes=3).units)
         mix = [quant.Store(("exact", "8", "4", "2")[i % 4], rounding="nearest" if i % 4 == 0 else "stochastic")
                for i in range(units)]
-        net = tiny_resnet(classes=3).compile(batch=4, store=mix, seed=1)
+        net = tiny_resnet(classes=3).compile(pass_images=4, store=mix, seed=1)
         step = TrainStep(net, SGD(net), sub_batches=2, graph=graph)
         for iteration, (images, labels) in enumerate(data):
             step.run(images, labels, lr=0.05, iteration=iteration)
@@ -153,11 +154,11 @@ def test_a_step_goes_on_after_its_net_is_compiled_again(rng):
         net, opt = net_and_opt()
         step = TrainStep(net, opt, graph=graph)
         step.run(*first[0], lr=0.1, iteration=0)
-        net.compile(batch=8, bits=4)
+        net.compile(pass_images=8, bits=4)
         for i, (images, labels) in enumerate(later):
             step.run(images, labels, lr=0.1, iteration=1 + i)
         params.append(host(net.params).copy())
-        net.compile(batch=8, bits=4, training=False)
+        net.compile(pass_images=8, bits=4, training=False)
         with pytest.raises(RuntimeError, match="TrainStep needs a net compiled for training"):
             step.run(*later[0], lr=0.1)
     assert np.array_equal(*params)
@@ -200,8 +201,8 @@ def test_graph_replay_gives_the_losses_of_eager_execution(rng, split):
     np.testing.assert_allclose(losses[True], losses[False], rtol=1e-5)
 
 
-def adamw_net_and_opt(batch=4, seed=1):
-    net = tiny_resnet(classes=3).compile(batch=batch, bits=4, seed=seed, optimizer="adamw", grad_norm=True)
+def adamw_net_and_opt(pass_images=4, seed=1):
+    net = tiny_resnet(classes=3).compile(pass_images=pass_images, bits=4, seed=seed, optimizer="adamw", grad_norm=True)
     return net, AdamW(net, clip_norm=1.0)
 
 
@@ -247,7 +248,7 @@ def test_a_graph_replays_a_clipped_sgd_step(rng):
     data = batches(rng, 6, 4)
     results = {}
     for graph in (False, True):
-        net = tiny_resnet(classes=3).compile(batch=4, bits=4, seed=1, grad_norm=True)
+        net = tiny_resnet(classes=3).compile(pass_images=4, bits=4, seed=1, grad_norm=True)
         opt = SGD(net, clip_norm=0.5)
         step = TrainStep(net, opt, graph=graph)
         for images, labels in data:

@@ -20,7 +20,7 @@ def net_with_relu_conv(dtype=np.float64):
 
 
 def test_a_new_unit_kind_matches_finite_differences(rng):
-    net = net_with_relu_conv().compile(batch=2, bits="exact", seed=2, input_grad=True)
+    net = net_with_relu_conv().compile(pass_images=2, bits="exact", seed=2, input_grad=True)
     x, y = device(rng.standard_normal((2, 6, 6, 3))), rng.integers(0, 3, 2)
     net.forward(x, y)
     net.backward()
@@ -35,6 +35,6 @@ def test_a_new_unit_kind_matches_finite_differences(rng):
 
 def test_a_new_unit_kind_keeps_its_input_in_full_precision_at_4_bits(rng):
     net = net_with_relu_conv(np.float32)
-    plan = net.plan(batch=2, bits=4)
+    plan = net.plan(pass_images=2, bits=4)
     assert plan["unit1.store"].dtype == np.float32 and plan["unit1.store"].shape == (2 * 6 * 6 * 4,)
     assert plan["unit3.store"].dtype == np.uint8  # the classifier's BN input: 4-bit codes

@@ -11,7 +11,7 @@ nothing else of size.
                    conv_direct.py, CudnnPath in conv_cudnn.py; a net's ConvPath chooses one per conv
     bn.py          BatchNormReLU: batch-statistics BN, gamma/beta and ReLU of a unit, fused with its store
     pool.py        MaxPool, AvgPool, GlobalAvgPool and the reference's ParameterFreeShortcut
-    loss.py        softmax_cross_entropy: mean over the batch; loss, accuracy and dlogits
+    loss.py        softmax_cross_entropy: mean over a pass's images; loss, accuracy and dlogits
     launch.py      the launch shapes of the row kernels (bn.cu, pool.cu), and a conv's or pool's output size
 
 The *_ref functions are plain NumPy statements of what each kernel computes (for readers and tests).

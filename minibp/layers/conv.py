@@ -80,14 +80,14 @@ class Conv2D:
             return n
         return max(1, min(n, COL_ELEMENTS // (self.Ho * self.Wo * self.kh * self.kw * self.cin)))
 
-    def workspace_shape(self, batch, *, accumulate_dx=False):
-        """(rows, cols) of the workspace col this conv needs on either path of the device: one chunk of the
-        im2col matrix and, on the CPU, the direct path's (conv_direct.workspace_rows). An unstrided 1x1 conv
-        reads x in place and needs no im2col chunk, unless its data gradient is added into another
-        (accumulate_dx) on the GEMM path: then the product goes through the workspace first."""
+    def workspace_shape(self, n, *, accumulate_dx=False):
+        """(rows, cols) of the workspace col this conv needs for a pass of n images on either path of the device:
+        one chunk of the im2col matrix and, on the CPU, the direct path's (conv_direct.workspace_rows). An
+        unstrided 1x1 conv reads x in place and needs no im2col chunk, unless its data gradient is added into
+        another (accumulate_dx) on the GEMM path: then the product goes through the workspace first."""
         im2col = not (self.is_pointwise and self.stride == 1) or accumulate_dx
-        rows = max(self._images_per_chunk(batch) * self.Ho * self.Wo if im2col else 0,
-                   conv_direct.workspace_rows(self, batch))
+        rows = max(self._images_per_chunk(n) * self.Ho * self.Wo if im2col else 0,
+                   conv_direct.workspace_rows(self, n))
         return (rows, self.kh * self.kw * self.cin) if rows else (0, 0)
 
     def _workspace(self, col, shape):
@@ -95,7 +95,7 @@ class Conv2D:
         size = int(np.prod(shape))
         if col is None or col.size < size:
             raise ValueError(f"the conv workspace col holds {0 if col is None else col.size} values, this "
-                             f"{self.kh}x{self.kw} conv needs {size}: size it by workspace_shape(batch)")
+                             f"{self.kh}x{self.kw} conv needs {size}: size it by workspace_shape(n)")
         return col.reshape(-1)[:size].reshape(shape)
 
     def kernel_args(self, n):
@@ -131,7 +131,7 @@ class Conv2D:
 
 class GemmPath:
     """im2col + GEMM for one Conv2D, any device and dtype. An unstrided 1x1 conv is one GEMM of x itself;
-    the rest go through the workspace a chunk of images at a time: the whole batch on the GPU (one GEMM, as
+    the rest go through the workspace a chunk of images at a time: the whole pass on the GPU (one GEMM, as
     cuBLAS likes it), COL_ELEMENTS on the CPU; col2im takes the data gradient. cublas: the net's binding on the
     GPU (blas.Cublas, with the arena's workspace: ConvPath.attach gives it), else None."""
 
@@ -231,15 +231,15 @@ class ConvPath:
         "direct"      DirectPath for every conv: the CPU in float32 only (the kernels take every shape), a
                       ValueError elsewhere
         "cudnn"       GPU: CudnnPath for every conv but the classifier's, through graphs built for the compiled
-                      batch, float32 plans only (conv_cudnn.py); the classifier, a forward at another batch (with
-                      a warning) and a data gradient added into another take "auto"'s path
+                      pass_images, float32 plans only (conv_cudnn.py); the classifier, a pass of another size
+                      (with a warning) and a data gradient added into another take "auto"'s path
         "cudnn-tf32"  "cudnn" with TF32 plans allowed: faster, and 10-bit mantissas in the convolutions
 
     The net asks it for the buffers its plan needs, has it give each conv its path once the arena exists,
-    and shows it each forward's batch; it knows nothing else of the net. On the GPU the GEMM paths compute
+    and shows it each pass's images; it knows nothing else of the net. On the GPU the GEMM paths compute
     through one cuBLAS binding of the net's (blas.Cublas), whose workspace the plan holds."""
 
-    def __init__(self, kind, units, *, batch, dtype):
+    def __init__(self, kind, units, *, pass_images, dtype):
         if kind not in CONV_PATHS:
             raise ValueError(f"conv must be one of {', '.join(map(repr, CONV_PATHS))}, got {kind!r}")
         direct = conv_direct.applies(dtype)
@@ -247,10 +247,10 @@ class ConvPath:
             raise ValueError(f"conv='direct' runs on the CPU in float32 only, not on the {backend.device} in "
                              f"{np.dtype(dtype).name}: use conv='auto' or 'gemm'")
         self.own = conv_direct.DirectPath if direct and kind != "gemm" else GemmPath
-        self.kind, self.batch = kind, batch
+        self.kind, self.pass_images = kind, pass_images
         self.convs = [c for u in units for c in u.convs()]
         # {Conv2D: its built conv_cudnn.ConvGraphs}; the classifier's conv keeps its own path
-        self.graphs = conv_cudnn.net_graphs(units, batch=batch, dtype=dtype, tf32=kind == "cudnn-tf32") \
+        self.graphs = conv_cudnn.net_graphs(units, pass_images=pass_images, dtype=dtype, tf32=kind == "cudnn-tf32") \
             if kind.startswith("cudnn") else {}
 
     def plan_buffers(self, plan, *, dtype):
@@ -271,8 +271,9 @@ class ConvPath:
                                             dw_scratch=arena["cudnn_dw"])
             conv.use(path)
 
-    def check_batch(self, n):
-        """Warn that a forward at a batch other than the compiled one runs without cuDNN (the graphs are built
-        for one batch); Python shows it once."""
-        if self.graphs and n != self.batch:
-            warnings.warn(f"the cuDNN plans are built for batch {self.batch}: a batch of {n} runs through GEMM")
+    def check_pass(self, n):
+        """Warn that a pass of n images other than the compiled pass_images runs without cuDNN (the graphs are
+        built for one size); Python shows it once."""
+        if self.graphs and n != self.pass_images:
+            warnings.warn(f"the cuDNN plans are built for passes of {self.pass_images} images: a pass of {n} runs "
+                          "through GEMM")

@@ -1,6 +1,6 @@
 """Convolutions through NVIDIA's cuDNN frontend (GPU only; CuPy 14 ships no cuDNN bindings).
 
-For one Conv2D geometry and batch, three graphs, built once and cached: fprop (y = conv(x, w)),
+For one Conv2D geometry and pass size, three graphs, built once and cached: fprop (y = conv(x, w)),
 dgrad (dx from dy and w) and wgrad (dw from x and dy). All tensors are float32 and NHWC in memory,
 described to cuDNN as NCHW dimensions with NHWC strides; weights are (Cout, kh, kw, Cin), cuDNN's
 KRSC filter layout. Padding is TensorFlow's "same" (possibly one more row/column after than
@@ -23,8 +23,8 @@ graph captures it on the capturing stream.
 Status: the graph descriptions and the plan filter are checked on the CPU in CI (tests/layers/test_conv_cudnn.py); the
 float32-only plans have not run on a GPU yet (docs/gpu.md). GEMM stays the GPU's default until they have.
 
-    graphs = ConvGraphs(conv, batch=128)      # descriptions only: no device needed
-    graphs.build(handle)                      # on the GPU: plans, and graphs.workspace_bytes
+    graphs = ConvGraphs(conv, pass_images=128)   # descriptions only: no device needed
+    graphs.build(handle)                         # on the GPU: plans, and graphs.workspace_bytes
     graphs.forward(x, w, y, workspace=ws)
 """
 import numpy as np
@@ -56,15 +56,16 @@ def krsc(k, r, s, c):
 
 
 class ConvGraphs:
-    """The fprop, dgrad and wgrad graphs of one convolution at one batch size; tf32: allow TF32 plans."""
+    """The fprop, dgrad and wgrad graphs of one convolution over a pass of pass_images images; tf32: allow TF32
+    plans."""
 
-    def __init__(self, conv, *, batch, tf32=False):
+    def __init__(self, conv, *, pass_images, tf32=False):
         cudnn = import_cudnn()
-        self.conv, self.batch, self.tf32 = conv, int(batch), bool(tf32)
+        self.conv, self.pass_images, self.tf32 = conv, int(pass_images), bool(tf32)
         f32 = cudnn.data_type.FLOAT
         c = conv
-        x_dims = nhwc(self.batch, c.H, c.W, c.cin)
-        y_dims = nhwc(self.batch, c.Ho, c.Wo, c.cout)
+        x_dims = nhwc(self.pass_images, c.H, c.W, c.cin)
+        y_dims = nhwc(self.pass_images, c.Ho, c.Wo, c.cout)
         w_dims = krsc(c.cout, c.kh, c.kw, c.cin)
         post = [(c.Ho - 1) * c.stride + c.kh - c.H - c.pad_top, (c.Wo - 1) * c.stride + c.kw - c.W - c.pad_left]
         geometry = dict(pre_padding=[c.pad_top, c.pad_left], post_padding=[max(p, 0) for p in post],
@@ -130,28 +131,29 @@ class ConvGraphs:
 
 class CudnnPath:
     """A Conv2D's path when its net compiled with conv="cudnn" (conv.py's protocol): the graphs at the
-    compiled batch, the arena's workspace, and a weight-sized scratch (wgrad overwrites; minibp accumulates).
-    Another batch, and a data gradient added into another (dgrad overwrites), take fallback, "auto"'s path."""
+    compiled pass_images, the arena's workspace, and a weight-sized scratch (wgrad overwrites; minibp
+    accumulates). A pass of another size, and a data gradient added into another (dgrad overwrites), take
+    fallback, "auto"'s path."""
 
     def __init__(self, graphs, *, fallback, workspace, dw_scratch):
         self.graphs, self.fallback, self.workspace, self.dw_scratch = graphs, fallback, workspace, dw_scratch
-        self.batch = graphs.batch
+        self.pass_images = graphs.pass_images
 
     def forward(self, x, w, y, *, col):
-        if x.shape[0] != self.batch:
+        if x.shape[0] != self.pass_images:
             self.fallback.forward(x, w, y, col=col)
             return
         self.graphs.forward(x, w, y, workspace=self.workspace)
 
     def backward_data(self, w, dy, dx, *, accumulate, col):
-        if dy.shape[0] != self.batch or accumulate:
+        if dy.shape[0] != self.pass_images or accumulate:
             self.fallback.backward_data(w, dy, dx, accumulate=accumulate, col=col)
             return
         self.graphs.backward_data(dy, w, dx, workspace=self.workspace)
 
     def backward_weights(self, x, dy, dw, *, accumulate, col):
         """wgrad writes dw itself (a step's first sub-batch), or (accumulate) its scratch, then added in."""
-        if x.shape[0] != self.batch:
+        if x.shape[0] != self.pass_images:
             self.fallback.backward_weights(x, dy, dw, accumulate=accumulate, col=col)
             return
         if not accumulate:
@@ -179,10 +181,10 @@ class Handle:
             self.stream = stream
 
 
-def build_graphs(convs, *, batch, tf32=False):
-    """{conv layer: its ConvGraphs, built} for these convs at this batch (GPU only)."""
+def build_graphs(convs, *, pass_images, tf32=False):
+    """{conv layer: its ConvGraphs, built} for these convs over passes of pass_images images (GPU only)."""
     handle = Handle()
-    graphs = {conv: ConvGraphs(conv, batch=batch, tf32=tf32) for conv in convs}
+    graphs = {conv: ConvGraphs(conv, pass_images=pass_images, tf32=tf32) for conv in convs}
     for g in graphs.values():
         g.build(handle)
     return graphs
@@ -190,13 +192,13 @@ def build_graphs(convs, *, batch, tf32=False):
 
 # ----------------------------------------------------------------------------- a net's convs (Net.compile)
 
-def net_graphs(units, *, batch, dtype, tf32=False):
+def net_graphs(units, *, pass_images, dtype, tf32=False):
     """{conv layer: its ConvGraphs, built} for every conv of these units but the classifier's, and their
-    projections, at the compiled batch (GPU, float32; tf32: TF32 plans allowed)."""
+    projections, over passes of the compiled pass_images (GPU, float32; tf32: TF32 plans allowed)."""
     if dtype != np.float32:
         raise ValueError("the cuDNN path is float32 only")
     convs = [c for u in units if not u.is_classifier for c in u.convs()]
-    return build_graphs(convs, batch=batch, tf32=tf32)
+    return build_graphs(convs, pass_images=pass_images, tf32=tf32)
 
 
 def plan_buffers(plan, graphs, *, dtype):

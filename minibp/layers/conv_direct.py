@@ -58,10 +58,10 @@ def grad_chunks(conv, n):
     return -(-n // images), images
 
 
-def workspace_rows(conv, batch):
-    """Rows (of kh*kw*Cin values) of Conv2D's workspace that the weight gradient's partial sums take on the
-    CPU, Cout a chunk of images; 0 on the GPU."""
-    return grad_chunks(conv, batch)[0] * conv.cout if backend.device == "cpu" else 0
+def workspace_rows(conv, n):
+    """Rows (of kh*kw*Cin values) of Conv2D's workspace that the weight gradient's partial sums of a pass of n
+    images take on the CPU, Cout a chunk of images; 0 on the GPU."""
+    return grad_chunks(conv, n)[0] * conv.cout if backend.device == "cpu" else 0
 
 
 def _tasks(count):

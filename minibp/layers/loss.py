@@ -1,4 +1,4 @@
-"""The loss: softmax cross-entropy, mean over the batch, beside kernels/loss.cu (a thread a row).
+"""The loss: softmax cross-entropy, mean over a pass's images, beside kernels/loss.cu (a thread a row).
 
 A training loss may smooth its labels (smoothing e: the target is (1 - e) onehot(y) + e / K) and weight its
 classes (weights (K,): row i's loss and gradient scaled by weights[y_i], the mean still over the rows, so that

@@ -83,7 +83,7 @@ class Costs:
         return stores_of(self.net, [CHOICES[int(j)] for j in picks], self.store)
 
     def plan(self, n, picks):
-        return self.net.plan(batch=n, store=list(self.stores(picks)), **self.planned)
+        return self.net.plan(pass_images=n, store=list(self.stores(picks)), **self.planned)
 
 
 def knapsack(costs, errors, capacity):

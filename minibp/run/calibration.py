@@ -20,7 +20,7 @@ uniform store, as a share within a group (docs/method.md, "A memory budget"); be
 bench/budget.py check it against measurement.
 
 The calibration computes 4 + GROUPS gradients of its images (exact; 8, 4 and 2 bits in every unit; each group at 4
-bits), each in passes of `batch` images as a step computes its sub-batches (the run's pass size where an exact pass
+bits), each in passes of `pass_images` as a step computes its sub-batches (the run's pass size where an exact pass
 of it fits the budget, fewer where not), each net.compile within the budget: its arena is the net's own, at that
 pass size, checked by check_plan before it is allocated. It changes nothing a run keeps: the caller compiles the net
 again for its mix and starts it from its initial weights.
@@ -36,17 +36,17 @@ IMAGES = 32           # the calibration's images at most
 GROUPS = 8            # the groups of units whose whole error is measured (fewer in a net of fewer units)
 
 
-def calibrate(net, images, labels, *, store, seed, batch=None, check_plan=None, say=None):
+def calibrate(net, images, labels, *, store, seed, pass_images=None, check_plan=None, say=None):
     """(units, 3) float64: each batch-norm unit's err(u, k) at 2, 4 and 8 bits (the module docstring), measured on
-    images (n, H, W, C) and labels (n,), on the host, in passes of batch images (default n; it divides n). store: the
+    images (n, H, W, C) and labels (n,), on the host, in passes of pass_images (default n; it divides n). store: the
     run's (its window, rounding and clip); check_plan: refuses a calibration arena that does not fit
     (Net.compile's); say: progress lines. Beside the arena it holds two copies of the gradient on the host
     (calibration_bytes)."""
     n = len(images)
-    batch = batch or n
-    passes = n // batch
-    if passes * batch != n:
-        raise ValueError(f"the calibration's {n} images are not whole passes of {batch}")
+    m = pass_images or n
+    passes = n // m
+    if passes * m != n:
+        raise ValueError(f"the calibration's {n} images are not whole passes of {m}")
     units = [u for u in net.units if u.bn_channels]
     own_slices = _unit_slices(net, units)
     groups = np.array_split(np.arange(len(units)), min(GROUPS, len(units)))
@@ -56,10 +56,10 @@ def calibrate(net, images, labels, *, store, seed, batch=None, check_plan=None, 
     exact, own, total = None, {}, []
     for step, (name, bits) in enumerate(configurations, 1):
         if say is not None:
-            say(f"memory: calibrating the error model on {n} images ({passes} pass{'es' * (passes > 1)} of {batch}), "
+            say(f"memory: calibrating the error model on {n} images ({passes} pass{'es' * (passes > 1)} of {m}), "
                 f"{step}/{len(configurations)}: {name}")
         stores = store.at("exact") if bits == "exact" else list(stores_of(net, bits, store))
-        gradient = _gradient(net, images, labels, stores=stores, batch=batch, seed=seed, check_plan=check_plan)
+        gradient = _gradient(net, images, labels, stores=stores, pass_images=m, seed=seed, check_plan=check_plan)
         if exact is None:
             exact = gradient.copy()
             continue
@@ -80,14 +80,14 @@ def calibration_bytes(net):
     return 2 * net.num_parameters * np.dtype(net.dtype).itemsize
 
 
-def _gradient(net, images, labels, *, stores, batch, seed, check_plan):
-    """The whole parameter gradient (host, flat, a copy) of the images in passes of batch, as a step sums its
+def _gradient(net, images, labels, *, stores, pass_images, seed, check_plan):
+    """The whole parameter gradient (host, flat, a copy) of the images in passes of pass_images, as a step sums its
     sub-batches', the net compiled with these stores."""
     net.arena = None  # the last arena goes first, and its state is not copied: every pass starts from the seed's
-    net.compile(batch=batch, store=stores, seed=seed, check_plan=check_plan)
-    passes = len(images) // batch
+    net.compile(pass_images=pass_images, store=stores, seed=seed, check_plan=check_plan)
+    passes = len(images) // pass_images
     for p in range(passes):
-        part = slice(p * batch, (p + 1) * batch)
+        part = slice(p * pass_images, (p + 1) * pass_images)
         net.forward(backend.xp.asarray(images[part]), labels[part], draw=p)
         net.backward(loss_scale=1.0 / passes, accumulate=p > 0)
     return np.array(backend.to_host(net.grads), copy=True)

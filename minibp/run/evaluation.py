@@ -89,11 +89,11 @@ def scores(net, split, mean, *, group=None, workers=None, top_k=None):
     split, normalised by mean, or an imagenet.Folder (center crops of the net's input size, decoded by
     `workers` processes). group (dist.py): rank r evaluates batches r, r + ranks, ...; their sums are summed
     over the ranks (each batch's from one rank: exact) and added up in batch order on every rank, so every
-    rank gets one process's figures, bit for bit."""
+    rank gets one process's figures, bit for bit. A batch is one pass: net.pass_images images."""
     if isinstance(split, imagenet.Folder):
-        batches = imagenet.evaluation_batches(split, batch=net.batch, size=net.input_shape[0], workers=workers)
+        batches = imagenet.evaluation_batches(split, batch=net.pass_images, size=net.input_shape[0], workers=workers)
     else:
-        batches = evaluation_batches(split, batch=net.batch, mean=mean)
+        batches = evaluation_batches(split, batch=net.pass_images, mean=mean)
     sums = []  # (-log-likelihood, correct, correct in the top k) of each batch
     confusion = np.zeros((net.classes, net.classes), np.float64)  # (classes, classes), this rank's batches
     for i, (images, labels) in enumerate(batches):

@@ -108,7 +108,7 @@ def solved(net, config, run_data, *, ranks, say=print):
         if cal_overhead(m) + plan.allocation_bytes > budget_bytes:
             raise ValueError(f"the calibration's arena of {format_bytes(plan.allocation_bytes)} does not fit the "
                              f"budget of {format_bytes(budget_bytes)}")
-    errors = calibration.calibrate(net, images, labels, store=config.store, seed=config.seed, batch=m,
+    errors = calibration.calibrate(net, images, labels, store=config.store, seed=config.seed, pass_images=m,
                                    check_plan=check_plan, say=say)
     net.arena = None  # the calibration's arena goes before the run's comes
     if backend.device == "gpu":
@@ -162,7 +162,7 @@ def _calibration_pass(costs, footprint, budget_bytes, cal_bytes, n):
 
 def _calibration_total(costs, footprint, n, cal_bytes):
     """The bytes a calibration on n images takes: an exact arena at n, beside the process and the gradient's copy."""
-    plan = costs.net.plan(batch=n, store=costs.choices[-1], **costs.planned)
+    plan = costs.net.plan(pass_images=n, store=costs.choices[-1], **costs.planned)
     return footprint.overhead(n, calibration=cal_bytes) + plan.allocation_bytes
 
 
@@ -186,7 +186,7 @@ def warm_up(net):
     the resident memory read after it is the process's steady state."""
     C = net.input_shape[2]
     tiny = models.preact_resnet(11, input_shape=(8, 8, C), classes=2, dtype=net.dtype)
-    tiny.compile(batch=2, bits="4")
+    tiny.compile(pass_images=2, bits="4")
     images = np.zeros((2, 8, 8, C), net.dtype)
     tiny.forward(backend.xp.asarray(images), np.zeros(2, np.int64))
     tiny.backward()

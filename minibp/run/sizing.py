@@ -1,4 +1,4 @@
-"""Fitting a plan to memory: sizes in bytes as people write them, the largest batch whose arena fits a budget,
+"""Fitting a plan to memory: sizes in bytes as people write them, the largest pass whose arena fits a budget,
 and a net compiled only after its plan is known to fit the memory available now (the trainer, the evaluator
 and the planner's --budget all ask these questions of Net.plan, the table the arena allocates from).
 """
@@ -16,8 +16,8 @@ UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb":
          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40,
          "p": 2**50, "pb": 10**15, "pib": 2**50}
 MAX_BUDGET = 2**50      # 1 PiB: beyond any machine, and every buffer size stays far inside int64
-MAX_BATCH = 2**31 - 1   # the largest batch the search reports
-FAR = 2**20             # a batch far enough from 1 that alignment padding barely tilts the predicted slope
+MAX_BATCH = 2**31 - 1   # the largest pass (and so batch of one pass) the search reports
+FAR = 2**20             # a pass far enough from 1 image that alignment padding barely tilts the predicted slope
 
 
 def parse_bytes(text):
@@ -42,16 +42,17 @@ def check_budget(budget):
 
 
 def largest_batch(net, *, store, budget, training=True, optimizer="sgd", grad_norm=False, class_weights=False):
-    """The largest batch, at this store (quant.Store), (at most MAX_BATCH) whose arena fits the budget; 0 if not even one image fits.
-    training, optimizer, grad_norm and class_weights: Net.plan's.
+    """The largest pass_images, at this store (quant.Store), (at most MAX_BATCH) whose arena fits the budget: the
+    largest batch a step of one pass (or an evaluation) takes; 0 if not even one image fits. training, optimizer,
+    grad_norm and class_weights: Net.plan's.
 
-    The arena grows with the batch, monotonically and nearly linearly (alignment padding and reduction
-    chunks aside): plans at batch 1 and FAR predict the answer, a bracket widened from the prediction by
-    doubling steps and then a bisection pin it down in O(log(error)) more plans, whatever the budget."""
+    The arena grows with the pass, monotonically and nearly linearly (alignment padding and reduction
+    chunks aside): plans at passes of 1 and FAR images predict the answer, a bracket widened from the prediction
+    by doubling steps and then a bisection pin it down in O(log(error)) more plans, whatever the budget."""
     budget = check_budget(budget)
-    allocation = lambda batch: net.plan(batch=batch, store=store, training=training, optimizer=optimizer,  # noqa: E731
-                                        grad_norm=grad_norm, class_weights=class_weights).allocation_bytes
-    fits = lambda batch: allocation(batch) <= budget  # noqa: E731
+    allocation = lambda n: net.plan(pass_images=n, store=store, training=training, optimizer=optimizer,  # noqa: E731
+                                    grad_norm=grad_norm, class_weights=class_weights).allocation_bytes
+    fits = lambda n: allocation(n) <= budget  # noqa: E731
     one = allocation(1)
     if one > budget:
         return 0
@@ -74,10 +75,10 @@ def largest_batch(net, *, store, budget, training=True, optimizer="sgd", grad_no
     return lo
 
 
-def compile_within_memory(net, *, batch, store,
+def compile_within_memory(net, *, pass_images, store,
                           hint="lower --batch, or compute it in parts with --sub-batches", **options):
-    """net.compile(batch=, store=, **options), refused before anything is allocated unless its plan fits the
-    memory available now; the refusal gives the plan's size and the largest batch that fits."""
+    """net.compile(pass_images=, store=, **options), refused before anything is allocated unless its plan fits the
+    memory available now; the refusal gives the plan's size and the largest batch (of one pass) that fits."""
     planned = {k: options[k] for k in ("training", "optimizer", "grad_norm") if k in options}  # what plans differ by
     planned["class_weights"] = options.get("class_weights") is not None  # (compile takes them, a plan their buffer)
 
@@ -86,20 +87,21 @@ def compile_within_memory(net, *, batch, store,
         if available is None or plan.allocation_bytes <= available:
             return
         fits = largest_batch(net, store=store, budget=available, **planned) if available > 0 else 0
-        if fits == 0:  # no batch size helps: say what is too big
-            one = net.plan(batch=1, store=store, **planned).allocation_bytes
-            raise ValueError(f"even a batch of 1 needs {format_bytes(one)} but {backend.device} has "
+        if fits == 0:  # no pass size helps: say what is too big
+            one = net.plan(pass_images=1, store=store, **planned).allocation_bytes
+            raise ValueError(f"even a pass of 1 image needs {format_bytes(one)} but {backend.device} has "
                              f"{format_bytes(available)} available: the net is too large for this machine (input "
                              f"{'x'.join(map(str, net.input_shape))}, {net.classes:,} classes)")
-        raise ValueError(f"a batch of {batch} needs {format_bytes(plan.allocation_bytes)} but {backend.device} has "
-                         f"{format_bytes(available)} available: the largest batch that fits is {fits} ({hint})")
+        raise ValueError(f"a pass of {pass_images} images needs {format_bytes(plan.allocation_bytes)} but "
+                         f"{backend.device} has {format_bytes(available)} available: the largest pass that fits is "
+                         f"{fits} images ({hint})")
 
-    return net.compile(batch=batch, store=store, check_plan=check_fits, **options)
+    return net.compile(pass_images=pass_images, store=store, check_plan=check_fits, **options)
 
 
 def unit_rows(net, plan):
     """[(unit index, input shape, store bytes)] of the units that keep a store in this plan: the activation
-    stores' bytes of each (its codes, and the block window's windows, which grow with the batch)."""
+    stores' bytes of each (its codes, and the block window's windows, which grow with the pass)."""
     def stores(u):
         names = (key(u.index, role) for role in ("store", "windows"))
         return sum(plan[n].nbytes for n in names if n in plan and plan[n].category == "activation stores")

@@ -209,7 +209,7 @@ def make_step(net, config, *, ranks, group=None, run_data=None, saved=None):
     frozen = tuning.frozen_units(config.freeze, units=len(net.units), classifier=_classifier(net))
     weights = None if config.class_weights is None else tuning.class_weights(
         config.class_weights, run_data.train.labels, classes=net.classes)
-    compile_within_memory(net, batch=config.sub_batch, store=store, seed=config.seed, optimizer=config.optimizer,
+    compile_within_memory(net, pass_images=config.sub_batch, store=store, seed=config.seed, optimizer=config.optimizer,
                           grad_norm=clip is not None, label_smoothing=config.label_smoothing, class_weights=weights)
     opt = (AdamW(net, weight_decay=config.weight_decay, clip_norm=clip, frozen=frozen) if config.optimizer == "adamw"
            else SGD(net, momentum=config.momentum, weight_decay=config.weight_decay, clip_norm=clip, frozen=frozen))

@@ -61,7 +61,7 @@ class Trained:
         """(classes (N,) int64, probabilities (N, classes) float64) of raw images (uint8 (N, H, W, C), or one
         image (H, W, C)): the softmax of the logits, each row summing to 1."""
         images = np.asarray(images)
-        step = self.net.batch  # a batch at a time: never a float copy of them all (4 bytes a pixel)
+        step = self.net.pass_images  # a pass at a time: never a float copy of them all (4 bytes a pixel)
         parts = [self.net.predict(backend.xp.asarray(self.preprocess(images[start:start + step])))
                  for start in range(0, max(len(images), 1), step)] if images.ndim == 4 else \
             [self.net.predict(backend.xp.asarray(self.preprocess(images)))]
@@ -72,10 +72,10 @@ class Trained:
 
 def load(run, *, which=None, batch=256, model=None):
     """The Trained model of a run folder (or a checkpoint file): which="best" (best.h5), "last"
-    (checkpoint.h5), or None (best.h5 where the run has one, else checkpoint.h5); batch: images a forward
-    pass (at most); model: where a run saved before checkpoints kept their net finds its moved model file
-    ("FILE.py:FUNCTION", modelspec.rebuild). A ValueError (FileNotFoundError) of one line for what cannot be
-    loaded."""
+    (checkpoint.h5), or None (best.h5 where the run has one, else checkpoint.h5); batch: the images predict
+    takes at once, one forward pass each (the net's pass_images); model: where a run saved before checkpoints
+    kept their net finds its moved model file ("FILE.py:FUNCTION", modelspec.rebuild). A ValueError
+    (FileNotFoundError) of one line for what cannot be loaded."""
     path = checkpoint.checkpoint_path(run, which)
     saved = checkpoint.load(path)
     config = RunConfig.from_checkpoint(saved, loading=True)
@@ -88,7 +88,7 @@ def load(run, *, which=None, batch=256, model=None):
     shape, classes = tuple(saved.data["shape"]), int(saved.data["classes"])
     net = modelspec.rebuild(config, saved, input_shape=shape, classes=classes, model=model)  # no code of the run's
     saved.check_parameters(net, modelspec.describe(config.model, config.model_args))
-    compile_within_memory(net, batch=batch, store=memory.kept(net, config, saved), training=False,
+    compile_within_memory(net, pass_images=batch, store=memory.kept(net, config, saved), training=False,
                           hint="lower batch=")
     checkpoint.restore(net, saved)
     facts = saved.data

@@ -149,7 +149,7 @@ def test_the_stream_resumes_from_a_checkpoint_whatever_the_workers(tree, tmp_pat
         taken = [straight.next() for _ in range(3)]
         state = straight.state()
         rest = [straight.next() for _ in range(5)]  # 4 batches an epoch: across the epoch's end
-    net = tiny_resnet(classes=4).compile(batch=2, bits="4")
+    net = tiny_resnet(classes=4).compile(pass_images=2, bits="4")
     checkpoint.save(tmp_path / "c.h5", net, iteration=3, config={}, data_state=state)  # the fields it checks
     saved = checkpoint.load(tmp_path / "c.h5").data_state
     with imagenet.Batches(train_split, batch=10, size=32, seed=1, workers=1) as resumed:

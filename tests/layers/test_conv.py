@@ -167,9 +167,9 @@ def test_every_cpu_target_computes_the_same_convolutions(rng, cpu_target):
             assert all(np.array_equal(a, b) for a, b in zip(results[ran[0]], results[other])), (ran[0], other)
 
 
-def test_the_cpu_workspace_is_a_chunk_and_the_gpu_one_the_whole_batch(monkeypatch):
-    """ResNet-164's convs at batch 128: on the CPU at most COL_ELEMENTS values each (the im2col matrix
-    of its largest 3x3 conv is 18.9 M); on the GPU the whole batch's im2col matrix, one GEMM, as before."""
+def test_the_cpu_workspace_is_a_chunk_and_the_gpu_one_the_whole_pass(monkeypatch):
+    """ResNet-164's convs at passes of 128 images: on the CPU at most COL_ELEMENTS values each (the im2col matrix
+    of its largest 3x3 conv is 18.9 M); on the GPU the whole pass's im2col matrix, one GEMM, as before."""
     from minibp import models
     convs = [u.conv for u in models.preact_resnet(164).units]
     monkeypatch.setattr(backend, "device", "cpu")  # workspace_shape only asks which device (no arrays here)
@@ -200,7 +200,8 @@ def test_minibp_makes_openblas_threads_sleep_at_once_unless_told_otherwise(given
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
     if given is not None:
         env["OPENBLAS_THREAD_TIMEOUT"] = given
-    done = subprocess.run([sys.executable, "-c", "import minibp, numpy, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"],
+    done = subprocess.run([sys.executable, "-c",
+                           "import minibp, numpy, os; print(os.environ['OPENBLAS_THREAD_TIMEOUT'])"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == expected, done.stderr
 
@@ -216,7 +217,8 @@ def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
                     "qemu-user-static; .ci/run installs them)")
     flags = build.CPU_TARGETS["aarch64"]["neon"][1]
     built = subprocess.run([compiler, *build.CPU_ARITHMETIC, "-O2", *flags, "-fopenmp", "-static",
-                            "-Dreal_t=float", f"-I{kernels.KERNEL_DIR}", str(ROOT / "tests" / "native" / "conv_direct_check.cpp"), "-o", str(tmp_path / "check")],
+                            "-Dreal_t=float", f"-I{kernels.KERNEL_DIR}",
+                            str(ROOT / "tests" / "native" / "conv_direct_check.cpp"), "-o", str(tmp_path / "check")],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True, timeout=300)
@@ -237,18 +239,18 @@ def test_compile_gives_each_conv_its_path_and_refuses_direct_where_it_cannot_run
     net = small_net()
     with pytest.raises(ValueError, match="conv must be one of 'auto', 'gemm', 'direct', 'cudnn', 'cudnn-tf32', got "
                                          "'fast'"):
-        net.compile(batch=2, conv="fast")
+        net.compile(pass_images=2, conv="fast")
     for kind, path in (("gemm", "GemmPath"), ("auto", "DirectPath" if backend.device == "cpu" else "GemmPath")):
-        net.compile(batch=2, conv=kind)
+        net.compile(pass_images=2, conv=kind)
         assert net.conv_path.kind == kind and not net.conv_path.graphs and set(paths(net)) == {path}
         assert "cudnn_workspace" not in net.arena.plan and "cudnn_dw" not in net.arena.plan
-    double = small_net(dtype=np.float64).compile(batch=2)
+    double = small_net(dtype=np.float64).compile(pass_images=2)
     assert set(paths(double)) == {"GemmPath"}
     for refused in [double] + ([net] if backend.device == "gpu" else []):
         before = paths(refused)
         with pytest.raises(ValueError, match=f"conv='direct' runs on the CPU in float32 only, not on the "
                                              f"{backend.device} in {np.dtype(refused.dtype).name}"):
-            refused.compile(batch=2, conv="direct")
+            refused.compile(pass_images=2, conv="direct")
         assert paths(refused) == before
 
 
@@ -259,7 +261,7 @@ def test_auto_is_direct_bit_for_bit_on_the_cpu_and_gemm_agrees():
     net, (x, y) = small_net(), tiny_batch(np.random.default_rng(0), n=2)
     results = {}
     for kind in ("direct", "auto", "gemm"):
-        net.compile(batch=2, conv=kind)
+        net.compile(pass_images=2, conv=kind)
         net.initialize(seed=0)
         loss, _ = net.forward(x, y)
         net.backward()
@@ -269,7 +271,7 @@ def test_auto_is_direct_bit_for_bit_on_the_cpu_and_gemm_agrees():
     assert np.abs(results["gemm"][1] - results["direct"][1]).max() < 1e-4 * np.abs(results["direct"][1]).max()
 
 
-def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_batch(monkeypatch):
+def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_pass_size(monkeypatch):
     """The cuDNN path's wiring, with stand-ins for the graphs (building real ones needs a GPU)."""
     from types import SimpleNamespace
 
@@ -277,11 +279,11 @@ def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_
     from nets import small_net
     net = small_net()
     nothing = lambda *args, **kwargs: None  # noqa: E731  (the graphs' executes: a compile records them)
-    monkeypatch.setattr(conv_cudnn, "net_graphs", lambda units, *, batch, dtype, tf32: {
-        c: SimpleNamespace(workspace_bytes=1000 + i, batch=batch, forward=nothing, backward_data=nothing,
+    monkeypatch.setattr(conv_cudnn, "net_graphs", lambda units, *, pass_images, dtype, tf32: {
+        c: SimpleNamespace(workspace_bytes=1000 + i, pass_images=pass_images, forward=nothing, backward_data=nothing,
                            backward_weights=nothing)
         for i, c in enumerate(c for u in units if not u.is_classifier for c in u.convs())})
-    net.compile(batch=4, conv="cudnn")
+    net.compile(pass_images=4, conv="cudnn")
     plan = net.arena.plan
     assert plan["cudnn_workspace"].shape == (1000 + len(net.conv_path.graphs) - 1,)
     assert plan["cudnn_dw"].shape == (max(int(np.prod(c.weight_shape)) for c in net.conv_path.graphs),)
@@ -290,6 +292,6 @@ def test_a_cudnn_path_plans_its_buffers_attaches_its_convs_and_warns_on_another_
     assert not isinstance(net.units[-1].conv.path, conv_cudnn.CudnnPath)  # the classifier keeps "auto"'s path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        net.conv_path.check_batch(4)
-    with pytest.warns(UserWarning, match="built for batch 4: a batch of 3 runs through GEMM"):
-        net.conv_path.check_batch(3)
+        net.conv_path.check_pass(4)
+    with pytest.warns(UserWarning, match="built for passes of 4 images: a pass of 3 runs through GEMM"):
+        net.conv_path.check_pass(3)

@@ -25,7 +25,7 @@ def every_conv(net):
 def test_every_graph_of_a_net_describes_nhwc_tensors(make):
     net = make()
     for conv in every_conv(net):
-        graphs = ConvGraphs(conv, batch=4)
+        graphs = ConvGraphs(conv, pass_images=4)
         g, t = graphs.graphs["fprop"]
         assert list(described(t["y"])) == list(nhwc(4, conv.Ho, conv.Wo, conv.cout))
         assert list(described(t["x"])) == list(nhwc(4, conv.H, conv.W, conv.cin))
@@ -41,7 +41,7 @@ def test_padding_is_tensorflows_same():
     net = models.preact_resnet(20)
     conv = next(u.conv for u in net.units if u.conv.stride == 2)
     assert (conv.pad_top, conv.pad_left) == (0, 0)
-    for name, (graph, _) in ConvGraphs(conv, batch=2).graphs.items():
+    for name, (graph, _) in ConvGraphs(conv, pass_images=2).graphs.items():
         [node] = json.loads(str(graph))["nodes"]
         assert node["params"]["pre_padding"] == [0, 0] and node["params"]["post_padding"] == [1, 1], name
         assert node["params"]["stride"] == [2, 2]
@@ -67,7 +67,7 @@ def test_float32_convolutions_drop_the_tf32_plans_after_the_heuristics_and_the_o
 
     net = models.preact_resnet(11)
     for tf32 in (False, True):
-        graphs = ConvGraphs(net.units[1].conv, batch=2, tf32=tf32)
+        graphs = ConvGraphs(net.units[1].conv, pass_images=2, tf32=tf32)
         graphs.graphs = {name: (Graph(), tensors) for name, (_, tensors) in graphs.graphs.items()}
         graphs.build(handle=None)
         for g, _ in graphs.graphs.values():

@@ -13,7 +13,7 @@ from nets import tiny_resnet
 def gradients(images, labels, bits, units):
     """{name: host float64} of the tiny net's gradient with each batch-norm unit at its bits (one pass)."""
     net = tiny_resnet(classes=3)
-    net.compile(batch=len(images), store=list(budget.stores_of(net, bits, quant.Store("4"))), seed=5)
+    net.compile(pass_images=len(images), store=list(budget.stores_of(net, bits, quant.Store("4"))), seed=5)
     net.forward(device(images), labels, draw=0)
     net.backward(accumulate=False)
     return {name: host(view).astype(np.float64) for name, view in net.grad_views.items()}
@@ -48,10 +48,10 @@ def test_passes_are_sub_batches_and_whole_passes_only(rng):
     are not those of 1 pass of 8; a pass size that does not divide the images is refused."""
     images, labels = rng.standard_normal((8, 8, 8, 3)).astype(np.float32), rng.integers(0, 3, 8)
     one = calibration.calibrate(tiny_resnet(classes=3), images, labels, store=quant.Store("4"), seed=5)
-    two = calibration.calibrate(tiny_resnet(classes=3), images, labels, store=quant.Store("4"), seed=5, batch=4)
+    two = calibration.calibrate(tiny_resnet(classes=3), images, labels, store=quant.Store("4"), seed=5, pass_images=4)
     assert one.shape == two.shape and not np.allclose(one, two)
     with pytest.raises(ValueError, match="not whole passes of 3"):
-        calibration.calibrate(tiny_resnet(classes=3), images, labels, store=quant.Store("4"), seed=5, batch=3)
+        calibration.calibrate(tiny_resnet(classes=3), images, labels, store=quant.Store("4"), seed=5, pass_images=3)
 
 
 def test_a_calibration_arena_is_refused_by_its_check(rng):

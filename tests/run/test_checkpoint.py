@@ -17,7 +17,7 @@ def test_a_checkpoint_is_never_written_from_a_net_that_is_not_finite(tmp_path, d
     assert train.main(base_args(tmp_path, iters=2, checkpoint_every=1, val_every=2)) == 0
     path = tmp_path / "run" / "checkpoint.h5"
     before = path.read_bytes()
-    net = tiny_resnet(classes=4).compile(batch=4, bits="4")
+    net = tiny_resnet(classes=4).compile(pass_images=4, bits="4")
     net.params[3] = np.inf
     with pytest.raises(checkpoint.NotFinite, match="params"):
         checkpoint.save(path, net, iteration=9, config={}, data_state=dict(epoch=0, position=0, order=np.arange(4),
@@ -156,7 +156,7 @@ def test_an_honest_format_2_checkpoint_still_resumes(tmp_path, data_dir, capsys)
 def test_the_data_order_state_is_checked_field_by_field(tmp_path, data, rng, match):
     """A resume hands data_rng to the data reader as it is: under its checksum, a hand-made one is still
     checked field by field against what its reader (numpy's PCG64, or the ImageNet reader's) writes."""
-    net = tiny_net().compile(batch=4, bits=4)
+    net = tiny_net().compile(pass_images=4, bits=4)
     path = checkpoint.save(tmp_path / "checkpoint.h5", net, iteration=1, config={"data": data},
                            data_state=dict(epoch=0, position=0, order=np.arange(8), rng=json.dumps(rng)))
     with pytest.raises(ValueError, match="^" + re.escape(f"{path} is damaged: {match}")):
@@ -167,14 +167,14 @@ def test_the_data_order_state_is_checked_field_by_field(tmp_path, data, rng, mat
     ("cifar10", json.dumps(np.random.default_rng(3).bit_generator.state)),
     ("imagenet", json.dumps({"reader": "minibp.imagenet", "state": {"seed": 3, "listing_sha256": "ab" * 32}}))])
 def test_the_data_order_states_the_readers_write_are_read(tmp_path, data, rng):
-    net = tiny_net().compile(batch=4, bits=4)
+    net = tiny_net().compile(pass_images=4, bits=4)
     path = checkpoint.save(tmp_path / "checkpoint.h5", net, iteration=1, config={"data": data},
                            data_state=dict(epoch=0, position=0, order=np.arange(8), rng=rng))
     assert checkpoint.load(path).data_state["rng"] == rng
 
 
 def test_hdf5_errors_are_damage_but_memory_errors_and_interrupts_pass(tmp_path, monkeypatch):
-    net = tiny_net().compile(batch=4, bits=4)
+    net = tiny_net().compile(pass_images=4, bits=4)
     path = checkpoint.save(tmp_path / "checkpoint.h5", net, iteration=1, config={"data": "cifar10"},
                            data_state=dict(epoch=0, position=0, order=np.arange(8),
                                            rng=json.dumps(np.random.default_rng(0).bit_generator.state)))
@@ -190,7 +190,7 @@ def test_hdf5_errors_are_damage_but_memory_errors_and_interrupts_pass(tmp_path, 
 
 
 def test_an_old_format_checkpoint_still_resumes(tmp_path, rng):
-    net = tiny_net().compile(batch=4, bits=4)
+    net = tiny_net().compile(pass_images=4, bits=4)
     train_steps(net, rng)
     state = net.state()
     names = [n for n, _, _ in net.parameter_table()]
@@ -202,14 +202,14 @@ def test_an_old_format_checkpoint_still_resumes(tmp_path, rng):
         f["velocity"] = np.concatenate([state["momentum/" + n].ravel() for n in names])
         f["running"] = np.concatenate([state[n] for n in state if n.startswith("running/")], axis=1)
         f["data_order"] = np.arange(5)
-    fresh = tiny_net().compile(batch=4, bits=4, seed=3)
+    fresh = tiny_net().compile(pass_images=4, bits=4, seed=3)
     checkpoint.restore(fresh, checkpoint.load(path))
     assert all(np.array_equal(fresh.state()[k], state[k]) for k in state)
 
 
 def test_an_old_format_checkpoint_not_in_its_flat_layout_is_named(tmp_path):
     """Format 1 carries no checksums: its arrays' shapes are checked before restore slices them."""
-    net = tiny_net().compile(batch=4, bits=4)
+    net = tiny_net().compile(pass_images=4, bits=4)
     state = net.state()
     path = tmp_path / "old.h5"
     with h5py.File(path, "w") as f:
@@ -220,7 +220,7 @@ def test_an_old_format_checkpoint_not_in_its_flat_layout_is_named(tmp_path):
         f["data_order"] = np.arange(5)
     with pytest.raises(ValueError, match="^" + re.escape(f"{path} is damaged: its params (")
                        + r"\d+,\), velocity \(\d+,\) and running \(\d+,\) are not the flat layout's"):
-        checkpoint.restore(tiny_net().compile(batch=4, bits=4), checkpoint.load(path))
+        checkpoint.restore(tiny_net().compile(pass_images=4, bits=4), checkpoint.load(path))
 
 
 @pytest.mark.parametrize("name", ["checkpoint.h5", "best.h5"])
@@ -314,7 +314,7 @@ def test_a_checkpoint_that_declares_what_it_does_not_store_is_refused_before_it_
 
 
 def test_a_checkpoint_larger_than_the_memory_is_refused_before_it_is_read(tmp_path, monkeypatch, no_large_reads):
-    net = tiny_net().compile(batch=4, bits=4)
+    net = tiny_net().compile(pass_images=4, bits=4)
     path = checkpoint.save(tmp_path / "checkpoint.h5", net, iteration=1, config={"data": "cifar10"},
                            data_state=dict(epoch=0, position=0, order=np.arange(8),
                                            rng=json.dumps(np.random.default_rng(0).bit_generator.state)))

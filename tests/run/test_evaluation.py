@@ -23,7 +23,7 @@ def make_split(n=11, classes=5, seed=0):
 @pytest.fixture(scope="module")
 def net():
     net = small_net(classes=5)
-    net.compile(batch=4, bits="exact", training=False)  # 11 images: batches of 4, 4 and 3
+    net.compile(pass_images=4, bits="exact", training=False)  # 11 images: batches of 4, 4 and 3
     return net
 
 
@@ -67,7 +67,8 @@ def test_the_ranks_of_a_group_give_one_process_figures_bit_for_bit(net):
 
 def test_a_loss_that_is_not_finite_names_the_split():
     split = make_split(n=3)
-    infinite = SimpleNamespace(batch=4, classes=2, predict=lambda images: np.array([[0.0, -np.inf]] * len(images)))
+    infinite = SimpleNamespace(pass_images=4, classes=2,
+                               predict=lambda images: np.array([[0.0, -np.inf]] * len(images)))
     split.labels[:] = 1
     with pytest.raises(FloatingPointError, match="the loss over the test split is"):
         evaluation.evaluate(infinite, split, np.float32(0))

@@ -81,7 +81,7 @@ def test_a_resume_refuses_a_record_that_does_not_solve_to_its_mix(tmp_path, data
     path = tmp_path / "run" / "checkpoint.h5"
     saved = checkpoint.load(path)
     saved.memory["bits"] = ["2"] * len(saved.memory["bits"])  # another mix than its errors and budget give
-    net = tiny_resnet(classes=4).compile(batch=16, bits="4")
+    net = tiny_resnet(classes=4).compile(pass_images=16, bits="4")
     checkpoint.restore(net, saved)
     checkpoint.save(path, net, iteration=saved.iteration, config=saved.config, data_state=saved.data_state,
                     class_names=saved.class_names, data=saved.data, mean=saved.mean, memory=saved.memory)

@@ -13,8 +13,8 @@ from runs import base_args, one_line_error
 
 
 def assert_largest(net, mode, budget, batch):
-    assert net.plan(batch=batch, bits=mode).allocation_bytes <= budget
-    assert net.plan(batch=batch + 1, bits=mode).allocation_bytes > budget
+    assert net.plan(pass_images=batch, bits=mode).allocation_bytes <= budget
+    assert net.plan(pass_images=batch + 1, bits=mode).allocation_bytes > budget
 
 
 @pytest.mark.parametrize("mode", ["exact", "4"])
@@ -41,7 +41,7 @@ def test_the_batch_is_capped(plan_calls, monkeypatch):
     """A net whose arena stops growing past batch 5 fits any batch: the search stops at the cap."""
     net = models.by_name("resnet20")
     real = Net.plan
-    monkeypatch.setattr(Net, "plan", lambda self, **o: real(self, **dict(o, batch=min(o["batch"], 5))))
+    monkeypatch.setattr(Net, "plan", lambda self, **o: real(self, **dict(o, pass_images=min(o["pass_images"], 5))))
     assert largest_batch(net, store=Store("4"), budget=2**40) == MAX_BATCH
 
 
@@ -68,21 +68,21 @@ def test_a_plan_larger_than_the_memory_is_refused_with_the_batch_that_fits(tmp_p
     monkeypatch.setattr(backend, "available_memory", lambda: 3 * 2**20)
     assert train.main(base_args(tmp_path, batch=64)) == 2
     line = one_line_error(capsys.readouterr().err)
-    fits = int(line.split("the largest batch that fits is ")[1].split()[0])
+    fits = int(line.split("the largest pass that fits is ")[1].split()[0])
     net = tiny_resnet(classes=4)
-    assert net.plan(batch=fits, bits="4").allocation_bytes <= 3 * 2**20 < net.plan(batch=fits + 1,
+    assert net.plan(pass_images=fits, bits="4").allocation_bytes <= 3 * 2**20 < net.plan(pass_images=fits + 1,
                                                                                   bits="4").allocation_bytes
     assert evaluate.main([str(tmp_path / "nothing"), "--batch", "64"]) == 2  # (no run: a clear error too)
     capsys.readouterr()
 
 
 def test_a_net_too_large_for_any_batch_names_what_is_too_big(tmp_path, data_dir, capsys):
-    """A data file claiming 10^9 classes: no batch fits, and 'the largest batch that fits is 0' would mislead."""
+    """A data file claiming 10^9 classes: no pass fits, and 'the largest pass that fits is 0 images' would mislead."""
     with h5py.File(data_dir / "cifar10.h5", "r+") as f:
         f.attrs["classes"] = 10**9
         checksums = {s: {k: f[s].attrs[k] for k in ("images_sha256", "labels_sha256")} for s in ("train", "test")}
         f.attrs["sha256"] = data.root_sha256({k: f.attrs[k] for k in f.attrs}, checksums)  # a file that means it
     assert train.main(base_args(tmp_path)) == 2
     line = one_line_error(capsys.readouterr().err)
-    assert "even a batch of 1 needs" in line and "too large for this machine (input 8x8x3, 1,000,000,000 classes)" \
-        in line and "largest batch" not in line
+    assert "even a pass of 1 image needs" in line \
+        and "too large for this machine (input 8x8x3, 1,000,000,000 classes)" in line and "largest pass" not in line
