@@ -13,12 +13,16 @@ MASK_THRESHOLD = np.float32(1e-6)
 # gamma is clamped to at least this (docs/method.md, "The unit"; layers/bn.py; kernels/bn.cu). A double,
 # cast to the kernel's real_t as NumPy casts it to the array's dtype.
 GAMMA_MIN = 1e-8
+# Rows (pixels) that share a block window (quant.py; kernels/bn.cu's code_windows).
+WINDOW_ROWS = 256
 
-SHARED = {"MASK_THRESHOLD": MASK_THRESHOLD, "GAMMA_MIN": GAMMA_MIN}
+SHARED = {"MASK_THRESHOLD": MASK_THRESHOLD, "GAMMA_MIN": GAMMA_MIN, "WINDOW_ROWS": WINDOW_ROWS}
 
 
 def literal(value):
-    """value as an exact C literal: a hexadecimal float, with the f suffix for a float32."""
+    """value as an exact C literal: a hexadecimal float, with the f suffix for a float32; an int in hexadecimal."""
+    if isinstance(value, int):
+        return hex(value)
     if isinstance(value, np.float32):
         return f"{float(value).hex()}f"
     return float(value).hex()

@@ -201,7 +201,9 @@ def load(filename, dtype=np.float32):
 
 def gpu_compile_options(real_name):
     # --fmad=false: no fused multiply-add contraction, so float kernels round as g++ does on the CPU.
-    return ("-std=c++17", "--fmad=false", f"-Dreal_t={real_name}", *constants.defines(), f"-I{KERNEL_DIR}")
+    # -default-device: a generic lambda in a kernel (bn.cu hands its walkers one) is device code, as nvcc makes it.
+    return ("-std=c++17", "--fmad=false", "-default-device", f"-Dreal_t={real_name}", *constants.defines(),
+            f"-I{KERNEL_DIR}")
 
 
 def _load_gpu(path, source, signatures, real_name):
