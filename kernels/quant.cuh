@@ -3,8 +3,8 @@
 //
 // Each element's v = xhat + b (b = beta/gamma of its channel) is kept as a code q of K = 2^k bins
 // (k = BITS = 2, 4, 8) through its channel's window (shift, below, above): shift bins lie below zero,
-// `below` and `above` wide. With u = v - MASK_THRESHOLD (1e-6) and w = below if u < 0, else above:
-//     q     = clamp(floor(u*(1/w)) + shift, 0, K-1)            the code (NaN -> 0)
+// `below` and `above` wide. With u = v - MASK_THRESHOLD (1e-6) and width = below if u < 0, else above:
+//     q     = clamp(floor(u*(1/width)) + shift, 0, K-1)        the code (NaN -> 0)
 //     vhat  = (q - shift + 0.5)*(q < shift ? below : above)    the bin's midpoint
 //     mask  = q >= shift                                       (= v >= 1e-6, the ReLU's sign)
 //     xhat~ = vhat - b,   a~ = relu(gamma*vhat)                what the backward pass reads
@@ -12,7 +12,7 @@
 // of it (q = shift above, shift - 1 below): vhat = (q - shift)*above at q >= shift, (q - shift + 1)*below
 // under it, and a value rounds at random to one of the two levels around it (quant_code_stochastic).
 // shift is a whole number, so zero is a bin edge and the mask is exact (under a range window, for the values
-// it was taken from: the block of the batch it codes). u*(1/w) rather than u/w: for a window of one width,
+// it was taken from: the rows of the batch it codes). u*(1/width), not u/width: for a window of one width,
 // the paper's multiplication by its scale, code for code. The windows:
 //   fixed (the paper's): one width 6/K, shift = clamp(K/2 - floor(b*K/6), 1, K-1): v within about b +- 3,
 //     values beyond clipped to the end bins. The paper's code clamps shift only at 1; the cap at K-1
@@ -20,8 +20,8 @@
 //   range: the batch's own [lo, hi] of v in the channel (from its min and max of x), narrowed to
 //     b +- clip (per k: minibp/quant.py's RANGE_CLIP), fewer bins below zero than above (quant.py's
 //     BELOW_WEIGHT: why); zero may fall outside the codes when the whole channel has one sign (shift <= 0:
-//     every mask 1; shift >= K: every mask 0). The block window is the range window of each block of 256
-//     rows (bn.cu's windows), its clip BLOCK_CLIP.
+//     every mask 1; shift >= K: every mask 0). The block window is the range window of each 256 rows
+//     (WINDOW_ROWS; bn.cu's code_windows), its clip BLOCK_CLIP.
 // All float32 arithmetic that CPU, GPU and NumPy round alike (no FMA contraction, no fast math). One
 // difference stays: CuPy compiles every kernel with -ftz=true, so the GPU flushes subnormal results to zero;
 // quant_floor keeps the one place where that would change a code (seen on an H200: docs/gpu.md).
@@ -84,25 +84,26 @@ __device__ __forceinline__ void quant_window_range(float lo, float hi, float b, 
     const float u_lo = lo - MASK_THRESHOLD, u_hi = hi - MASK_THRESHOLD;
     const bool one_sign = u_lo >= 0.0f || u_hi < 0.0f;
     const float edges = stochastic ? 1.0f : 0.0f;  // the widths a side spans: its bins less this
-    float wb = (u_hi - u_lo) / (K - 1.0f - edges), wa = wb, j_best = 1.0f + edges;
+    float width_below = (u_hi - u_lo) / (K - 1.0f - edges), width_above = width_below, j_best = 1.0f + edges;
     if (!one_sign) {
-        wb = -u_lo / (j_best - edges), wa = u_hi / (K - j_best - edges);
-        float cost = weight * wb * wb + wa * wa;
+        width_below = -u_lo / (j_best - edges), width_above = u_hi / (K - j_best - edges);
+        float cost = weight * width_below * width_below + width_above * width_above;
         for (float j = j_best + 1.0f; j < K - edges; j += 1.0f) {
-            const float b_j = -u_lo / (j - edges), a_j = u_hi / (K - j - edges), cost_j = weight * b_j * b_j + a_j * a_j;
+            const float b_j = -u_lo / (j - edges), a_j = u_hi / (K - j - edges),
+                        cost_j = weight * b_j * b_j + a_j * a_j;
             if (!(cost_j < cost)) break;  // (NaN: the first j)
-            cost = cost_j, j_best = j, wb = b_j, wa = a_j;
+            cost = cost_j, j_best = j, width_below = b_j, width_above = a_j;
         }
     }
-    // a floor keeps |u|/w + K within float32's whole numbers, 2^24 (a constant channel has no spread)
+    // a floor keeps |u|/width + K within float32's whole numbers, 2^24 (a constant channel has no spread)
     const float magnitude = -u_lo > u_hi ? -u_lo : u_hi, least = magnitude * 9.5367431640625e-7f;  // 2^-20
-    wb = wb > least ? wb : least;
-    wb = wb > 1e-30f ? wb : 1e-30f;
-    wa = wa > least ? wa : least;
-    wa = wa > 1e-30f ? wa : 1e-30f;
-    *below = wb;
-    *above = wa;
-    const float scale = 1.0f / wb;  // one sign: wb = wa
+    width_below = width_below > least ? width_below : least;
+    width_below = width_below > 1e-30f ? width_below : 1e-30f;
+    width_above = width_above > least ? width_above : least;
+    width_above = width_above > 1e-30f ? width_above : 1e-30f;
+    *below = width_below;
+    *above = width_above;
+    const float scale = 1.0f / width_below;  // one sign: the two widths are one
     *shift = !one_sign ? j_best : u_lo >= 0.0f ? -floorf(u_lo * scale) : K - 1.0f - quant_floor(u_hi * scale, true);
 }
 
@@ -149,7 +150,8 @@ __device__ __forceinline__ long long quant_rounding_key(long long seed_hash, lon
 // The hash of (key, row): mixed once a row, then once a channel (quant_uniform).
 __device__ __forceinline__ unsigned int quant_row_hash(long long key, long long row) {
     const unsigned long long k = (unsigned long long)key, r = (unsigned long long)row;
-    return quant_mix32(quant_mix32((unsigned int)k ^ (unsigned int)r) ^ (unsigned int)(k >> 32) ^ (unsigned int)(r >> 32));
+    return quant_mix32(quant_mix32((unsigned int)k ^ (unsigned int)r) ^ (unsigned int)(k >> 32) ^
+                       (unsigned int)(r >> 32));
 }
 
 // Element (row, c)'s uniform draw in [0, 1): 24 bits of the hash, exact in float32.
@@ -158,9 +160,9 @@ __device__ __forceinline__ float quant_uniform(unsigned int row_hash, int c) {
 }
 
 // The code of v rounded at random to one of the two levels (bin edges, zero among them on each side) around
-// it, with the probabilities that make E[vhat] = u (u = v - 1e-6): the level floor(u/w + r) widths from zero,
-// code d + shift with d = floor(u/w + r) above zero and floor(u/w + r) - 1 below (zero's code there is
-// shift - 1). d never crosses zero, so the mask stays exact: u/w + r lies in [0, 1 + u/w) above zero and
+// it, with the probabilities that make E[vhat] = u (u = v - 1e-6): the level floor(u/width + r) widths from zero,
+// code d + shift with d = floor(u/width + r) above zero and floor(u/width + r) - 1 below (zero's code there is
+// shift - 1). d never crosses zero, so the mask stays exact: u/width + r lies in [0, 1 + u/width) above zero and
 // below 1 under it (r < 1), so d >= 0 above and d <= -1 below; the clamp to the K codes (a clipped window's
 // clip) is the only bias (docs/method.md). NaN -> 0, and the scales, as quant_code.
 __device__ __forceinline__ float quant_code_stochastic(float v, float shift, float scale_below, float scale_above,
@@ -174,7 +176,8 @@ __device__ __forceinline__ float quant_code_stochastic(float v, float shift, flo
 
 // The level of code q: its bin's midpoint, or under stochastic rounding its bin's edge nearer zero.
 __device__ __forceinline__ float quant_vhat(float q, float shift, float below, float above, bool stochastic) {
-    return q < shift ? (q - shift + (stochastic ? 1.0f : 0.5f)) * below : (q - shift + (stochastic ? 0.0f : 0.5f)) * above;
+    return q < shift ? (q - shift + (stochastic ? 1.0f : 0.5f)) * below
+                     : (q - shift + (stochastic ? 0.0f : 0.5f)) * above;
 }
 
 __device__ __forceinline__ bool quant_mask(float q, float shift) { return q >= shift; }
