@@ -2,10 +2,10 @@
 
 For NHWC activations viewed as (M, C), b_c = beta_c / gamma_c per channel and K = 2^k bins, each channel
 c has a window (shift_c, below_c, above_c): shift_c, a whole number, is the number of bins below zero,
-and below_c and above_c the widths of the bins below and above it. With u = v - 1e-6 and w the width on
-u's side of zero (below_c if u < 0, else above_c):
+and below_c and above_c the widths of the bins below and above it. With u = v - 1e-6 and width the width
+on u's side of zero (below_c if u < 0, else above_c):
 
-    q       = clamp(floor(u * (1/w)) + shift_c, 0, K-1)               the stored code (NaN -> 0)
+    q       = clamp(floor(u * (1/width)) + shift_c, 0, K-1)           the stored code (NaN -> 0)
     vhat    = (q - shift_c + 0.5) * (below_c if q < shift_c else above_c)      the bin's midpoint
     mask    = q >= shift_c            (= v >= 1e-6 in float32: the ReLU's mask is exact)
     xhat~   = vhat - b_c,   a~ = relu(gamma_c * vhat)                  what the backward pass reads
@@ -16,8 +16,8 @@ around it, so that E[vhat] = v - 1e-6 within the window; its range and block win
 side (window_ref).
 
 Zero is a bin edge (shift is whole), so the mask is exact: for every v under the fixed window, and for
-the values a range or block window was taken from (which are the values a unit codes). (u * (1/w), not
-u / w: for a window of one width that is the paper's multiplication by its scale, code for code.)
+the values a range or block window was taken from (which are the values a unit codes). (u * (1/width),
+not u / width: for a window of one width that is the paper's multiplication by its scale, code for code.)
 WINDOWS names the three:
 
   fixed   the paper's: one width 6/K, shift_c = clamp(K/2 - floor(b_c * K/6), 1, K-1), so v is coded
@@ -33,10 +33,10 @@ WINDOWS names the three:
           j is the first from 1 up whose next one does not cost less. A channel of one sign gets
           one width (u_hi - u_lo)/(K-1) and a shift outside [1, K-1] (shift <= 0: every mask 1, shift
           >= K: every mask 0). Each width is floored at 2^-20 of the largest |u| (and 1e-30), which keeps
-          |u| / w + K within float32's whole numbers (2^24).
-  block   the range window for each block of BLOCK_ROWS consecutive rows (pixels) of a channel, from the
-          block's own least and largest v: a unit keeps (blocks(M), 3, C) windows, row r coded through
-          block r // BLOCK_ROWS's (row_windows_ref).
+          |u| / width + K within float32's whole numbers (2^24).
+  block   the range window for each WINDOW_ROWS consecutive rows (pixels) of a channel, from those
+          rows' own least and largest v: a unit keeps (windows_per_channel(M), 3, C) windows, row r coded
+          through window r // WINDOW_ROWS (row_windows_ref).
 
 Codes are packed 8/k to a byte, the first element in the most significant bits (at k = 4: element i
 in the high nibble, i+1 in the low one); C is a multiple of 8/k, so a byte never straddles two rows.
@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import constants
 from .constants import MASK_THRESHOLD
 
 SUPPORTED_BITS = (2, 4, 8)
@@ -65,7 +66,7 @@ DEFAULT_WINDOW = "block"
 ROUNDINGS = ("nearest", "stochastic")
 DEFAULT_ROUNDING = "nearest"
 # The range and the block window's clip per k, in standard deviations (xhat): chosen by bench/gradnoise.py
-# (docs/results.md, RQ4). A block's range needs none at 4 bits, where the batch's does.
+# (docs/results.md, RQ4). A block window's range needs none at 4 bits, where the batch's does.
 RANGE_CLIP = {8: np.inf, 4: 4.5, 2: 3.0}
 BLOCK_CLIP = {8: np.inf, 4: np.inf, 2: 3.0}
 # How much a range or block window weighs the coding error of values below zero against those above, when it
@@ -75,9 +76,9 @@ BLOCK_CLIP = {8: np.inf, 4: np.inf, 2: 3.0}
 # best at 4 bits (against an eighth, three eighths and half) and better than an even split at 8 and 2 (docs/results.md,
 # RQ4; bench/results/below_weight.txt); a channel with little below zero puts fewer there.
 BELOW_WEIGHT = 1 / 27
-# Rows (pixels) that share a block window: its windows are (blocks(rows), 3, C), 96 bits a channel per block,
-# 0.375 bits a value on top of the k.
-BLOCK_ROWS = 256
+# Rows (pixels) that share a block window: its windows are (windows_per_channel(rows), 3, C), 96 bits a channel per
+# window, 0.375 bits a value on top of the k. (constants.py's, which the kernels read too.)
+WINDOW_ROWS = constants.WINDOW_ROWS
 
 
 def parse_bits(bits):
@@ -139,7 +140,7 @@ class Store:
     k = property(lambda self: BITS[self.bits])                         # bits a value: 0 for exact
     naive = property(lambda self: self.bits == "naive")
     has_window = property(lambda self: self.k > 0 and not self.naive)  # its codes go through the chosen window
-    block = property(lambda self: self.window == "block")              # keeps (blocks, 3, C) windows of its own
+    block = property(lambda self: self.window == "block")              # keeps (windows, 3, C) windows of its own
     stochastic = property(lambda self: self.rounding == "stochastic")
 
     @property
@@ -200,9 +201,9 @@ def clip_of(window, bits):
     return (BLOCK_CLIP if window == "block" else RANGE_CLIP)[bits]
 
 
-def blocks(rows):
-    """The number of block windows over `rows` rows: the last block may be short."""
-    return -(-rows // BLOCK_ROWS)
+def windows_per_channel(rows):
+    """The block window's windows a channel over `rows` rows, WINDOW_ROWS rows each: the last may span fewer."""
+    return -(-rows // WINDOW_ROWS)
 
 
 def check_bits(bits):
@@ -216,7 +217,7 @@ def check_bits(bits):
 def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None, stochastic=False):
     """The (3, C) float32 window (shift, below, above) of each channel: the fixed window of b, or the
     range window of the channel's smallest and largest v, lo and hi (C,), narrowed to b +- clip
-    (default RANGE_CLIP[bits]); the block window: lo and hi (blocks, C), each block's, give (3, blocks, C)
+    (default RANGE_CLIP[bits]); the block window: lo and hi (windows, C), each window's rows', give (3, windows, C)
     (default clip BLOCK_CLIP[bits]). stochastic: the range and block windows of levels on the bins' edges
     (codes_ref), which span one width fewer a side: j bins below zero span j - 1 widths (j from 2 to K-2),
     and a channel of one sign spreads K-2 widths over its range."""
@@ -250,8 +251,8 @@ def window_ref(b, *, bits, kind="fixed", lo=None, hi=None, clip=None, stochastic
         below = np.where(one_sign, width, below_j)
         above = np.where(one_sign, width, above_j)
         least = np.where(-u_lo > u_hi, -u_lo, u_hi) * f32(2.0 ** -20)
-        below, above = (np.where(w > least, w, least) for w in (below, above))
-        below, above = (np.where(w > f32(1e-30), w, f32(1e-30)).astype(f32) for w in (below, above))
+        below, above = (np.where(side > least, side, least) for side in (below, above))
+        below, above = (np.where(side > f32(1e-30), side, f32(1e-30)).astype(f32) for side in (below, above))
         shift = np.where(~one_sign, j_best, np.where(u_lo >= 0, -np.floor(u_lo * (f32(1) / below)),
                                                 K - 1 - np.floor(u_hi * (f32(1) / below))))
     return np.stack([shift, below, above]).astype(f32)
@@ -261,9 +262,9 @@ def codes_ref(v, window, *, bits, uniform=None):
     """Unpacked codes (uint8, v's shape) of v (..., C) through the (3, C) window: each value in its bin
     (its nearest midpoint on its side of zero), or, given uniform draws r in [0, 1) of v's shape
     (uniform_ref: stochastic rounding, its window window_ref(stochastic=True)), rounded at random to one of
-    the two levels around it, the bins' edges, zero a level on each side of it: the level floor(u/w + r)
-    widths from zero, so that E[vhat] = u, coded d + shift with d = floor(u/w + r) above zero and
-    floor(u/w + r) - 1 below it (zero's code there is shift - 1), so that d never crosses zero."""
+    the two levels around it, the bins' edges, zero a level on each side of it: the level floor(u/width + r)
+    widths from zero, so that E[vhat] = u, coded d + shift with d = floor(u/width + r) above zero and
+    floor(u/width + r) - 1 below it (zero's code there is shift - 1), so that d never crosses zero."""
     shift, below, above = np.asarray(window, np.float32)
     f32 = np.float32
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # +-inf, NaN: coded as the kernel does
@@ -339,9 +340,9 @@ def unpack_ref(packed, *, bits, shape):
 
 
 def row_windows_ref(windows, rows):
-    """The (3, rows, C) windows of each row from the block window's (blocks, 3, C): row r codes through
-    block r // BLOCK_ROWS's. codes_ref and dequantize_ref take them for (rows, C) values."""
-    return np.moveaxis(np.asarray(windows)[np.arange(rows) // BLOCK_ROWS], 1, 0)
+    """The (3, rows, C) windows of each row from the block window's (windows, 3, C): row r codes through
+    window r // WINDOW_ROWS. codes_ref and dequantize_ref take them for (rows, C) values."""
+    return np.moveaxis(np.asarray(windows)[np.arange(rows) // WINDOW_ROWS], 1, 0)
 
 
 def quantize_ref(v, window, *, bits, uniform=None):

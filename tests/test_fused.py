@@ -52,7 +52,7 @@ def test_statistics_add_a_residual_in_place_and_save_the_sum():
 
 @pytest.mark.parametrize("bits,window", [(0, "fixed"), (4, "fixed"), (4, "range"), (4, "block"), (2, "block"),
                                          (8, "range")])
-@pytest.mark.parametrize("rows,C", SHAPES[1:] + [(9000, 8)])  # 36 blocks: the block windows in a kernel apart
+@pytest.mark.parametrize("rows,C", SHAPES[1:] + [(9000, 8)])  # 36 block windows a channel
 def test_the_finish_is_the_reference_bit_for_bit(rows, C, bits, window):
     """Training: mean, sigma, the clamped gamma, b, the running statistics' update (and their values kept), the
     windows; all as batchnorm_finish_ref computes them."""
@@ -62,7 +62,8 @@ def test_the_finish_is_the_reference_bit_for_bit(rows, C, bits, window):
     run = np.zeros((2, S), np.float32)
     run[:, offset:offset + C] = running
     run_dev, before = device(run), device(np.full((2, S), np.nan, np.float32))
-    windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32)) if bits else None
+    count = quant.windows_per_channel(rows) if window == "block" else 1
+    windows = device(np.zeros((count, 3, C), np.float32)) if bits else None
     layers.batchnorm_finish(device(gamma), device(beta), stats, eps=1e-5, part=part, rows=rows, running=run_dev,
                             offset=offset, momentum=0.9, running_before=before, bits=bits, window=window,
                             windows=windows, stochastic=window == "block")
@@ -106,7 +107,7 @@ def test_the_backward_sums_restore_a_in_the_same_pass_and_finish_in_order(bits):
     stats, part = _statistics(x, "block")
     store = dict(bits=bits, x_copy=device(np.zeros((rows, C), np.float32)) if not bits else None,
                  codes=device(np.zeros(rows * C * bits // 8, np.uint8)) if bits else None,
-                 windows=device(np.zeros((quant.blocks(rows), 3, C), np.float32)) if bits else None)
+                 windows=device(np.zeros((quant.windows_per_channel(rows), 3, C), np.float32)) if bits else None)
     layers.batchnorm_finish(device(gamma), device(beta), stats, eps=1e-5, part=part, rows=rows, bits=bits,
                             window="block", windows=store["windows"])
     layers.batchnorm_relu_forward(device(x), stats, device(beta), device(np.zeros((rows, C), np.float32)), **store)
@@ -176,4 +177,4 @@ def test_statistics_refuse_a_scratch_too_small_or_windows_of_another_size():
         layers.batchnorm_finish(device(np.ones(8, np.float32)), device(np.zeros(8, np.float32)), stats, eps=1e-5,
                                 part=part, rows=100, bits=4, window="block",
                                 windows=device(np.zeros((2, 3, 8), np.float32)))
-    assert bn.FINISH_WINDOW == {None: 0, "fixed": 1, "range": 2, "block": 3}  # kernels/bn.cu's FinishWindow
+    assert bn.WINDOW_KIND == {None: 0, "fixed": 1, "range": 2, "block": 3}  # kernels/bn.cu's WindowKind

@@ -81,7 +81,7 @@ def _extremes(x, window, *, per=None):
     """The least and largest x per channel, (2, n, C): each run of `per` rows' (the statistics pass hands over
     each chunk's of layers.STATS_CHUNK rows), else the batch's (range window) or each block's (block window)."""
     rows = x.reshape(-1, x.shape[-1])
-    starts = np.arange(0, len(rows), per or (quant.BLOCK_ROWS if window == "block" else len(rows)))
+    starts = np.arange(0, len(rows), per or (quant.WINDOW_ROWS if window == "block" else len(rows)))
     return np.stack([np.minimum.reduceat(rows, starts), np.maximum.reduceat(rows, starts)])
 
 
@@ -92,7 +92,7 @@ def _store(x, gamma, beta, *, bits, mean=None, var=None, naive=False, window="fi
     C = x.shape[-1]
     rows = x.size // C
     stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
-    windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32))
+    windows = device(np.zeros((quant.windows_per_channel(rows) if window == "block" else 1, 3, C), np.float32))
     stochastic = rounding_key is not None
     if mean is None:
         partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))

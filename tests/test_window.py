@@ -43,14 +43,14 @@ def test_the_block_window_fits_each_block_of_rows():
     """Two blocks of rows, one spread 100x wider than the other: the range window's bins are set by the wide
     block, the block window's by each block's own, so the narrow block's xhat~ is far closer to exact."""
     rng = np.random.default_rng(1)
-    rows, C, bits = 2 * quant.BLOCK_ROWS, 8, 4
+    rows, C, bits = 2 * quant.WINDOW_ROWS, 8, 4
     x = rng.standard_normal((rows, C)).astype(np.float32)
-    x[quant.BLOCK_ROWS:] *= 100
+    x[quant.WINDOW_ROWS:] *= 100
     gamma, beta = np.ones(C, np.float32), np.zeros(C, np.float32)
     error = {}
     for window in ("range", "block"):
         stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
-        windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32))
+        windows = device(np.zeros((quant.windows_per_channel(rows) if window == "block" else 1, 3, C), np.float32))
         part = layers.batchnorm_statistics(device(x), partial=device(np.zeros(4 * rows * C, np.float32)),
                                                window=window)
         layers.batchnorm_finish(device(gamma), device(beta), stats, eps=1e-5, bits=bits, window=window,
@@ -62,7 +62,7 @@ def test_the_block_window_fits_each_block_of_rows():
         table = host(windows)[0] if window == "range" else quant.row_windows_ref(host(windows), rows)
         xhat_t = quant.dequantize_ref(host(codes), table, s[3], s[2], bits=bits, shape=(rows, C))[0]
         xhat = (x - s[0]) / s[1]
-        narrow = slice(0, quant.BLOCK_ROWS)
+        narrow = slice(0, quant.WINDOW_ROWS)
         error[window] = np.linalg.norm(xhat_t[narrow] - xhat[narrow]) / np.linalg.norm(xhat[narrow])
     assert error["block"] < error["range"] / 10, error
 
@@ -78,7 +78,7 @@ def test_the_plan_holds_the_block_windows_with_the_store():
     assert len(units) == sum(key(u.index, "store") in plans["block"] for u in net.units) > 0
     for u, w in zip(units, windows):
         H, W, C = u.in_shape
-        assert w.shape == (quant.blocks(16 * H * W), 3, C), (u.index, w.shape)
+        assert w.shape == (quant.windows_per_channel(16 * H * W), 3, C), (u.index, w.shape)
     assert extra == sum(w.nbytes for w in windows) > 0
     assert net.compile(batch=16, bits=4, window="block").store.window == "block"
     assert net.compile(batch=16, bits="exact", window="block").store.window == "fixed"  # exact codes nothing
@@ -116,14 +116,14 @@ def test_a_clip_of_its_own_is_the_default_clips_when_equal_and_is_coded_through(
     assert np.array_equal(gradients(quant.clip_of(window, 2)), default)
     assert not np.array_equal(gradients(np.inf), default)
 
-    rows, C, bits = 2 * quant.BLOCK_ROWS, 4, 2
+    rows, C, bits = 2 * quant.WINDOW_ROWS, 4, 2
     x = rng.standard_normal((rows, C)).astype(np.float32)
     x[rng.choice(rows, 6, replace=False)] *= 15
     stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
-    windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32))
+    windows = device(np.zeros((quant.windows_per_channel(rows) if window == "block" else 1, 3, C), np.float32))
     part = layers.batchnorm_statistics(device(x), partial=device(np.zeros(4 * rows * C, np.float32)),
                                            window=window)
-    blocks = x.reshape(quant.blocks(rows) if window == "block" else 1, -1, C)  # the rows each window spans
+    blocks = x.reshape(quant.windows_per_channel(rows) if window == "block" else 1, -1, C)  # the rows each window spans
     layers.batchnorm_finish(device(np.ones(C, np.float32)), device(np.zeros(C, np.float32)), stats, eps=1e-5,
                             bits=bits, window=window, part=part, rows=rows, windows=windows,
                             stochastic=rounding == "stochastic", clip=1.5)

@@ -3,7 +3,7 @@
     BatchNormReLU            the layer a unit holds: its statistics, its store and windows, one call a pass
     StoreView                a unit's store at one batch size: the buffers the kernels read and write
     batchnorm_statistics     the kernels' wrappers, one per pass, on arrays the caller gives (tests call them)
-    batchnorm_finish         (the statistics' finish; code_windows, the block windows beyond FINISH_BLOCKS;
+    batchnorm_finish         (the statistics' finish; code_windows, a k-bit store's windows after it;
     rounding_keys             stochastic rounding's keys of a pass)
     batchnorm_relu_forward / _restore / _backward
     batchnorm_relu_*_ref     the same in plain NumPy
@@ -20,20 +20,20 @@ from ..quant import check_window
 from .launch import launch
 
 ROWS_PER_CHUNK = 16      # rows the backward's reduction sums in order into one row of partial sums
-# rows a chunk of the statistics' sums, about its own shift; a block window's block is whole chunks
+# rows a chunk of the statistics' sums, about its own shift; a block window's rows are whole chunks
 STATS_CHUNK = 64
 STATS_VALUES = {False: 3, True: 5}  # the statistics' partial rows (kernels/bn.cu PartialRow): with the extremes, 5
 
 # stats is a unit's (4, C) statistics: mean, sigma = sqrt(var + eps), gamma clamped, b = beta / gamma
 # (kernels/bn.cu). The store is x_copy (exact mode, bits = 0) or the packed k-bit codes of v = xhat + b
-# through the unit's windows (blocks, 3, C): the window (shift, below, above) of each channel's codes
-# (minibp/quant.py), one block under the fixed and range windows, a block of quant.BLOCK_ROWS rows each
-# under the block window.
+# through the unit's windows (windows, 3, C): the window (shift, below, above) of each channel's codes
+# (minibp/quant.py), one a channel under the fixed and range windows, one each quant.WINDOW_ROWS rows under
+# the block window.
 #
 # The kernels' layout (kernels/bn.cu): launch.py.
 
 STATS_ROWS = 4         # a unit's statistics: (4, C), as above (bn_walk.cuh's STATS_ROWS)
-assert quant.BLOCK_ROWS % STATS_CHUNK == 0
+assert quant.WINDOW_ROWS % STATS_CHUNK == 0
 
 
 def reduction_chunks(rows):
@@ -75,94 +75,96 @@ def batchnorm_statistics(x, *, partial, window="fixed", residual=None, saved=Non
     return part
 
 
-FINISH_WINDOW = {None: 0, "fixed": 1, "range": 2, "block": 3}  # kernels/bn.cu's FinishWindow
-FINISH_BLOCKS = 32  # block windows a channel the finish takes itself (a short loop); more go to code_windows
-
-
 def batchnorm_finish(gamma, beta, stats, *, eps, part=None, rows=None, running=None, offset=0, momentum=0.9,
                      running_before=None, increments=None, bits=0, window="fixed", windows=None, stochastic=False,
                      clip=None):
-    """The second pass, a kernel a channel and at k bits through the block window one more, a thread per block and
-    channel. Training (part: batchnorm_statistics's, over `rows` rows): the batch's mean and variance, and the
-    running statistics (2, S), this unit's channels from offset, updated as update_running does (their values
-    kept in running_before (2, S) first), or their increments written to increments (2, S) instead
-    (Net.defer_running), or (running None) neither. Evaluation (part None): the running statistics. Then stats
-    holds the mean, sigma = sqrt(var + eps), gamma clamped to >= GAMMA_MIN and b = beta / gamma, and at k bits the
-    windows (blocks, 3, C) the codes go through: fixed, or the range or block window of part's extremes
-    (stochastic: for levels on the bins' edges; clip: the range or block window's, None: quant.clip_of's); more
-    block windows than FINISH_BLOCKS go to code_windows, one more kernel. batchnorm_finish_ref states it."""
+    """The second pass, a kernel a channel, and at k bits code_windows's after it. Training (part:
+    batchnorm_statistics's, over `rows` rows): the batch's mean and variance, and the running statistics (2, S),
+    this unit's channels from offset, updated as update_running does (their values kept in running_before (2, S)
+    first), or their increments written to increments (2, S) instead (Net.defer_running), or (running None)
+    neither. Evaluation (part None): the running statistics. Then stats holds the mean, sigma = sqrt(var + eps),
+    gamma clamped to >= GAMMA_MIN and b = beta / gamma, and at k bits the windows (windows, 3, C) hold those the
+    codes go through: fixed, or the range or block window of part's extremes (stochastic: for levels on the bins'
+    edges; clip: the range or block window's, None: quant.clip_of's). batchnorm_finish_ref states it."""
     C = gamma.shape[0]
     _check_stats(stats, C)
     window = check_window(window)
-    chunks = 0 if part is None else part.shape[1]
     if part is not None and window != "fixed" and part.shape[0] != STATS_VALUES[True]:
         raise ValueError(f"the {window} window reads the extremes of batchnorm_statistics(window={window!r})")
+    if part is not None and (rows is None or part.shape[1] != -(-rows // STATS_CHUNK)):
+        raise ValueError(f"part holds {part.shape[1]} chunks of {STATS_CHUNK} rows: give their rows, got {rows}")
     if part is None and window != "fixed" and bits:
         raise ValueError(f"the {window} window is the batch's: an evaluation codes through the fixed one")
     if bits:
-        windows = _windows(stats, windows)
-        blocks = quant.blocks(rows) if window == "block" else 1
-        if windows.shape[0] != blocks:
-            raise ValueError(f"the {window} window over {rows} rows takes {blocks} block(s), got {windows.shape[0]}")
-    clip = (quant.clip_of(window, bits) if clip is None else clip) if bits and window != "fixed" else 0.0
+        count = quant.windows_per_channel(rows) if window == "block" else 1
+        if _windows(stats, windows).shape[0] != count:
+            raise ValueError(f"the {window} window over {rows} rows takes {count} {window} window(s) a channel, got "
+                             f"{windows.shape[0]}")
     if part is None and running is None:
         raise ValueError("an evaluation's statistics are the running ones: give running (2, S)")
     S = C if running is None else running.shape[1]
     if running is not None and (running.shape != (2, S) or not 0 <= offset <= S - C):
         raise ValueError(f"running must be (2, S) with this unit's {C} channels from offset {offset}, got "
                          f"{running.shape}")
-    # the block windows in a kernel of their own
-    apart = bits and window == "block" and windows.shape[0] > FINISH_BLOCKS
-    kernels.load("bn.cu", gamma.dtype).batchnorm_finish(
-        rows=rows or 1, C=C, chunks=chunks, rows_per_chunk=STATS_CHUNK, eps=eps, momentum=momentum,
-        mean_weight=1 - momentum, variance_weight=(1 - momentum) * (rows or 1) / max((rows or 1) - 1, 1), S=S,
-        offset=offset, bits=bits, window=FINISH_WINDOW[None if apart else window],
-        chunks_per_block=quant.BLOCK_ROWS // STATS_CHUNK, clip=clip, below_weight=quant.BELOW_WEIGHT,
-        stochastic=stochastic, gamma=gamma, beta=beta, partial=part, running=running,
-        running_before=running_before if chunks and increments is None else None, increments=increments,
-        stats=stats, windows=windows if bits else None, threads=C)
-    if apart:
-        code_windows(stats, part[3:], windows, bits=bits, window=window, stochastic=stochastic, clip=clip)
+    module = kernels.load("bn.cu", gamma.dtype)
+    module.batchnorm_finish(
+        rows=rows or 1, C=C, rows_per_chunk=STATS_CHUNK, eps=eps, momentum=momentum, S=S, offset=offset, gamma=gamma,
+        beta=beta, partial=part, running=running,
+        running_before=running_before if part is not None and increments is None else None, increments=increments,
+        stats=stats, threads=C)
+    if bits:
+        _code_windows(module, stats, None if window == "fixed" else part[3:], windows, bits=bits, window=window,
+                      stochastic=stochastic, clip=clip)
+
+
+WINDOW_KIND = {None: 0, "fixed": 1, "range": 2, "block": 3}  # kernels/bn.cu's WindowKind: what code_windows takes
 
 
 def code_windows(stats, extremes, windows, *, bits, window, stochastic=False, clip=None):
-    """The range or block window's windows (blocks, 3, C) from stats (batchnorm_finish's) and extremes (2, chunks, C),
-    each chunk's least and largest x (batchnorm_statistics's part[3:]): one block of all the chunks (range), or
-    one each quant.BLOCK_ROWS rows (block). A kernel, a thread per block and channel."""
+    """The range or block window's windows (windows, 3, C) from stats (batchnorm_finish's) and extremes (2, chunks,
+    C), each chunk's least and largest x (batchnorm_statistics's part[3:]): one window of all the chunks (range),
+    or one each quant.WINDOW_ROWS rows (block). A kernel, a thread a window and channel."""
     C, chunks = stats.shape[1], extremes.shape[1]
-    per_block = quant.BLOCK_ROWS // STATS_CHUNK if check_window(window) == "block" else chunks
-    blocks = -(-chunks // per_block)
-    if window == "fixed" or extremes.shape != (2, chunks, C) or _windows(stats, windows).shape[0] != blocks:
-        raise ValueError(f"the {window} window's {blocks} block(s) of {C} channels come from extremes (2, chunks, "
+    count = -(-chunks * STATS_CHUNK // quant.WINDOW_ROWS) if check_window(window) == "block" else 1
+    if window == "fixed" or extremes.shape != (2, chunks, C) or _windows(stats, windows).shape[0] != count:
+        raise ValueError(f"the {window} window's {count} window(s) of {C} channels come from extremes (2, chunks, "
                          f"{C}), got {extremes.shape} for windows {windows.shape}")
-    clip = quant.clip_of(window, bits) if clip is None else clip
-    kernels.load("bn.cu", stats.dtype).code_windows(
-        C=C, blocks=blocks, chunks=chunks, chunks_per_block=per_block, bits=bits, clip=clip,
-        below_weight=quant.BELOW_WEIGHT, stochastic=stochastic, stats=stats, extremes=extremes, windows=windows,
-        threads=blocks * C)
+    _code_windows(kernels.load("bn.cu", stats.dtype), stats, extremes, windows, bits=bits, window=window,
+                  stochastic=stochastic, clip=clip)
+
+
+def _code_windows(module, stats, extremes, windows, *, bits, window, stochastic, clip):
+    """The kernel code_windows on checked arguments (extremes None: the fixed window's, of b alone)."""
+    C, chunks = stats.shape[1], 0 if extremes is None else extremes.shape[1]
+    clip = 0.0 if window == "fixed" else quant.clip_of(window, bits) if clip is None else clip
+    module.code_windows(C=C, chunks=chunks, rows_per_chunk=STATS_CHUNK, window=WINDOW_KIND[window], bits=bits,
+                        clip=clip, below_weight=quant.BELOW_WEIGHT, stochastic=stochastic, stats=stats,
+                        extremes=extremes, windows=windows, threads=windows.shape[0] * C)
 
 
 def _windows(stats, windows):
-    """The k-bit windows (blocks, 3, C), checked against the stats (4, C) they go with."""
+    """The k-bit windows (windows, 3, C), checked against the stats (4, C) they go with."""
     C = stats.shape[1]
     if windows is None:
-        raise ValueError(f"a k-bit store codes through its windows: give windows (blocks, 3, {C})")
+        raise ValueError(f"a k-bit store codes through its windows: give windows (windows, 3, {C})")
     if windows.ndim != 3 or windows.shape[1:] != (3, C) or windows.dtype != stats.dtype:
-        raise ValueError(f"windows must be (blocks, 3, {C}) {stats.dtype}, got {windows.dtype} {windows.shape}")
+        raise ValueError(f"windows must be (windows, 3, {C}) {stats.dtype}, got {windows.dtype} {windows.shape}")
     return windows
 
 
-def _store_args(stats, rows, *, bits=0, stochastic=False, x_copy=None, codes=None, windows=None):
+def store_args(stats, rows, *, bits=0, stochastic=False, x_copy=None, codes=None, windows=None):
     """The store's arguments, in the one order every kernel of bn.cu takes them: bits, stochastic, x_copy (exact),
-    codes (k bits), windows and block_rows (one block, or quant.BLOCK_ROWS rows a block), then the stats."""
+    codes (k bits), windows and window_rows (one window a channel, or quant.WINDOW_ROWS rows a window), then the
+    stats."""
     if windows is None:
-        block_rows = max(rows, 1)
+        window_rows = max(rows, 1)
     else:
         windows = _windows(stats, windows)
-        if windows.shape[0] not in (1, quant.blocks(rows)):
-            raise ValueError(f"{rows} rows take {quant.blocks(rows)} block windows, got {windows.shape[0]}")
-        block_rows = max(rows, 1) if windows.shape[0] == 1 else quant.BLOCK_ROWS
-    return dict(bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes, windows=windows, block_rows=block_rows,
+        if windows.shape[0] not in (1, quant.windows_per_channel(rows)):
+            raise ValueError(f"{rows} rows take {quant.windows_per_channel(rows)} block windows a channel, got "
+                             f"{windows.shape[0]}")
+        window_rows = max(rows, 1) if windows.shape[0] == 1 else quant.WINDOW_ROWS
+    return dict(bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes, windows=windows, window_rows=window_rows,
                 stats=stats)
 
 
@@ -188,8 +190,8 @@ def batchnorm_relu_forward(x, stats, beta, a, *, bits=0, naive=False, x_copy=Non
     if stochastic != (rounding_key is not None):
         raise ValueError("stochastic rounding draws from its rounding_key: give both or neither")
     kernels.load("bn.cu", x.dtype).batchnorm_relu_forward(
-        rows=rows, C=C, **_store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes,
-                                      windows=windows),
+        rows=rows, C=C, **store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes,
+                                     windows=windows),
         beta=beta, naive=naive, rounding_key=rounding_key, x=x, a=a, **launch(rows, C, bits=bits))
 
 
@@ -199,8 +201,8 @@ def batchnorm_relu_restore(stats, beta, a, *, bits, x_copy=None, codes=None, win
     C = a.shape[-1]
     rows = a.size // C
     kernels.load("bn.cu", a.dtype).batchnorm_relu_restore(
-        rows=rows, C=C, **_store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes,
-                                      windows=windows),
+        rows=rows, C=C, **store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes,
+                                     windows=windows),
         beta=beta, a=a, **launch(rows, C, bits=bits))
 
 
@@ -219,7 +221,7 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
     C = da.shape[-1]
     rows = da.size // C
     module = kernels.load("bn.cu", da.dtype)
-    store = _store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes, windows=windows)
+    store = store_args(stats, rows, bits=bits, stochastic=stochastic, x_copy=x_copy, codes=codes, windows=windows)
     part = _partial(partial, values=2, chunks=-(-rows // ROWS_PER_CHUNK), C=C, who="batchnorm_relu_backward_sums")
     module.batchnorm_relu_backward_sums(rows=rows, C=C, **store, beta=beta, da=da, partial=part, a=restored,
                                         **launch(rows, C, bits=bits, rows_per_chunk=ROWS_PER_CHUNK))
@@ -245,7 +247,7 @@ def batchnorm_statistics_ref(x, *, window="fixed"):
 
 def batchnorm_finish_ref(gamma, beta, part, *, rows, eps, running, momentum, bits=0, window="fixed",
                          stochastic=False, clip=None):
-    """(stats (4, C), running (2, C) after the update, windows (blocks, 3, C) or None) as batchnorm_finish computes
+    """(stats (4, C), running (2, C) after the update, windows (windows, 3, C) or None) as batchnorm_finish computes
     them from batchnorm_statistics_ref's part over `rows` rows, in its dtype: the chunks combined in order in
     float64, the mean first, then the squares about it."""
     t = part.dtype.type
@@ -266,10 +268,10 @@ def batchnorm_finish_ref(gamma, beta, part, *, rows, eps, running, momentum, bit
         if window == "fixed":
             windows = quant.window_ref(b, bits=bits)[None]
         else:
-            per_block = quant.BLOCK_ROWS // STATS_CHUNK if window == "block" else part.shape[1]
-            blocks = [slice(k, k + per_block) for k in range(0, part.shape[1], per_block)]
-            lo = np.array([part[3, k].min(axis=0) for k in blocks])
-            hi = np.array([part[4, k].max(axis=0) for k in blocks])
+            per_window = quant.WINDOW_ROWS // STATS_CHUNK if window == "block" else part.shape[1]
+            spans = [slice(k, k + per_window) for k in range(0, part.shape[1], per_window)]  # each window's chunks
+            lo = np.array([part[3, k].min(axis=0) for k in spans])
+            hi = np.array([part[4, k].max(axis=0) for k in spans])
             windows = np.moveaxis(quant.window_ref(b, bits=bits, kind=window, lo=v(lo), hi=v(hi), clip=clip,
                                                    stochastic=stochastic), 0, 1)
     return stats, np.asarray(running) * t(momentum) + increment, windows
@@ -307,7 +309,7 @@ def update_running(running, increment, *, momentum):
 class StoreView:
     """A unit's store at a batch of n, as its launches take it: the second link of the chain quant.Store (the
     unit's policy) -> StoreView (this unit's buffers at n, and the policy's decisions, made here once) -> the
-    unit's launches, bound once when a pass is recorded (program.py) -> Unit and StoreIn / StoreOut
+    unit's launches, bound once when a pass is recorded (program.py) -> UnitTables and StoreIn / StoreOut
     (kernels/bn_walk.cuh) -> the row a thread is dealt (LaneRow or WideRow). Built once per batch size
     (BatchNormReLU.view); every pass of the unit reads this one. Its first fields are the store's arguments, in
     the order every kernel of bn.cu takes them (kernel_args):
@@ -316,7 +318,7 @@ class StoreView:
         stochastic  the codes' levels are the bins' edges (quant.Store.stochastic)
         x_copy      (n, H, W, C) float      exact mode's copy of x
         codes       (n*H*W*C*k/8,) uint8    the packed k-bit codes
-        windows     (blocks, 3, C)          k bits: a window per channel, blocks(n*H*W) blocks (block window) or 1
+        windows     (windows, 3, C)         k bits: windows_per_channel(n*H*W) a channel (block window) or 1
 
     and then what the statistics' and the finish's launches read of the policy:
 
@@ -351,13 +353,14 @@ class BatchNormReLU:
         stats    (4, C)                                    the statistics above: written forward, read backward
         store    (N*H*W*C,) float         exact            x itself
                  (N*H*W*C*k/8,) uint8     k bits           the packed codes of v = xhat + b
-        windows  (blocks(N*H*W), 3, C)    k bits, block    a window per channel for each block of rows
+        windows  (windows, 3, C)          k bits, block    a window a channel each quant.WINDOW_ROWS rows:
+                                                           windows = quant.windows_per_channel(N*H*W)
                  (1, 3, C)                k bits, else     the fixed or range window per channel
 
-    A training forward is three or four kernels (the statistics' sums, their finish with the running statistics'
-    update and the fixed or range window, the block window's windows, then a and the store), an evaluation's two,
-    and the backward three (the sums, with a~ restored from the same read; their finish; dx), given the net's
-    store (quant.Store: which of these buffers exist, how codes are made)."""
+    A training forward is three kernels, four at k bits (the statistics' sums, their finish with the running
+    statistics' update, the windows, then a and the store), an evaluation's two (the naive net's three), and the
+    backward three (the sums, with a~ restored from the same read; their finish; dx), given the net's store
+    (quant.Store: which of these buffers exist, how codes are made)."""
 
     def __init__(self, in_shape):
         self.in_shape, self.C = tuple(in_shape), in_shape[2]
@@ -370,9 +373,10 @@ class BatchNormReLU:
         values, rows = elements(n, self.in_shape), elements(n, self.in_shape[:2])
         stores = [Own("store", (values,), None, "activation stores") if not store.k else
                   Own("store", (values * store.k // 8,), np.uint8, "activation stores")]
-        if store.k:  # the windows' one home: a block each BLOCK_ROWS rows (block window), else one, which
+        if store.k:  # the windows' one home: one each WINDOW_ROWS rows (block window), else one, which
             # does not grow with the batch and is counted with the statistics
-            stores.append(Own("windows", (quant.blocks(rows), 3, self.C), None, "activation stores") if store.block
+            stores.append(Own("windows", (quant.windows_per_channel(rows), 3, self.C), None, "activation stores")
+                          if store.block
                           else Own("windows", (1, 3, self.C), None, "batch-norm statistics"))
         return (stores if keep else []) + [Own("stats", (STATS_ROWS, self.C), None, "batch-norm statistics")]
 
@@ -390,7 +394,8 @@ class BatchNormReLU:
             if not store.k:
                 view = StoreView(x_copy=self.own["store"][:values].reshape((n,) + self.in_shape))
             else:
-                windows = self.own["windows"][: quant.blocks(elements(n, self.in_shape[:2])) if store.block else 1]
+                count = quant.windows_per_channel(elements(n, self.in_shape[:2])) if store.block else 1
+                windows = self.own["windows"][:count]
                 view = StoreView(bits=store.k, stochastic=store.stochastic,
                                  codes=self.own["store"][: values * store.k // 8], windows=windows,
                                  window=store.window, clip=store.window_clip, naive=store.naive)

@@ -20,7 +20,7 @@ ROWS_PER_CHUNK = (1, 3, 1000)  # of the elementwise kernels: any split of the ro
 
 def _case(rows, C, bits, *, window="fixed", stochastic=False):
     """A unit's arrays: x, its stats (the default launch's), the windows of its codes (through `window`: the
-    block window's, else one window per channel; none in exact mode) and block_rows, beta, da and a residual
+    block window's, else one window per channel; none in exact mode) and window_rows, beta, da and a residual
     gradient."""
     rng = np.random.default_rng(7 * C + rows)
     x = (rng.standard_normal((rows, C)) * 2 + 0.5).astype(np.float32)
@@ -29,13 +29,14 @@ def _case(rows, C, bits, *, window="fixed", stochastic=False):
     stats = device(np.zeros((layers.STATS_ROWS, C), np.float32))
     partial = device(np.zeros(2 * layers.reduction_chunks(rows) * C, np.float32))
     part = layers.batchnorm_statistics(device(x), partial=partial, window=window)
-    windows = device(np.zeros((quant.blocks(rows) if window == "block" else 1, 3, C), np.float32)) if bits else None
+    count = quant.windows_per_channel(rows) if window == "block" else 1
+    windows = device(np.zeros((count, 3, C), np.float32)) if bits else None
     layers.batchnorm_finish(device(gamma), device(beta), stats, eps=1e-5, part=part, rows=rows, bits=bits,
                             window=window, windows=windows, stochastic=stochastic)
     da, residual = rng.standard_normal((2, rows, C)).astype(np.float32)
-    store = layers.bn._store_args(stats, rows, windows=windows)
+    store = layers.bn.store_args(stats, rows, windows=windows)
     return dict(x=device(x), stats=stats, beta=device(beta), da=device(da), residual=device(residual),
-                windows=store["windows"], block_rows=store["block_rows"])
+                windows=store["windows"], window_rows=store["window_rows"])
 
 
 def _empty(rows, C, bits):
@@ -55,7 +56,7 @@ def _run(arrays, rows, C, bits, *, launch, naive=False, reduction_rows=None, rou
     shape = dict(grid=launch["grid"], block=launch["block"])
     elementwise = dict(rows=rows, C=C, rows_per_chunk=launch["rows_per_chunk"], bits=bits)
     store = dict(x_copy=out["x_copy"], codes=out["codes"], stats=arrays["stats"], beta=arrays["beta"],
-                 windows=arrays["windows"], block_rows=arrays["block_rows"], stochastic=rounding_key is not None)
+                 windows=arrays["windows"], window_rows=arrays["window_rows"], stochastic=rounding_key is not None)
     key = None if rounding_key is None else device(np.array([rounding_key], np.int64))
     module.batchnorm_relu_forward(**elementwise, naive=naive, rounding_key=key, x=arrays["x"], a=out["a"], **store,
                                   **shape)
@@ -122,7 +123,7 @@ def test_the_block_window_gives_the_same_bytes_for_every_launch_shape(bits):
     """Rows read their block's window whatever lane or chunk holds them: 1000 rows, four blocks."""
     rows, C = 1000, 24
     arrays = _case(rows, C, bits, window="block")
-    assert arrays["windows"].shape == (4, 3, C) and arrays["block_rows"] == quant.BLOCK_ROWS
+    assert arrays["windows"].shape == (4, 3, C) and arrays["window_rows"] == quant.WINDOW_ROWS
     want = _run(arrays, rows, C, bits, launch=layers.launch(rows, C, bits=bits))
     for grid, block in LAUNCHES:
         for per_chunk in ROWS_PER_CHUNK:
