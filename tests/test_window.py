@@ -10,7 +10,7 @@ from nets import tiny_resnet
 
 def _gradients(bits, window, images, labels):
     net = models.preact_resnet(11, input_shape=images.shape[1:], classes=10)
-    net.compile(batch=len(labels), bits=bits, window=window, seed=3)
+    net.compile(pass_images=len(labels), bits=bits, window=window, seed=3)
     net.zero_grad()
     net.forward(images, labels)
     net.backward()
@@ -34,9 +34,9 @@ def test_window_option_is_checked_and_the_naive_ablation_keeps_the_papers():
     net = tiny_resnet(channels=1)
     for bits in (4, "exact", "naive"):  # checked even where it would not be used
         with pytest.raises(ValueError, match="window must be one of"):
-            net.compile(batch=4, bits=bits, window="sigma")
-    assert net.compile(batch=4, bits="naive", window="range").store.window == "fixed"
-    assert net.compile(batch=4, bits=4).store.window == "block"  # the default
+            net.compile(pass_images=4, bits=bits, window="sigma")
+    assert net.compile(pass_images=4, bits="naive", window="range").store.window == "fixed"
+    assert net.compile(pass_images=4, bits=4).store.window == "block"  # the default
 
 
 def test_the_block_window_fits_each_block_of_rows():
@@ -70,7 +70,7 @@ def test_the_block_window_fits_each_block_of_rows():
 def test_the_plan_holds_the_block_windows_with_the_store():
     """(blocks, 3, C) windows a unit, in the activation stores: at most 0.375/k more than the codes."""
     net = tiny_resnet(channels=1)
-    plans = {w: net.plan(batch=16, bits=4, window=w) for w in ("range", "block")}
+    plans = {w: net.plan(pass_images=16, bits=4, window=w) for w in ("range", "block")}
     extra = (plans["block"].bytes_by_category()["activation stores"]
              - plans["range"].bytes_by_category()["activation stores"])
     units = [u for u in net.units if key(u.index, "windows") in plans["block"]]
@@ -80,8 +80,8 @@ def test_the_plan_holds_the_block_windows_with_the_store():
         H, W, C = u.in_shape
         assert w.shape == (quant.windows_per_channel(16 * H * W), 3, C), (u.index, w.shape)
     assert extra == sum(w.nbytes for w in windows) > 0
-    assert net.compile(batch=16, bits=4, window="block").store.window == "block"
-    assert net.compile(batch=16, bits="exact", window="block").store.window == "fixed"  # exact codes nothing
+    assert net.compile(pass_images=16, bits=4, window="block").store.window == "block"
+    assert net.compile(pass_images=16, bits="exact", window="block").store.window == "fixed"  # exact codes nothing
 
 
 def test_the_planner_names_the_window_and_its_unit_rows_add_up(capsys):
@@ -106,7 +106,7 @@ def test_a_clip_of_its_own_is_the_default_clips_when_equal_and_is_coded_through(
 
     def gradients(clip):
         net = models.preact_resnet(11, input_shape=(8, 8, 1), classes=10)
-        net.compile(batch=16, bits=2, window=window, rounding=rounding, clip=clip, seed=3)
+        net.compile(pass_images=16, bits=2, window=window, rounding=rounding, clip=clip, seed=3)
         net.zero_grad()
         net.forward(images, labels)
         net.backward()
