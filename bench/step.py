@@ -142,7 +142,7 @@ def same_steps(steps):
     if backend.device != "cpu":
         return "not checked (GPU: bench/gpu.py)"
     a, b = eager.state(), replayed.state()
-    stores = [name for name in eager.arena.views if name.endswith((".store", ".windows", ".stats"))]
+    stores = [name for name in eager.arena.views if name.endswith((".x_copy", ".codes", ".windows", ".stats"))]
     same = all(np.array_equal(a[k], b[k]) for k in a) and all(
         np.array_equal(eager.arena[k], replayed.arena[k]) for k in stores)
     return "bit for bit" if same else "DIFFERENT"

@@ -23,7 +23,8 @@ import numpy as np
 from . import backend
 
 
-OWN_ROLES = ("store", "windows", "stats")  # the buffers a unit may own (Own)
+# the buffers a unit may own (Own): its store (x_copy exact, else codes), the codes' windows, its statistics
+OWN_ROLES = ("x_copy", "codes", "windows", "stats")
 OPTIMIZER_STATE = {"momentum/": "velocity", "second_moment/": "second_moment"}  # state prefix -> arena buffer
 
 

@@ -1,10 +1,10 @@
 """Units: the links of a net's chain, each owning its forward and backward pass.
 
 A unit declares, once, what it needs: its parameters (`parameters()`), its own buffers (`own_buffers()`:
-the activation store, its windows and the batch-norm statistics) and how much of each
+the store's buffer, x_copy or codes, the codes' windows and the batch-norm statistics) and how much of each
 shared buffer it uses (`shared_sizes()`). The net turns these declarations into the one plan table
 (net.py's `key()` names them "unit<i>.<role>"), allocates it, and hands every unit its views (`bind()`);
-a unit reads its arrays by role, as `self.p["w"]`, `self.own["store"]` (the roles a unit may own:
+a unit reads its arrays by role, as `self.p["w"]`, `self.own["codes"]` (the roles a unit may own:
 params.OWN_ROLES). Nothing else spells a buffer name.
 
     ConvUnit      [BN -> ReLU, writing the k-bit store] -> [pool] -> conv [-> projection into the residual]
@@ -235,7 +235,7 @@ class ReluConvUnit(Unit):
         return [self.conv]
 
     def own_buffers(self, n, *, store, keep):
-        return [Own("store", (elements(n, self.in_shape),), None, "activation stores")] if keep else []  # (N*H*W*C,) x
+        return [Own("x_copy", (elements(n, self.in_shape),), None, "activation stores")] if keep else []  # (N*H*W*C,)
 
     def shared_sizes(self, n, *, training):
         size = elements(n, self.in_shape)
@@ -249,14 +249,14 @@ class ReluConvUnit(Unit):
         xp = backend.xp
         add_and_save(x, residual=residual, saved=saved)
         if s.train:
-            program.copy(self.own["store"][: x.size].reshape(x.shape), x)
+            program.copy(self.own["x_copy"][: x.size].reshape(x.shape), x)
         a = s.shared("a", self.in_shape)
         program.issue("relu", functools.partial(xp.maximum, out=a), x, 0)
         self.conv.forward(a, self.p["w"], self.p["bias"], out, col=s.shared("col"))
 
     def backward(self, dy, dx, s, *, residual_grad=None, shortcut_grad=None):
         xp = backend.xp
-        x = self.own["store"][: elements(s.n, self.in_shape)].reshape((s.n,) + self.in_shape)
+        x = self.own["x_copy"][: elements(s.n, self.in_shape)].reshape((s.n,) + self.in_shape)
         a = s.shared("a", self.in_shape)
         program.issue("relu", functools.partial(xp.maximum, out=a), x, 0)
         if dx is not None:

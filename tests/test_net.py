@@ -274,7 +274,7 @@ def test_predict_runs_any_number_of_images_through_an_evaluation_arena(rng):
     evaluator = tiny_net().compile(pass_images=3, bits=4, training=False)
     evaluator.load_state(trained.state())  # momentum ignored: the evaluation arena has none
     plan = evaluator.arena.plan
-    assert not any(n in plan for n in ("grads", "velocity", "unit1.store", "dlogits", "da"))
+    assert not any(n in plan for n in ("grads", "velocity", "unit1.codes", "unit1.x_copy", "dlogits", "da"))
     assert plan.total_bytes < trained.arena.plan.total_bytes
     x = rng.standard_normal((7, 8, 8, 3)).astype(np.float32)
     logits = evaluator.predict(device(x))
@@ -383,7 +383,7 @@ def test_a_mix_plans_each_units_store_by_its_own_bits():
     mix = [quant.Store(b) for b in bits]
     plan = net.plan(pass_images=4, store=mix)
     for u, store in zip(net.units, mix):
-        name = f"unit{u.index}.store"
+        name = f"unit{u.index}.{'x_copy' if store.bits == 'exact' else 'codes'}"
         if u.bn_channels:
             want = 4 * int(np.prod(u.in_shape)) * (4 if store.bits == "exact" else store.k / 8)
             assert plan[name].nbytes == want, name

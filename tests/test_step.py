@@ -53,8 +53,8 @@ def needs_graphs():
 
 def _stores(net):
     """Every unit's store, windows and statistics, as host bytes."""
-    return {name: host(view).copy() for name, view in net.arena.views.items() if name.endswith((".store", ".windows",
-                                                                                                 ".stats"))}
+    kept = (".x_copy", ".codes", ".windows", ".stats")
+    return {name: host(view).copy() for name, view in net.arena.views.items() if name.endswith(kept)}
 
 
 @pytest.mark.parametrize("optimizer,rounding,sub_batches", [("sgd", "nearest", 1), ("sgd-clip", "stochastic", 2),

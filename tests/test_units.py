@@ -36,5 +36,5 @@ def test_a_new_unit_kind_matches_finite_differences(rng):
 def test_a_new_unit_kind_keeps_its_input_in_full_precision_at_4_bits(rng):
     net = net_with_relu_conv(np.float32)
     plan = net.plan(pass_images=2, bits=4)
-    assert plan["unit1.store"].dtype == np.float32 and plan["unit1.store"].shape == (2 * 6 * 6 * 4,)
-    assert plan["unit3.store"].dtype == np.uint8  # the classifier's BN input: 4-bit codes
+    assert plan["unit1.x_copy"].dtype == np.float32 and plan["unit1.x_copy"].shape == (2 * 6 * 6 * 4,)
+    assert plan["unit3.codes"].dtype == np.uint8  # the classifier's BN input: 4-bit codes

@@ -75,7 +75,7 @@ def test_the_plan_holds_the_block_windows_with_the_store():
              - plans["range"].bytes_by_category()["activation stores"])
     units = [u for u in net.units if key(u.index, "windows") in plans["block"]]
     windows = [plans["block"][key(u.index, "windows")] for u in units]
-    assert len(units) == sum(key(u.index, "store") in plans["block"] for u in net.units) > 0
+    assert len(units) == sum(key(u.index, "codes") in plans["block"] for u in net.units) > 0
     for u, w in zip(units, windows):
         H, W, C = u.in_shape
         assert w.shape == (quant.windows_per_channel(16 * H * W), 3, C), (u.index, w.shape)

@@ -368,11 +368,11 @@ class BatchNormReLU:
         self._views = {}
 
     def own_buffers(self, n, *, store, keep):
-        """The buffers above for a batch of n, the store and windows only when kept (training, or the naive
-        net's evaluation, which feeds its codes forward). (dtype None: the net's.)"""
+        """The buffers above for a pass of n images, the store's (x_copy, or codes and windows) only when kept
+        (training, or the naive net's evaluation, which feeds its codes forward). (dtype None: the net's.)"""
         values, rows = elements(n, self.in_shape), elements(n, self.in_shape[:2])
-        stores = [Own("store", (values,), None, "activation stores") if not store.k else
-                  Own("store", (values * store.k // 8,), np.uint8, "activation stores")]
+        stores = [Own("x_copy", (values,), None, "activation stores") if not store.k else
+                  Own("codes", (values * store.k // 8,), np.uint8, "activation stores")]
         if store.k:  # the windows' one home: one each WINDOW_ROWS rows (block window), else one, which
             # does not grow with the batch and is counted with the statistics
             stores.append(Own("windows", (quant.windows_per_channel(rows), 3, self.C), None, "activation stores")
@@ -386,18 +386,18 @@ class BatchNormReLU:
         self._views = {}  # (n, store) -> StoreView: a compile binds new buffers
 
     def view(self, n, store):
-        """The StoreView of a batch of n under the store (quant.Store), made at its first use: the one place the
+        """The StoreView of a pass of n images under the store (quant.Store), made at its first use: the one place the
         store's buffers are cut to n and its window decided."""
         view = self._views.get((n, store))
         if view is None:
             values = elements(n, self.in_shape)
             if not store.k:
-                view = StoreView(x_copy=self.own["store"][:values].reshape((n,) + self.in_shape))
+                view = StoreView(x_copy=self.own["x_copy"][:values].reshape((n,) + self.in_shape))
             else:
                 count = quant.windows_per_channel(elements(n, self.in_shape[:2])) if store.block else 1
                 windows = self.own["windows"][:count]
                 view = StoreView(bits=store.k, stochastic=store.stochastic,
-                                 codes=self.own["store"][: values * store.k // 8], windows=windows,
+                                 codes=self.own["codes"][: values * store.k // 8], windows=windows,
                                  window=store.window, clip=store.window_clip, naive=store.naive)
             self._views[n, store] = view
         return view

@@ -103,9 +103,10 @@ def unit_rows(net, plan):
     """[(unit index, input shape, store bytes)] of the units that keep a store in this plan: the activation
     stores' bytes of each (its codes, and the block window's windows, which grow with the pass)."""
     def stores(u):
-        names = (key(u.index, role) for role in ("store", "windows"))
+        names = (key(u.index, role) for role in ("x_copy", "codes", "windows"))
         return sum(plan[n].nbytes for n in names if n in plan and plan[n].category == "activation stores")
-    return [(u.index, u.in_shape, stores(u)) for u in net.units if key(u.index, "store") in plan]
+    return [(u.index, u.in_shape, stores(u)) for u in net.units
+            if key(u.index, "x_copy") in plan or key(u.index, "codes") in plan]
 
 
 # ----------------------------------------------------------------------------- a whole run within a budget
