@@ -152,27 +152,27 @@ __device__ __forceinline__ void coefficients(real_t mean, real_t var, real_t eps
     stats[B * C + c] = beta / g;
 }
 
-// The second pass, one thread a channel: the batch's mean and variance (training: partial (3 or 5, chunks, C) of
-// `rows` rows) and the running statistics' update with them (running may be null: the batch's statistics alone),
-// or (evaluation: no partial) the running statistics; then stats. running, running_before and increments are
-// (2, S), this unit's channels from offset. A k-bit store's windows come next (code_windows).
+// The second pass, over channels (for_finish_channels): the batch's mean and variance (training: partial (3 or 5,
+// chunks, C) of `rows` rows) and the running statistics' update with them (running may be null: the batch's
+// statistics alone), or (evaluation: no partial) the running statistics; then stats. running, running_before and
+// increments are (2, S), this unit's channels from offset. A k-bit store's windows come next (code_windows).
 extern "C" __global__ void batchnorm_finish(
     long long rows, int C, int rows_per_chunk, real_t eps, double momentum, int S, int offset,
     const real_t* __restrict__ gamma, const real_t* __restrict__ beta, const real_t* __restrict__ partial,
     real_t* __restrict__ running, real_t* __restrict__ running_before, real_t* __restrict__ increments,
     real_t* __restrict__ stats) {
-    GRID_STRIDE_LOOP(c, C) {
-        const long long at = offset + c;  // the channel's running mean; its variance S on
-        real_t mean, var;
-        if (partial) {
-            batch_moments(partial, rows, rows_per_chunk, C, (int)c, &mean, &var);
-            update_running(mean, var, rows, momentum, S, running ? running + at : nullptr,
-                           running_before ? running_before + at : nullptr, increments ? increments + at : nullptr);
-        } else {
-            mean = running[at], var = running[S + at];
+    for_finish_channels(C, [&](int c0, auto P) {  // (a piece's chunks read from memory once, then from the cache)
+        for (int c = c0; c < c0 + P; ++c) {
+            const long long at = offset + c;  // the channel's running mean; its variance S on
+            real_t mean = partial ? 0 : running[at], var = partial ? 0 : running[S + at];  // (evaluation: running's)
+            if (partial) {
+                batch_moments(partial, rows, rows_per_chunk, C, c, &mean, &var);
+                update_running(mean, var, rows, momentum, S, running ? running + at : nullptr,
+                               running_before ? running_before + at : nullptr, increments ? increments + at : nullptr);
+            }
+            coefficients(mean, var, eps, gamma[c], beta[c], C, c, stats);
         }
-        coefficients(mean, var, eps, gamma[c], beta[c], C, (int)c, stats);
-    }
+    });
 }
 
 // ----------------------------------------------------------------------------- the windows
@@ -377,19 +377,22 @@ extern "C" __global__ void batchnorm_relu_backward_sums(
     else for_sum_rows(u, bits, rows_per_chunk, partial, sums_row);
 }
 
-// The batch's dbeta and dgamma from batchnorm_relu_backward_sums's partial sums (2, chunks, C), added in order, one
-// thread a channel: into sums (2, C), for batchnorm_relu_backward_dx, and into the gradients dbeta, dgamma (added to
-// them with accumulate; else 0 + them, what a zeroed gradient and accumulate give, a negative zero included).
+// The batch's dbeta and dgamma from batchnorm_relu_backward_sums's partial sums (2, chunks, C), added in order
+// (for_finish_channels): into sums (2, C), for batchnorm_relu_backward_dx, and into the gradients dbeta, dgamma
+// (added to them with accumulate; else 0 + them, what a zeroed gradient and accumulate give, a negative zero included).
 extern "C" __global__ void batchnorm_backward_finish(
     int C, long long chunks, int accumulate, const real_t* __restrict__ partial, real_t* __restrict__ sums,
     real_t* __restrict__ dbeta, real_t* __restrict__ dgamma) {
-    GRID_STRIDE_LOOP(c, C) {
-        real_t sum = 0, sum_xhat = 0;
-        for (long long k = 0; k < chunks; ++k) sum += partial[k * C + c], sum_xhat += partial[(chunks + k) * C + c];
-        sums[c] = sum, sums[C + c] = sum_xhat;
-        dbeta[c] = (accumulate ? dbeta[c] : (real_t)0) + sum;
-        dgamma[c] = (accumulate ? dgamma[c] : (real_t)0) + sum_xhat;
-    }
+    for_finish_channels(C, [&](int c0, auto P) {
+        real_t sum[FINISH_PIECE] = {}, sum_xhat[FINISH_PIECE] = {}, *d = dbeta + c0, *g = dgamma + c0;
+        const real_t* __restrict__ part = partial + c0;  // (2, chunks, C) from channel c0
+        for (long long k = 0; k < chunks; ++k)
+            for (int c = 0; c < P; ++c) sum[c] += part[k * C + c], sum_xhat[c] += part[(chunks + k) * C + c];
+        for (int c = 0; c < P; ++c) {
+            sums[c0 + c] = sum[c], sums[C + c0 + c] = sum_xhat[c];
+            d[c] = (accumulate ? d[c] : (real_t)0) + sum[c], g[c] = (accumulate ? g[c] : (real_t)0) + sum_xhat[c];
+        }
+    });
 }
 
 // method: dx = gamma_c / sigma_c * (dy - sum(dy)/M - xhat~ * sum(dy * xhat~)/M) [+ residual gradient] ("What a

@@ -319,8 +319,7 @@ __device__ __forceinline__ void for_sum_rows(const UnitTables& u, int bits, int 
 
 // The statistics' walk, which sums each chunk's rows about their own shift and so takes a piece of channels
 // through its chunks: body(c0, P) for each piece [c0, c0 + P) of this thread's channels, SCRATCH consecutive
-// channels on the CPU's one thread (its loops over a piece vectorise), else one (OneChannel: 1 at compile time).
-struct OneChannel { __device__ constexpr operator int() const { return 1; } };
+// channels on the CPU's one thread (its loops over a piece vectorise), else one (common.cuh's OneChannel).
 template <class Body>
 __device__ __forceinline__ void for_channel_pieces(int C, Body body) {
     if (blockDim.x == 1)

@@ -15,8 +15,12 @@ MASK_THRESHOLD = np.float32(1e-6)
 GAMMA_MIN = 1e-8
 # Rows (pixels) that share a block window (quant.py; kernels/bn.cu's code_windows).
 WINDOW_ROWS = 256
+# Channels one CPU thread of a finishing kernel sums over every chunk (layers/launch.py, kernels/bn_walk.cuh's
+# for_finish_channels): a 64-byte cache line of float32 partial sums, each read once.
+FINISH_PIECE = 16
 
-SHARED = {"MASK_THRESHOLD": MASK_THRESHOLD, "GAMMA_MIN": GAMMA_MIN, "WINDOW_ROWS": WINDOW_ROWS}
+SHARED = {"MASK_THRESHOLD": MASK_THRESHOLD, "GAMMA_MIN": GAMMA_MIN, "WINDOW_ROWS": WINDOW_ROWS,
+          "FINISH_PIECE": FINISH_PIECE}
 
 
 def literal(value):

@@ -22,7 +22,7 @@ from .bn import (GAMMA_MIN, ROWS_PER_CHUNK, STATS_CHUNK, STATS_ROWS, BatchNormRe
                  batchnorm_relu_forward_ref, batchnorm_relu_restore, batchnorm_statistics, batchnorm_statistics_ref,
                  code_windows, reduction_chunks, rounding_keys, update_running)
 from .conv import COL_ELEMENTS, CONV_PATHS, Conv2D, ConvPath, GemmPath, col2im_ref, im2col_ref
-from .launch import CPU_BLOCKS, GPU_BLOCK, GPU_MAX_BLOCKS, launch, output_size
+from .launch import CPU_BLOCKS, GPU_BLOCK, GPU_MAX_BLOCKS, finish_launch, launch, output_size
 from .loss import (softmax_cross_entropy, softmax_cross_entropy_backward, softmax_cross_entropy_backward_ref,
                    softmax_cross_entropy_ref)
 from .pool import AvgPool, GlobalAvgPool, MaxPool, ParameterFreeShortcut, maxpool_backward_ref, pool_ref

@@ -17,7 +17,7 @@ from .. import kernels, program, quant
 from ..constants import GAMMA_MIN  # gamma is clamped to at least this (docs/method.md, "The unit")
 from ..params import Own, elements
 from ..quant import check_window
-from .launch import launch
+from .launch import finish_launch, launch
 
 ROWS_PER_CHUNK = 16      # rows the backward's reduction sums in order into one row of partial sums
 # rows a chunk of the statistics' sums, about its own shift; a block window's rows are whole chunks
@@ -111,7 +111,7 @@ def batchnorm_finish(gamma, beta, stats, *, eps, part=None, rows=None, running=N
         rows=rows or 1, C=C, rows_per_chunk=STATS_CHUNK, eps=eps, momentum=momentum, S=S, offset=offset, gamma=gamma,
         beta=beta, partial=part, running=running,
         running_before=running_before if part is not None and increments is None else None, increments=increments,
-        stats=stats, threads=C)
+        stats=stats, **finish_launch(C))
     if bits:
         _code_windows(module, stats, None if window == "fixed" else part[3:], windows, bits=bits, window=window,
                       stochastic=stochastic, clip=clip)
@@ -226,7 +226,7 @@ def batchnorm_relu_backward(da, stats, beta, dx, *, bits, x_copy=None, codes=Non
     module.batchnorm_relu_backward_sums(rows=rows, C=C, **store, beta=beta, da=da, partial=part, a=restored,
                                         **launch(rows, C, bits=bits, rows_per_chunk=ROWS_PER_CHUNK))
     module.batchnorm_backward_finish(C=C, chunks=part.shape[1], accumulate=accumulate, partial=part, sums=sums,
-                                     dbeta=dbeta, dgamma=dgamma, threads=C)
+                                     dbeta=dbeta, dgamma=dgamma, **finish_launch(C))
     module.batchnorm_relu_backward_dx(rows=rows, C=C, **store, beta=beta, da=da, sums=sums, inv_count=1.0 / rows,
                                       residual_grad=residual_grad, shortcut_grad=shortcut_grad, dx=dx,
                                       **launch(rows, C, bits=bits))

@@ -6,6 +6,7 @@ threads walk a row's groups (channels, or code bytes at k bits). launch() alone 
 results do not depend on it (kernels/bn.cu says why).
 """
 from .. import backend
+from ..constants import FINISH_PIECE
 
 GPU_BLOCK = 256        # threads a GPU block: a row's groups (x) times row lanes (y)
 GPU_MAX_BLOCKS = 4096  # more rows than that covers: the lanes stride over them
@@ -23,6 +24,14 @@ def output_size(size, kernel, stride, padding):
         total = max((out - 1) * stride + kernel - size, 0)
         return out, total // 2
     raise ValueError(f"padding must be 'same' or 'valid', got {padding!r}")
+
+
+def finish_launch(C):
+    """dict(grid, block) of a finishing kernel over C channels (kernels/bn_walk.cuh's for_finish_channels): on the
+    GPU a thread a channel, on the CPU one-thread blocks that share pieces of FINISH_PIECE channels."""
+    if backend.device == "gpu":
+        return dict(grid=(-(-C // GPU_BLOCK),), block=(GPU_BLOCK,))
+    return dict(grid=(min(-(-C // FINISH_PIECE), CPU_BLOCKS),), block=(1,))
 
 
 def launch(rows, C, *, bits=0, rows_per_chunk=None):

@@ -256,3 +256,48 @@ def test_a_partial_scratch_too_small_is_refused():
         layers.batchnorm_relu_backward(arrays["da"], arrays["stats"], arrays["beta"], zeros[0], bits=0,
                                        x_copy=arrays["x"], dgamma=zeros[1], dbeta=zeros[2],
                                        partial=device(np.zeros(2 * 7 * C - 1, np.float32)), sums=zeros[3])
+
+
+@pytest.mark.parametrize("C", [1, 7, 16, 40, 300])
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_the_backward_finish_adds_each_channel_in_order_on_every_launch_shape(C, accumulate):
+    """batchnorm_backward_finish's sums are each channel's partial sums added chunk after chunk, in float32: the
+    same bytes whether the CPU's one-thread blocks share pieces of FINISH_PIECE channels (any number of blocks) or a
+    thread sums a channel (layers.finish_launch's GPU shape, and any other block)."""
+    chunks = 37
+    rng = np.random.default_rng(C)
+    part = rng.standard_normal((2, chunks, C)).astype(np.float32)
+    before = rng.standard_normal((2, C)).astype(np.float32)
+    sums = np.zeros((2, C), np.float32)
+    for k in range(chunks):  # in order: a float32 add a chunk
+        sums = sums + part[:, k]
+    gradients = (before if accumulate else np.zeros_like(before)) + sums
+    module = kernels.load("bn.cu", np.float32)
+    for shape in [dict(grid=(g,), block=(1,)) for g in (1, 2, 3, 64)] + [layers.finish_launch(C), dict(threads=C),
+                                                                        dict(grid=(2,), block=(32,))]:
+        got_sums, got = device(np.full((2, C), np.nan, np.float32)), device(before.copy())
+        module.batchnorm_backward_finish(C=C, chunks=chunks, accumulate=accumulate, partial=device(part),
+                                         sums=got_sums, dbeta=got[0], dgamma=got[1], **shape)
+        assert np.array_equal(host(got_sums), sums) and np.array_equal(host(got), gradients), shape
+
+
+@pytest.mark.parametrize("C", [7, 40, 300])
+def test_the_statistics_finish_gives_the_same_bytes_on_every_launch_shape(monkeypatch, C):
+    """batchnorm_finish over channels (for_finish_channels): the CPU's pieces on any number of one-thread blocks, or
+    a thread a channel, give the same statistics, running statistics (training and evaluation) and values kept."""
+    rows = 1000
+    x = device(np.random.default_rng(C).standard_normal((rows, C)).astype(np.float32) * 3 + 1)
+    part = layers.batchnorm_statistics(x, partial=device(np.zeros(layers.reduction_chunks(rows) * C, np.float32)))
+    gamma, beta = device(np.linspace(0.5, 2, C).astype(np.float32)), device(np.linspace(-1, 1, C).astype(np.float32))
+    results = []
+    for shape in [dict(grid=(g,), block=(1,)) for g in (1, 2, 64)] + [dict(threads=C), dict(grid=(2,), block=(32,))]:
+        monkeypatch.setattr(layers.bn, "finish_launch", lambda C, shape=shape: shape)
+        stats, running = device(np.zeros((layers.STATS_ROWS, C), np.float32)), device(np.ones((2, C), np.float32))
+        before = device(np.zeros((2, C), np.float32))
+        layers.batchnorm_finish(gamma, beta, stats, eps=1e-5, part=part, rows=rows, running=running,
+                                running_before=before)
+        evaluation = device(np.zeros((layers.STATS_ROWS, C), np.float32))
+        layers.batchnorm_finish(gamma, beta, evaluation, eps=1e-5, running=running)
+        results.append([host(a).copy() for a in (stats, running, before, evaluation)])
+    for got in results[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(got, results[0]))
