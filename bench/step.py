@@ -110,8 +110,8 @@ def gpu_path_calls(model, args):
     class StandIn:  # a conv's three cuDNN graphs: one issued call an execute
         workspace_bytes = 1
 
-        def __init__(self, batch):
-            self.batch = batch
+        def __init__(self, pass_images):
+            self.pass_images = pass_images
 
         def _execute(self, name):
             program.issue(f"cudnn {name}", lambda: None)
@@ -122,8 +122,8 @@ def gpu_path_calls(model, args):
 
     saved = conv.Conv2D._images_per_chunk, conv_cudnn.net_graphs
     conv.Conv2D._images_per_chunk = lambda self, n: n  # the GPU's: one chunk, one GEMM
-    conv_cudnn.net_graphs = lambda units, *, batch, dtype, tf32: {
-        c: StandIn(batch) for u in units if not u.is_classifier for c in u.convs()}
+    conv_cudnn.net_graphs = lambda units, *, pass_images, dtype, tf32: {
+        c: StandIn(pass_images) for u in units if not u.is_classifier for c in u.convs()}
     counts = {}
     try:
         for path in ("gemm", "cudnn"):

@@ -306,6 +306,14 @@ def test_step_bench_counts_the_calls_and_replays_bit_for_bit():
     assert "replayed step against eager: bit for bit" in out
 
 
+@pytest.mark.slow
+def test_step_bench_counts_the_calls_a_gpu_would_record_on_both_paths():
+    """--gpu-paths stands in for cuDNN's graphs (the net's ConvPath builds them by pass_images): it ran only on a
+    GPU's word until a rename broke it unseen."""
+    out = run("bench/step.py", "--gpu-paths", "--models", "resnet11", "--batch", "8")
+    assert "resnet11    gemm" in out and "resnet11    cudnn" in out and "cudnn fprop" in out
+
+
 def test_the_gpu_bench_says_it_needs_a_gpu():
     # MINIBP_DEVICE=cpu makes the CPU the device on any machine, one with a GPU too
     done = subprocess.run([sys.executable, "bench/gpu.py", "--models", "resnet11"], cwd=ROOT, capture_output=True,
