@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import pytest
 
-from minibp import backend, build, kernels, layers
+from minibp import backend, build, constants, kernels, layers
 from minibp.layers import conv_direct
 from conftest import device, host
 
@@ -217,7 +217,7 @@ def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
                     "qemu-user-static; .ci/run installs them)")
     flags = build.CPU_TARGETS["aarch64"]["neon"][1]
     built = subprocess.run([compiler, *build.CPU_ARITHMETIC, "-O2", *flags, "-fopenmp", "-static",
-                            "-Dreal_t=float", f"-I{kernels.KERNEL_DIR}",
+                            "-Dreal_t=float", *constants.defines(), f"-I{kernels.KERNEL_DIR}",  # as every build
                             str(ROOT / "tests" / "native" / "conv_direct_check.cpp"), "-o", str(tmp_path / "check")],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
