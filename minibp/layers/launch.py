@@ -30,7 +30,7 @@ def finish_launch(C):
     """dict(grid, block) of a finishing kernel over C channels (kernels/bn_walk.cuh's for_finish_channels): on the
     GPU a thread a channel, on the CPU one-thread blocks that share pieces of FINISH_PIECE channels."""
     if backend.device == "gpu":
-        return dict(grid=(-(-C // GPU_BLOCK),), block=(GPU_BLOCK,))
+        return dict(threads=C)  # the loader's default shape: 256-thread blocks covering C threads
     return dict(grid=(min(-(-C // FINISH_PIECE), CPU_BLOCKS),), block=(1,))
 
 
