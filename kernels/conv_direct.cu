@@ -18,37 +18,33 @@
 #define LANES (VEC_BYTES / 4)  // floats a vector
 
 // Register blocking, sized to the register file of the vectors' instruction set so that the
-// accumulators, the vectors they read and a broadcast all stay in registers. A conv_direct tile is
-// TILE_PIXELS output pixels along a row x up to TILE_VECTORS vectors of output channels; a
-// conv_weight_grad task is one tap x GRAD_INPUTS input channels x GRAD_VECTORS vectors of output channels.
-// Channel counts need not be multiples of these: the last block is partial.
-#if VEC_BYTES == 64  // AVX-512: 32 registers; 16 accumulators either way
-#define TILE_PIXELS 8
-#define TILE_VECTORS 2
-#define GRAD_INPUTS 16
-#define GRAD_VECTORS 1
-#elif VEC_BYTES == 32  // AVX2: 16 registers; 12 and 8 accumulators
-#define TILE_PIXELS 6
-#define TILE_VECTORS 2
-#define GRAD_INPUTS 4
-#define GRAD_VECTORS 2
-#else  // SSE (16 registers) or NEON (32): 12 and 8 accumulators
-#define TILE_PIXELS 6
-#define TILE_VECTORS 2
-#define GRAD_INPUTS 4
-#define GRAD_VECTORS 2
+// accumulators, the vectors they read and a broadcast all stay in registers. A conv_direct tile keeps
+// TILE_SUMS vectors of sums: TILE_SUMS / V output pixels along a row x V vectors of output channels, V from
+// 1 to TILE_VECTORS (the launch's `vectors`: 1 when the output channels fill one vector, so a conv with 16 of
+// them on AVX-512 still keeps every register busy). A conv_weight_grad task likewise keeps GRAD_SUMS: one tap x
+// GRAD_SUMS / V input channels x V vectors of output channels. Channel counts need not be multiples of these:
+// the last block is partial.
+#if VEC_BYTES == 64  // AVX-512: 32 registers
+#define TILE_SUMS 16
+#define GRAD_SUMS 16
+#else  // AVX2 or SSE (16 registers), NEON (32)
+#define TILE_SUMS 12
+#define GRAD_SUMS 8
 #endif
-#define TILE_CHANNELS (TILE_VECTORS * LANES)
-#define GRAD_OUTPUTS (GRAD_VECTORS * LANES)
+#define TILE_VECTORS 2
+#define GRAD_VECTORS 2
+
+// A tile's pixels, and a weight-gradient task's input channels, with V vectors of output channels.
+__device__ __forceinline__ constexpr int tile_pixels(int V) { return TILE_SUMS / V; }
+__device__ __forceinline__ constexpr int grad_inputs(int V) { return GRAD_SUMS / V; }
 
 // The geometry above, for conv_direct.py (which sizes its launches and workspace by it): defined here
-// once. Call with one thread.
+// once. geometry (1 + TILE_VECTORS + GRAD_VECTORS): the floats a vector, then tile_pixels(V) for each V,
+// then grad_inputs(V) for each V. Call with one thread.
 extern "C" __global__ void conv_direct_geometry(int* geometry) {
     geometry[0] = LANES;
-    geometry[1] = TILE_PIXELS;
-    geometry[2] = TILE_VECTORS;
-    geometry[3] = GRAD_INPUTS;
-    geometry[4] = GRAD_VECTORS;
+    for (int v = 1; v <= TILE_VECTORS; ++v) geometry[v] = tile_pixels(v);
+    for (int v = 1; v <= GRAD_VECTORS; ++v) geometry[TILE_VECTORS + v] = grad_inputs(v);
 }
 
 // dilation: x is read as if dilation - 1 zeros lay between its rows and between its columns (1 but in the
@@ -79,16 +75,18 @@ struct Tile {
     int n, oh, ow0, co0, pixels, channels;  // the tile's part inside y: pixels x channels from (ow0, co0)
 };
 
-__device__ __forceinline__ Tile tile_at(const ConvShape& s, int tile_channels, long long t) {
+// Tile t of those of `vectors` vectors of output channels (and tile_pixels(vectors) pixels).
+__device__ __forceinline__ Tile tile_at(const ConvShape& s, int vectors, long long t) {
+    const int tile_channels = vectors * LANES, width = tile_pixels(vectors);
     const int blocks = (s.Cout + tile_channels - 1) / tile_channels;
-    const int tiles_w = (s.Wo + TILE_PIXELS - 1) / TILE_PIXELS;
+    const int tiles_w = (s.Wo + width - 1) / width;
     Tile b;
     b.co0 = (int)(t % blocks) * tile_channels;
-    b.ow0 = (int)((t / blocks) % tiles_w) * TILE_PIXELS;
+    b.ow0 = (int)((t / blocks) % tiles_w) * width;
     b.row = t / ((long long)blocks * tiles_w);
     b.oh = (int)(b.row % s.Ho);
     b.n = (int)(b.row / s.Ho);
-    b.pixels = min_int(TILE_PIXELS, s.Wo - b.ow0);
+    b.pixels = min_int(width, s.Wo - b.ow0);
     b.channels = min_int(tile_channels, s.Cout - b.co0);
     return b;
 }
@@ -105,17 +103,19 @@ __device__ __forceinline__ void valid_outputs(int size, int out_size, int stride
     *hi = last < 0 ? 0 : min_int(last / stride + 1, out_size);
 }
 
-__device__ __forceinline__ GradTask grad_task_at(const ConvShape& s, long long t) {
-    const int cblocks = (s.C + GRAD_INPUTS - 1) / GRAD_INPUTS, oblocks = (s.Cout + GRAD_OUTPUTS - 1) / GRAD_OUTPUTS;
+// Task t of those of `vectors` vectors of output channels (and grad_inputs(vectors) input channels).
+__device__ __forceinline__ GradTask grad_task_at(const ConvShape& s, int vectors, long long t) {
+    const int inputs = grad_inputs(vectors), outputs = vectors * LANES;
+    const int cblocks = (s.C + inputs - 1) / inputs, oblocks = (s.Cout + outputs - 1) / outputs;
     GradTask g;
-    g.co0 = (int)(t % oblocks) * GRAD_OUTPUTS;
-    g.c0 = (int)((t / oblocks) % cblocks) * GRAD_INPUTS;
+    g.co0 = (int)(t % oblocks) * outputs;
+    g.c0 = (int)((t / oblocks) % cblocks) * inputs;
     const int tap = (int)((t / ((long long)oblocks * cblocks)) % (s.kh * s.kw));
     g.chunk = (int)(t / ((long long)oblocks * cblocks * s.kh * s.kw));
     g.i = tap / s.kw;
     g.j = tap % s.kw;
-    g.cn = min_int(GRAD_INPUTS, s.C - g.c0);
-    g.kn = min_int(GRAD_OUTPUTS, s.Cout - g.co0);
+    g.cn = min_int(inputs, s.C - g.c0);
+    g.kn = min_int(outputs, s.Cout - g.co0);
     valid_outputs(s.H, s.Ho, s.stride, s.pad_top, g.i, &g.oh_lo, &g.oh_hi);
     valid_outputs(s.W, s.Wo, s.stride, s.pad_left, g.j, &g.ow_lo, &g.ow_hi);
     return g;
@@ -130,10 +130,10 @@ __device__ __forceinline__ long long grad_offset(const ConvShape& s, const GradT
 // (a tile's or a task's sum runs over taps, then input channels, or over images, rows and columns), so
 // only the rounding of a fused multiply-add separates them.
 template <class T>
-__device__ void direct_tile_plain(const ConvShape& s, int tile_channels, int accumulate, const T* x, const T* wt,
-                                  T* y, long long t) {
-    const Tile b = tile_at(s, tile_channels, t);
-    T acc[TILE_PIXELS][TILE_CHANNELS] = {};
+__device__ void direct_tile_plain(const ConvShape& s, int vectors, int accumulate, const T* x, const T* wt, T* y,
+                                  long long t) {
+    const Tile b = tile_at(s, vectors, t);
+    T acc[tile_pixels(1)][TILE_VECTORS * LANES] = {};  // the most pixels x the most channels
     for (int i = 0; i < s.kh; ++i) {
         const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
         if (h < 0) continue;
@@ -155,10 +155,10 @@ __device__ void direct_tile_plain(const ConvShape& s, int tile_channels, int acc
 }
 
 template <class T>
-__device__ void weight_grad_task_plain(const ConvShape& s, int images_per_chunk, const T* x, const T* dy, T* partial,
-                                       long long t) {
-    const GradTask g = grad_task_at(s, t);
-    T acc[GRAD_INPUTS][GRAD_OUTPUTS] = {};  // (input channel, output channel)
+__device__ void weight_grad_task_plain(const ConvShape& s, int vectors, int images_per_chunk, const T* x, const T* dy,
+                                       T* partial, long long t) {
+    const GradTask g = grad_task_at(s, vectors, t);
+    T acc[grad_inputs(1)][GRAD_VECTORS * LANES] = {};  // (input channel, output channel): the most of each
     const int n_end = min_int((g.chunk + 1) * images_per_chunk, s.N);
     for (int n = g.chunk * images_per_chunk; n < n_end; ++n)
         for (int oh = g.oh_lo; oh < g.oh_hi; ++oh)
@@ -208,7 +208,7 @@ static inline void store_lanes(float* p, vfloat v, int n) {
 }
 
 // As direct_tile_plain, with V vectors of output channels, the first `lanes` of them holding channels
-// (all of them when WHOLE): the tile's sums live in TILE_PIXELS x V registers; each input value is
+// (all of them when WHOLE): the tile's sums live in tile_pixels(V) x V registers; each input value is
 // broadcast against its tap's and channel's weights. A pixel outside x (padding, dilation, past the
 // row's end) reads a row of zeros.
 #define ZERO_ROW 4096  // input channels the row of zeros covers; a conv with more takes the plain loop
@@ -217,16 +217,16 @@ static const float zero_row[ZERO_ROW] = {};
 // acc[p][v] += pixel p's value of each input channel c x the tap's weights of channel c: a tile's inner
 // loop. ALONG_ROW: the pixels lie step apart from src[0], which lets GCC address all of them from one
 // register (else it advances a pointer a pixel, and the loop is 1.3x slower on AVX-512).
-template <int V, bool WHOLE, bool ALONG_ROW>
-__attribute__((always_inline)) static inline void add_tap(vfloat (&acc)[TILE_PIXELS][V],
-                                                          const float* const (&src)[TILE_PIXELS], long long step,
-                                                          const float* wk, const ConvShape& s, const int (&lanes)[V]) {
+template <int V, bool WHOLE, bool ALONG_ROW, int P = tile_pixels(V)>
+__attribute__((always_inline)) static inline void add_tap(vfloat (&acc)[P][V], const float* const (&src)[P],
+                                                          long long step, const float* wk, const ConvShape& s,
+                                                          const int (&lanes)[V]) {
     for (int c = 0; c < s.C; ++c, wk += s.w_row) {
         vfloat wv[V];
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) wv[v] = load_lanes(wk + v * LANES, WHOLE ? LANES : lanes[v]);
-#pragma GCC unroll 8
-        for (int p = 0; p < TILE_PIXELS; ++p) {
+#pragma GCC unroll 16
+        for (int p = 0; p < P; ++p) {
             const float xp = ALONG_ROW ? src[0][p * step + c] : src[p][c];
 #pragma GCC unroll 4
             for (int v = 0; v < V; ++v) acc[p][v] += xp * wv[v];
@@ -235,37 +235,41 @@ __attribute__((always_inline)) static inline void add_tap(vfloat (&acc)[TILE_PIX
 }
 
 template <int V, bool WHOLE>
-__attribute__((noinline)) static void direct_tile_vector(const ConvShape& s, const Tile& b, int accumulate, const float* x, const float* wt,
-                               float* y) {
+__attribute__((noinline)) static void direct_tile_vector(const ConvShape& s, const Tile& b, int accumulate,
+                                                         const float* x, const float* wt, float* y) {
+    constexpr int P = tile_pixels(V);
     int lanes[V];
     for (int v = 0; v < V; ++v) lanes[v] = b.channels - v * LANES;
     // Every loop that indexes acc is unrolled (constant bounds and the pragmas): else GCC keeps acc on the
     // stack and stores all of it each step of the inner loop (2x slower).
-    vfloat acc[TILE_PIXELS][V];
-#pragma GCC unroll 8
-    for (int p = 0; p < TILE_PIXELS; ++p)
+    vfloat acc[P][V];
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) acc[p][v] = vfloat{};
     for (int i = 0; i < s.kh; ++i) {
         const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
         if (h < 0) continue;
+        const float* x_row = x + ((long long)b.n * s.H + h) * s.W * s.C;
         for (int j = 0; j < s.kw; ++j) {
             const float* wk = tap_weights(s, wt, i, j) + b.co0;
-            const float* src[TILE_PIXELS];
-            bool along_row = s.dilation == 1 && b.pixels == TILE_PIXELS;  // every pixel inside x
-            for (int p = 0; p < TILE_PIXELS; ++p) {
-                const int w = input_index(b.ow0 + p, j, s.stride, s.dilation, s.pad_left, s.W);
-                src[p] = w >= 0 && p < b.pixels ? x + (((long long)b.n * s.H + h) * s.W + w) * s.C : zero_row;
-                along_row = along_row && w >= 0;
-            }
-            if (along_row)
+            const float* src[P];
+            // Every pixel inside x (its first and last columns are, and no dilation): one pointer serves.
+            const int first = b.ow0 * s.stride - s.pad_left + j, last = first + (P - 1) * s.stride;
+            if (s.dilation == 1 && b.pixels == P && first >= 0 && last < s.W) {
+                src[0] = x_row + (long long)first * s.C;
                 add_tap<V, WHOLE, true>(acc, src, (long long)s.stride * s.C, wk, s, lanes);
-            else
-                add_tap<V, WHOLE, false>(acc, src, 0, wk, s, lanes);
+                continue;
+            }
+            for (int p = 0; p < P; ++p) {
+                const int w = input_index(b.ow0 + p, j, s.stride, s.dilation, s.pad_left, s.W);
+                src[p] = w >= 0 && p < b.pixels ? x_row + (long long)w * s.C : zero_row;
+            }
+            add_tap<V, WHOLE, false>(acc, src, 0, wk, s, lanes);
         }
     }
-#pragma GCC unroll 8
-    for (int p = 0; p < TILE_PIXELS; ++p) {
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) {
         if (p >= b.pixels) continue;
         float* dst = y + (b.row * s.Wo + b.ow0 + p) * s.Cout + b.co0;
 #pragma GCC unroll 4
@@ -276,56 +280,64 @@ __attribute__((noinline)) static void direct_tile_vector(const ConvShape& s, con
     }
 }
 
-// As weight_grad_task_plain: GRAD_INPUTS x GRAD_VECTORS registers, a row per input channel holding its
-// output channels. A block of fewer input channels (C = 3) computes the missing ones from its last
-// channel and does not store them.
-__attribute__((noinline)) static void weight_grad_task_vector(const ConvShape& s, int images_per_chunk, const float* x, const float* dy,
-                                    float* partial, long long t) {
-    const GradTask g = grad_task_at(s, t);
-    int offset[GRAD_INPUTS], lanes[GRAD_VECTORS];
-    vfloat acc[GRAD_INPUTS][GRAD_VECTORS];  // unrolled wherever indexed, to stay in registers
-    for (int c = 0; c < GRAD_INPUTS; ++c) offset[c] = c < g.cn ? c : g.cn - 1;
-    for (int v = 0; v < GRAD_VECTORS; ++v) lanes[v] = g.kn - v * LANES;
-#pragma GCC unroll 16
-    for (int c = 0; c < GRAD_INPUTS; ++c)
+// acc[c][v] += x's input channel c x dy's output channels, over `count` pixels that lie x_step apart in x
+// and Cout apart in dy: a weight-gradient task's inner loop. WHOLE: every input channel and lane is the
+// task's; else offset names the channel each row reads (its last one for the missing ones).
+template <int V, bool WHOLE, int I = grad_inputs(V)>
+__attribute__((always_inline)) static inline void add_pixels(vfloat (&acc)[I][V], const float* xs, const float* ds,
+                                                             int count, long long x_step, const ConvShape& s,
+                                                             const int (&offset)[I], const int (&lanes)[V]) {
+    for (int k = 0; k < count; ++k, xs += x_step, ds += s.Cout) {
+        vfloat dv[V];
 #pragma GCC unroll 4
-        for (int v = 0; v < GRAD_VECTORS; ++v) acc[c][v] = vfloat{};
-    const bool whole = g.cn == GRAD_INPUTS && g.kn == GRAD_OUTPUTS;
+        for (int v = 0; v < V; ++v) dv[v] = WHOLE ? *(const vfloat_u*)(ds + v * LANES) : load_lanes(ds + v * LANES, lanes[v]);
+#pragma GCC unroll 16
+        for (int c = 0; c < I; ++c)
+#pragma GCC unroll 4
+            for (int v = 0; v < V; ++v) acc[c][v] += xs[WHOLE ? c : offset[c]] * dv[v];
+    }
+}
+
+// As weight_grad_task_plain: grad_inputs(V) x V registers, a row per input channel holding its output
+// channels. A block of fewer input channels (C = 3) computes the missing ones from its last channel and
+// does not store them. The pixels are added in the plain loop's order, in runs: a row of outputs, or, where
+// the tap reads x's rows whole and in place (stride 1, the tap at the padding's offset: every tap of a 1x1
+// conv), an image's rows, or the chunk's images, as one run.
+template <int V>
+__attribute__((noinline)) static void weight_grad_task_vector(const ConvShape& s, int images_per_chunk, const float* x,
+                                                              const float* dy, float* partial, long long t) {
+    constexpr int I = grad_inputs(V);
+    const GradTask g = grad_task_at(s, V, t);
+    int offset[I], lanes[V];
+    vfloat acc[I][V];  // unrolled wherever indexed, to stay in registers
+    for (int c = 0; c < I; ++c) offset[c] = c < g.cn ? c : g.cn - 1;
+    for (int v = 0; v < V; ++v) lanes[v] = g.kn - v * LANES;
+#pragma GCC unroll 16
+    for (int c = 0; c < I; ++c)
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) acc[c][v] = vfloat{};
+    const bool whole = g.cn == I && g.kn == V * LANES;
     const long long x_step = (long long)s.stride * s.C;
-    const int n_end = min_int((g.chunk + 1) * images_per_chunk, s.N);
-    for (int n = g.chunk * images_per_chunk; n < n_end; ++n)
-        for (int oh = g.oh_lo; oh < g.oh_hi; ++oh) {
+    const int n0 = g.chunk * images_per_chunk, n_end = min_int(n0 + images_per_chunk, s.N);
+    const int rows = g.oh_hi - g.oh_lo, cols = g.ow_hi - g.ow_lo;
+    const bool rows_join = s.stride == 1 && s.W == s.Wo && cols == s.Wo;
+    const bool images_join = rows_join && s.H == s.Ho && rows == s.Ho;
+    const int run = images_join ? (n_end - n0) * rows * cols : rows_join ? rows * cols : cols;
+    for (int n = n0; n < n_end; n += images_join ? n_end - n0 : 1)
+        for (int oh = g.oh_lo; oh < g.oh_hi; oh += rows_join ? rows : 1) {
             const float* xs = x + (((long long)n * s.H + oh * s.stride - s.pad_top + g.i) * s.W +
                                    g.ow_lo * s.stride - s.pad_left + g.j) * s.C + g.c0;
             const float* ds = dy + (((long long)n * s.Ho + oh) * s.Wo + g.ow_lo) * s.Cout + g.co0;
-            if (whole) {
-                for (int ow = g.ow_lo; ow < g.ow_hi; ++ow, xs += x_step, ds += s.Cout) {
-                    vfloat dv[GRAD_VECTORS];
-#pragma GCC unroll 4
-                    for (int v = 0; v < GRAD_VECTORS; ++v) dv[v] = *(const vfloat_u*)(ds + v * LANES);
-#pragma GCC unroll 16
-                    for (int c = 0; c < GRAD_INPUTS; ++c)
-#pragma GCC unroll 4
-                        for (int v = 0; v < GRAD_VECTORS; ++v) acc[c][v] += xs[c] * dv[v];
-                }
-            } else {
-                for (int ow = g.ow_lo; ow < g.ow_hi; ++ow, xs += x_step, ds += s.Cout) {
-                    vfloat dv[GRAD_VECTORS];
-#pragma GCC unroll 4
-                    for (int v = 0; v < GRAD_VECTORS; ++v) dv[v] = load_lanes(ds + v * LANES, lanes[v]);
-#pragma GCC unroll 16
-                    for (int c = 0; c < GRAD_INPUTS; ++c)
-#pragma GCC unroll 4
-                        for (int v = 0; v < GRAD_VECTORS; ++v) acc[c][v] += xs[offset[c]] * dv[v];
-                }
-            }
+            if (whole)
+                add_pixels<V, true>(acc, xs, ds, run, x_step, s, offset, lanes);
+            else
+                add_pixels<V, false>(acc, xs, ds, run, x_step, s, offset, lanes);
         }
 #pragma GCC unroll 16
-    for (int c = 0; c < GRAD_INPUTS; ++c)
+    for (int c = 0; c < I; ++c)
         if (c < g.cn)
 #pragma GCC unroll 4
-            for (int v = 0; v < GRAD_VECTORS; ++v)
-                store_lanes(partial + grad_offset(s, g, c) + v * LANES, acc[c][v], lanes[v]);
+            for (int v = 0; v < V; ++v) store_lanes(partial + grad_offset(s, g, c) + v * LANES, acc[c][v], lanes[v]);
 }
 
 #pragma GCC pop_options
@@ -333,37 +345,41 @@ __attribute__((noinline)) static void weight_grad_task_vector(const ConvShape& s
 static inline void direct_tile(const ConvShape& s, int vectors, int accumulate, const float* x, const float* wt,
                                float* y, long long t) {
     static_assert(TILE_VECTORS == 2, "direct_tile instantiates the vector tile for 1 and 2 vectors");
-    if (s.C > ZERO_ROW) return direct_tile_plain(s, vectors * LANES, accumulate, x, wt, y, t);
-    const Tile b = tile_at(s, vectors * LANES, t);
+    if (s.C > ZERO_ROW) return direct_tile_plain(s, vectors, accumulate, x, wt, y, t);
+    const Tile b = tile_at(s, vectors, t);
     const bool whole = b.channels == vectors * LANES;  // every lane a channel: all but a last, partial block
     if (vectors == 1)
-        whole ? direct_tile_vector<1, true>(s, b, accumulate, x, wt, y) : direct_tile_vector<1, false>(s, b, accumulate, x, wt, y);
+        whole ? direct_tile_vector<1, true>(s, b, accumulate, x, wt, y)
+              : direct_tile_vector<1, false>(s, b, accumulate, x, wt, y);
     else
-        whole ? direct_tile_vector<2, true>(s, b, accumulate, x, wt, y) : direct_tile_vector<2, false>(s, b, accumulate, x, wt, y);
+        whole ? direct_tile_vector<2, true>(s, b, accumulate, x, wt, y)
+              : direct_tile_vector<2, false>(s, b, accumulate, x, wt, y);
 }
 
-static inline void weight_grad_task(const ConvShape& s, int images_per_chunk, const float* x, const float* dy,
-                                    float* partial, long long t) {
-    weight_grad_task_vector(s, images_per_chunk, x, dy, partial, t);
+static inline void weight_grad_task(const ConvShape& s, int vectors, int images_per_chunk, const float* x,
+                                    const float* dy, float* partial, long long t) {
+    static_assert(GRAD_VECTORS == 2, "weight_grad_task instantiates the vector task for 1 and 2 vectors");
+    vectors == 1 ? weight_grad_task_vector<1>(s, images_per_chunk, x, dy, partial, t)
+                 : weight_grad_task_vector<2>(s, images_per_chunk, x, dy, partial, t);
 }
 #endif
 
 template <class T>
 __device__ __forceinline__ void direct_tile(const ConvShape& s, int vectors, int accumulate, const T* x, const T* wt,
                                             T* y, long long t) {
-    direct_tile_plain(s, vectors * LANES, accumulate, x, wt, y, t);
+    direct_tile_plain(s, vectors, accumulate, x, wt, y, t);
 }
 
 template <class T>
-__device__ __forceinline__ void weight_grad_task(const ConvShape& s, int images_per_chunk, const T* x, const T* dy,
-                                                 T* partial, long long t) {
-    weight_grad_task_plain(s, images_per_chunk, x, dy, partial, t);
+__device__ __forceinline__ void weight_grad_task(const ConvShape& s, int vectors, int images_per_chunk, const T* x,
+                                                 const T* dy, T* partial, long long t) {
+    weight_grad_task_plain(s, vectors, images_per_chunk, x, dy, partial, t);
 }
 
 // y (N, Ho, Wo, Cout) = (or += with accumulate) the convolution of x (N, H, W, C), dilated by dilation,
 // with wt (kh, kw, C, Cout), or, flipped (the data gradient), with a conv's own weights wt (C, kh, kw, Cout) read
-// with the taps reversed. One thread per tile of TILE_PIXELS pixels x vectors (1 to TILE_VECTORS) vectors of
-// LANES channels: N * Ho * ceil(Wo / TILE_PIXELS) * ceil(Cout / (vectors * LANES)) of them.
+// with the taps reversed. One thread per tile of tile_pixels(vectors) pixels x vectors (1 to TILE_VECTORS)
+// vectors of LANES channels: N * Ho * ceil(Wo / tile_pixels(vectors)) * ceil(Cout / (vectors * LANES)) of them.
 extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int kw, int stride, int dilation,
                                        int pad_top, int pad_left, int Ho, int Wo, int Cout, int vectors,
                                        int accumulate, int flipped, const real_t* x, const real_t* wt, real_t* y) {
@@ -371,23 +387,25 @@ extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int k
     const ConvShape s{N, H, W, C, kh, kw, stride, dilation, pad_top, pad_left, Ho, Wo, Cout,
                       flipped ? Cout : C * (long long)Cout, flipped ? taps * Cout : Cout, flipped != 0};
     vectors = vectors < 1 ? 1 : vectors > TILE_VECTORS ? TILE_VECTORS : vectors;
-    const long long tiles =
-        (long long)N * Ho * ((Wo + TILE_PIXELS - 1) / TILE_PIXELS) * ((Cout + vectors * LANES - 1) / (vectors * LANES));
+    const int width = tile_pixels(vectors), channels = vectors * LANES;
+    const long long tiles = (long long)N * Ho * ((Wo + width - 1) / width) * ((Cout + channels - 1) / channels);
     GRID_STRIDE_LOOP(t, tiles) direct_tile(s, vectors, accumulate, x, wt, y, t);
 }
 
 // partial (chunks, kh, kw, C, Cout): chunk q's sum, over its images [q * images_per_chunk, ...) and every
 // output pixel, of x[n, oh*stride - pad_top + i, ow*stride - pad_left + j, c] * dy[n, oh, ow, co] (taps
-// outside x add nothing). Summed over the chunks it is dL/dw in wt's layout. One thread per task:
-// chunks * kh * kw * ceil(C / GRAD_INPUTS) * ceil(Cout / GRAD_OUTPUTS).
+// outside x add nothing). Summed over the chunks it is dL/dw in wt's layout. One thread per task of
+// grad_inputs(vectors) input channels x vectors (1 to GRAD_VECTORS) vectors of LANES output channels:
+// chunks * kh * kw * ceil(C / grad_inputs(vectors)) * ceil(Cout / (vectors * LANES)) of them.
 extern "C" __global__ void conv_weight_grad(int N, int H, int W, int C, int kh, int kw, int stride, int pad_top,
-                                            int pad_left, int Ho, int Wo, int Cout, int images_per_chunk,
+                                            int pad_left, int Ho, int Wo, int Cout, int vectors, int images_per_chunk,
                                             const real_t* x, const real_t* dy, real_t* partial) {
     const ConvShape s{N, H, W, C, kh, kw, stride, 1, pad_top, pad_left, Ho, Wo, Cout, 0, 0, false};
+    vectors = vectors < 1 ? 1 : vectors > GRAD_VECTORS ? GRAD_VECTORS : vectors;
+    const int inputs = grad_inputs(vectors), outputs = vectors * LANES;
     const long long chunks = (N + images_per_chunk - 1) / images_per_chunk;
-    const long long tasks = chunks * kh * kw * ((C + GRAD_INPUTS - 1) / GRAD_INPUTS) *
-                            ((Cout + GRAD_OUTPUTS - 1) / GRAD_OUTPUTS);
-    GRID_STRIDE_LOOP(t, tasks) weight_grad_task(s, images_per_chunk, x, dy, partial, t);
+    const long long tasks = chunks * kh * kw * ((C + inputs - 1) / inputs) * ((Cout + outputs - 1) / outputs);
+    GRID_STRIDE_LOOP(t, tasks) weight_grad_task(s, vectors, images_per_chunk, x, dy, partial, t);
 }
 
 // dw (Cout, K) = (+= with accumulate) the sum over chunks of partial (chunks, K, Cout), conv_weight_grad's, added

@@ -18,22 +18,30 @@ from .. import backend, build, kernels, program
 GRAD_CHUNK_ELEMENTS = 1 << 18  # values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
 
 
-class Geometry:
-    """conv_direct.cu's register blocking in this build, read from the library (defined there once):
-    floats a vector (lanes), a tile's pixels and most vectors of output channels, a weight-gradient
-    task's input channels and vectors of output channels."""
+TILE_VECTORS = GRAD_VECTORS = 2  # the most vectors of output channels a tile or a task holds (conv_direct.cu's)
 
-    def __init__(self, lanes, tile_pixels, tile_vectors, grad_inputs, grad_vectors):
-        self.lanes, self.tile_pixels, self.tile_vectors = lanes, tile_pixels, tile_vectors
-        self.grad_inputs, self.grad_outputs = grad_inputs, grad_vectors * lanes
+
+class Geometry:
+    """conv_direct.cu's register blocking in this build, read from the library (defined there once): floats a
+    vector (lanes); a tile's pixels and a weight-gradient task's input channels, each by its vectors (1 or 2) of
+    output channels."""
+
+    def __init__(self, lanes, tile_pixels, grad_inputs):
+        self.lanes, self.tile_pixels, self.grad_inputs = lanes, tile_pixels, grad_inputs
+
+    def vectors(self, channels):
+        """The vectors of output channels a tile or task holds for a conv of that many: no more than they fill."""
+        return min(TILE_VECTORS, -(-channels // self.lanes))
 
 
 @functools.lru_cache(maxsize=None)
 def geometry():
-    values = np.zeros(5, np.int32)
+    values = np.zeros(1 + TILE_VECTORS + GRAD_VECTORS, np.int32)
     with program.paused():  # (asked while a pass is recorded: the answer is needed now)
         kernels.load("conv_direct.cu").conv_direct_geometry(geometry=values, grid=(1,), block=(1,))
-    return Geometry(*(int(v) for v in values))
+    v = [int(x) for x in values]
+    return Geometry(v[0], {1 + i: v[1 + i] for i in range(TILE_VECTORS)},
+                    {1 + i: v[1 + TILE_VECTORS + i] for i in range(GRAD_VECTORS)})
 
 
 def path(dtype=np.float32):
@@ -83,8 +91,8 @@ def _convolve(conv, x, wt, y, *, accumulate, transposed=False):
         shape = dict(H=conv.H, W=conv.W, C=conv.cin, stride=conv.stride, dilation=1, pad_top=conv.pad_top,
                      pad_left=conv.pad_left, Ho=conv.Ho, Wo=conv.Wo, Cout=conv.cout)
     n, g = x.shape[0], geometry()
-    vectors = min(g.tile_vectors, -(-shape["Cout"] // g.lanes))  # no tile wider than the output channels
-    tiles = n * shape["Ho"] * -(-shape["Wo"] // g.tile_pixels) * -(-shape["Cout"] // (vectors * g.lanes))
+    vectors = g.vectors(shape["Cout"])
+    tiles = n * shape["Ho"] * -(-shape["Wo"] // g.tile_pixels[vectors]) * -(-shape["Cout"] // (vectors * g.lanes))
     kernels.load("conv_direct.cu", x.dtype).conv_direct(
         N=n, kh=conv.kh, kw=conv.kw, **shape, vectors=vectors, accumulate=accumulate, flipped=transposed, x=x, wt=wt,
         y=y, **_tasks(tiles))
@@ -116,10 +124,11 @@ class DirectPath:
         chunks, images = grad_chunks(c, n)
         partial = c._workspace(col, (chunks, c.kh * c.kw * c.cin, c.cout))
         g = geometry()
-        tasks = chunks * c.kh * c.kw * -(-c.cin // g.grad_inputs) * -(-c.cout // g.grad_outputs)
+        vectors = g.vectors(c.cout)
+        tasks = chunks * c.kh * c.kw * -(-c.cin // g.grad_inputs[vectors]) * -(-c.cout // (vectors * g.lanes))
         module = kernels.load("conv_direct.cu", x.dtype)
-        module.conv_weight_grad(**c.kernel_args(n), Cout=c.cout, images_per_chunk=images, x=x, dy=dy, partial=partial,
-                                **_tasks(tasks))
+        module.conv_weight_grad(**c.kernel_args(n), Cout=c.cout, vectors=vectors, images_per_chunk=images, x=x, dy=dy,
+                                partial=partial, **_tasks(tasks))
         module.conv_weight_grad_finish(chunks=chunks, K=c.kh * c.kw * c.cin, Cout=c.cout, accumulate=accumulate,
                                        partial=partial, dw=dw, threads=dw.size)
 

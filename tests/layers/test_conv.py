@@ -91,8 +91,9 @@ def test_conv_equals_the_im2col_reference_to_float32_rounding(rng, monkeypatch, 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("images_per_chunk", [1, 2])
 def test_direct_kernels_equal_the_reference_for_both_real_types(rng, case, dtype, images_per_chunk):
-    """conv_direct (tiles of 1 and 2 vectors, written and accumulated) and conv_weight_grad, called
-    directly: float64 runs the kernels' plain loops, float32 the vector ones of this CPU's target."""
+    """conv_direct (tiles of 1 and 2 vectors, written and accumulated) and conv_weight_grad (tasks of 1 and 2
+    vectors; 1x1 and "same" shapes join rows and images into runs), called directly: float64 runs the kernels'
+    plain loops, float32 the vector ones of this CPU's target."""
     H, W, cin, cout, k, s, padding = case
     conv = layers.Conv2D((H, W, cin), cout, kernel=k, stride=s, padding=padding)
     n = 3
@@ -113,11 +114,12 @@ def test_direct_kernels_equal_the_reference_for_both_real_types(rng, case, dtype
             err = np.abs(host(y) - (y_ref + 2 * accumulate))
             assert np.all(err <= tolerance * (y_bound + 2)), (vectors, accumulate, err.max())
     chunks = -(-n // images_per_chunk)
-    partial = device(np.full((chunks, k * k * cin, cout), np.nan, dtype))
-    module.conv_weight_grad(**shape, images_per_chunk=images_per_chunk, x=device(x.astype(dtype)),
-                            dy=device(dy.astype(dtype)), partial=partial, grid=(4,), block=(2,))
-    dw = host(partial).sum(axis=0).T.reshape(w.shape)
-    assert np.all(np.abs(dw - dw_ref) <= tolerance * dw_bound), np.abs(dw - dw_ref).max()
+    for vectors in (1, 2):
+        partial = device(np.full((chunks, k * k * cin, cout), np.nan, dtype))
+        module.conv_weight_grad(**shape, vectors=vectors, images_per_chunk=images_per_chunk, x=device(x.astype(dtype)),
+                                dy=device(dy.astype(dtype)), partial=partial, grid=(4,), block=(2,))
+        dw = host(partial).sum(axis=0).T.reshape(w.shape)
+        assert np.all(np.abs(dw - dw_ref) <= tolerance * dw_bound), (vectors, np.abs(dw - dw_ref).max())
 
 
 @pytest.fixture
@@ -223,7 +225,7 @@ def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
     assert built.returncode == 0, built.stderr
     done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.splitlines() == [
-        "lanes 4, tile 6 pixels x 2 vectors, weight-gradient task 4 x 8", "ok"], done.stdout + done.stderr
+        "lanes 4, tile 12 pixels x 1 vector or 6 x 2, weight-gradient task 8 inputs x 1 vector or 4 x 2", "ok"], done.stdout + done.stderr
 
 
 # ----------------------------------------------------------------------------- ConvPath: each conv's path in a net

@@ -23,11 +23,11 @@ static int check(int N, int H, int W, int C, int Cout, int k, int stride, int pa
     for (int vectors = 1; vectors <= TILE_VECTORS; ++vectors) {
         std::vector<float> y(dy.size());
         std::vector<double> yd(dy.size());
-        const long long tiles = (long long)N * Ho * ((Wo + TILE_PIXELS - 1) / TILE_PIXELS) *
+        const long long tiles = (long long)N * Ho * ((Wo + tile_pixels(vectors) - 1) / tile_pixels(vectors)) *
                                 ((Cout + vectors * LANES - 1) / (vectors * LANES));
         minibp_shim::launch<&conv_direct>(dim3(3), dim3(2), N, H, W, C, k, k, stride, 1, pad, pad, Ho, Wo, Cout,
                                           vectors, 0, 0, x.data(), wt.data(), y.data());
-        for (long long t = 0; t < tiles; ++t) direct_tile_plain<double>(s, vectors * LANES, 0, xd.data(), wtd.data(), yd.data(), t);
+        for (long long t = 0; t < tiles; ++t) direct_tile_plain<double>(s, vectors, 0, xd.data(), wtd.data(), yd.data(), t);
         for (size_t i = 0; i < y.size(); ++i)
             if (std::fabs(y[i] - yd[i]) > 1e-4 * (1 + std::fabs(yd[i]))) {
                 std::printf("conv_direct %dx%dx%d->%d k%d s%d, %d vectors: y[%zu] %g, plain %g\n", H, W, C, Cout, k,
@@ -35,25 +35,29 @@ static int check(int N, int H, int W, int C, int Cout, int k, int stride, int pa
                 return 1;
             }
     }
-    // the weight gradient: one chunk of all images
-    std::vector<float> partial(k * k * C * Cout);
-    std::vector<double> partiald(partial.size());
-    minibp_shim::launch<&conv_weight_grad>(dim3(3), dim3(2), N, H, W, C, k, k, stride, pad, pad, Ho, Wo, Cout, N,
-                                           x.data(), dy.data(), partial.data());
-    const long long tasks = (long long)k * k * ((C + GRAD_INPUTS - 1) / GRAD_INPUTS) * ((Cout + GRAD_OUTPUTS - 1) / GRAD_OUTPUTS);
-    for (long long t = 0; t < tasks; ++t) weight_grad_task_plain<double>(s, N, xd.data(), dyd.data(), partiald.data(), t);
-    for (size_t i = 0; i < partial.size(); ++i)
-        if (std::fabs(partial[i] - partiald[i]) > 1e-4 * (1 + std::fabs(partiald[i]))) {
-            std::printf("conv_weight_grad %dx%dx%d->%d k%d s%d: dw[%zu] %g, plain %g\n", H, W, C, Cout, k, stride, i,
-                        partial[i], partiald[i]);
-            return 1;
-        }
+    // the weight gradient, tasks of 1 and 2 vectors: one chunk of all images
+    for (int vectors = 1; vectors <= GRAD_VECTORS; ++vectors) {
+        std::vector<float> partial(k * k * C * Cout);
+        std::vector<double> partiald(partial.size());
+        minibp_shim::launch<&conv_weight_grad>(dim3(3), dim3(2), N, H, W, C, k, k, stride, pad, pad, Ho, Wo, Cout,
+                                               vectors, N, x.data(), dy.data(), partial.data());
+        const long long tasks = (long long)k * k * ((C + grad_inputs(vectors) - 1) / grad_inputs(vectors)) *
+                                ((Cout + vectors * LANES - 1) / (vectors * LANES));
+        for (long long t = 0; t < tasks; ++t)
+            weight_grad_task_plain<double>(s, vectors, N, xd.data(), dyd.data(), partiald.data(), t);
+        for (size_t i = 0; i < partial.size(); ++i)
+            if (std::fabs(partial[i] - partiald[i]) > 1e-4 * (1 + std::fabs(partiald[i]))) {
+                std::printf("conv_weight_grad %dx%dx%d->%d k%d s%d, %d vectors: dw[%zu] %g, plain %g\n", H, W, C, Cout,
+                            k, stride, vectors, i, partial[i], partiald[i]);
+                return 1;
+            }
+    }
     return 0;
 }
 
 int main() {
-    std::printf("lanes %d, tile %d pixels x %d vectors, weight-gradient task %d x %d\n", LANES, TILE_PIXELS,
-                TILE_VECTORS, GRAD_INPUTS, GRAD_OUTPUTS);
+    std::printf("lanes %d, tile %d pixels x 1 vector or %d x 2, weight-gradient task %d inputs x 1 vector or %d x 2\n",
+                LANES, tile_pixels(1), tile_pixels(2), grad_inputs(1), grad_inputs(2));
     const int shapes[][7] = {  // N, H, W, C, Cout, k, stride (padding k / 2)
         {2, 7, 9, 3, 16, 3, 1}, {2, 6, 6, 16, 32, 3, 2}, {1, 9, 9, 17, 40, 5, 1}, {2, 5, 7, 24, 9, 1, 2},
         {1, 8, 8, 64, 10, 1, 1}, {1, 4, 13, 32, 48, 3, 1},
