@@ -70,25 +70,33 @@ __device__ __forceinline__ int input_index(int o, int k, int stride, int dilatio
     return v < 0 || v % dilation || v / dilation >= size ? -1 : v / dilation;
 }
 
+// A task of conv_direct: tile_pixels(vectors) output pixels along a row, every output channel. It computes them
+// a tile at a time, `vectors` vectors of output channels a tile (the pixels' inputs stay in L1 from one to the
+// next, and the task's position is found once for all of them: its divisions cost about as much as a tile's
+// multiply-adds with 16 input channels).
 struct Tile {
     long long row;                          // n * Ho + oh
     int n, oh, ow0, co0, pixels, channels;  // the tile's part inside y: pixels x channels from (ow0, co0)
 };
 
-// Tile t of those of `vectors` vectors of output channels (and tile_pixels(vectors) pixels).
-__device__ __forceinline__ Tile tile_at(const ConvShape& s, int vectors, long long t) {
-    const int tile_channels = vectors * LANES, width = tile_pixels(vectors);
-    const int blocks = (s.Cout + tile_channels - 1) / tile_channels;
-    const int tiles_w = (s.Wo + width - 1) / width;
+// Task t's first tile: its output channels from 0.
+__device__ __forceinline__ Tile task_at(const ConvShape& s, int vectors, long long t) {
+    const int width = tile_pixels(vectors), tiles_w = (s.Wo + width - 1) / width;
     Tile b;
-    b.co0 = (int)(t % blocks) * tile_channels;
-    b.ow0 = (int)((t / blocks) % tiles_w) * width;
-    b.row = t / ((long long)blocks * tiles_w);
+    b.ow0 = (int)(t % tiles_w) * width;
+    b.row = t / tiles_w;
     b.oh = (int)(b.row % s.Ho);
     b.n = (int)(b.row / s.Ho);
     b.pixels = min_int(width, s.Wo - b.ow0);
-    b.channels = min_int(tile_channels, s.Cout - b.co0);
+    b.co0 = 0;
+    b.channels = min_int(vectors * LANES, s.Cout);
     return b;
+}
+
+// The task's tiles: for (Tile b = task_at(...); b.co0 < s.Cout; next_tile(s, vectors, b))
+__device__ __forceinline__ void next_tile(const ConvShape& s, int vectors, Tile& b) {
+    b.co0 += vectors * LANES;
+    b.channels = min_int(vectors * LANES, s.Cout - b.co0);
 }
 
 struct GradTask {
@@ -130,9 +138,7 @@ __device__ __forceinline__ long long grad_offset(const ConvShape& s, const GradT
 // (a tile's or a task's sum runs over taps, then input channels, or over images, rows and columns), so
 // only the rounding of a fused multiply-add separates them.
 template <class T>
-__device__ void direct_tile_plain(const ConvShape& s, int vectors, int accumulate, const T* x, const T* wt, T* y,
-                                  long long t) {
-    const Tile b = tile_at(s, vectors, t);
+__device__ void direct_tile_plain(const ConvShape& s, const Tile& b, int accumulate, const T* x, const T* wt, T* y) {
     T acc[tile_pixels(1)][TILE_VECTORS * LANES] = {};  // the most pixels x the most channels
     for (int i = 0; i < s.kh; ++i) {
         const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
@@ -290,7 +296,7 @@ __attribute__((always_inline)) static inline void add_pixels(vfloat (&acc)[I][V]
     for (int k = 0; k < count; ++k, xs += x_step, ds += s.Cout) {
         vfloat dv[V];
 #pragma GCC unroll 4
-        for (int v = 0; v < V; ++v) dv[v] = WHOLE ? *(const vfloat_u*)(ds + v * LANES) : load_lanes(ds + v * LANES, lanes[v]);
+        for (int v = 0; v < V; ++v) dv[v] = load_lanes(ds + v * LANES, WHOLE ? LANES : lanes[v]);
 #pragma GCC unroll 16
         for (int c = 0; c < I; ++c)
 #pragma GCC unroll 4
@@ -342,11 +348,10 @@ __attribute__((noinline)) static void weight_grad_task_vector(const ConvShape& s
 
 #pragma GCC pop_options
 
-static inline void direct_tile(const ConvShape& s, int vectors, int accumulate, const float* x, const float* wt,
-                               float* y, long long t) {
+static inline void direct_tile(const ConvShape& s, int vectors, const Tile& b, int accumulate, const float* x,
+                               const float* wt, float* y) {
     static_assert(TILE_VECTORS == 2, "direct_tile instantiates the vector tile for 1 and 2 vectors");
-    if (s.C > ZERO_ROW) return direct_tile_plain(s, vectors, accumulate, x, wt, y, t);
-    const Tile b = tile_at(s, vectors, t);
+    if (s.C > ZERO_ROW) return direct_tile_plain(s, b, accumulate, x, wt, y);
     const bool whole = b.channels == vectors * LANES;  // every lane a channel: all but a last, partial block
     if (vectors == 1)
         whole ? direct_tile_vector<1, true>(s, b, accumulate, x, wt, y)
@@ -365,9 +370,9 @@ static inline void weight_grad_task(const ConvShape& s, int vectors, int images_
 #endif
 
 template <class T>
-__device__ __forceinline__ void direct_tile(const ConvShape& s, int vectors, int accumulate, const T* x, const T* wt,
-                                            T* y, long long t) {
-    direct_tile_plain(s, vectors, accumulate, x, wt, y, t);
+__device__ __forceinline__ void direct_tile(const ConvShape& s, int vectors, const Tile& b, int accumulate, const T* x,
+                                            const T* wt, T* y) {
+    direct_tile_plain(s, b, accumulate, x, wt, y);
 }
 
 template <class T>
@@ -378,8 +383,8 @@ __device__ __forceinline__ void weight_grad_task(const ConvShape& s, int vectors
 
 // y (N, Ho, Wo, Cout) = (or += with accumulate) the convolution of x (N, H, W, C), dilated by dilation,
 // with wt (kh, kw, C, Cout), or, flipped (the data gradient), with a conv's own weights wt (C, kh, kw, Cout) read
-// with the taps reversed. One thread per tile of tile_pixels(vectors) pixels x vectors (1 to TILE_VECTORS)
-// vectors of LANES channels: N * Ho * ceil(Wo / tile_pixels(vectors)) * ceil(Cout / (vectors * LANES)) of them.
+// with the taps reversed. One thread per task of tile_pixels(vectors) pixels, in tiles of vectors (1 to
+// TILE_VECTORS) vectors of LANES channels: N * Ho * ceil(Wo / tile_pixels(vectors)) tasks.
 extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int kw, int stride, int dilation,
                                        int pad_top, int pad_left, int Ho, int Wo, int Cout, int vectors,
                                        int accumulate, int flipped, const real_t* x, const real_t* wt, real_t* y) {
@@ -387,9 +392,11 @@ extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int k
     const ConvShape s{N, H, W, C, kh, kw, stride, dilation, pad_top, pad_left, Ho, Wo, Cout,
                       flipped ? Cout : C * (long long)Cout, flipped ? taps * Cout : Cout, flipped != 0};
     vectors = vectors < 1 ? 1 : vectors > TILE_VECTORS ? TILE_VECTORS : vectors;
-    const int width = tile_pixels(vectors), channels = vectors * LANES;
-    const long long tiles = (long long)N * Ho * ((Wo + width - 1) / width) * ((Cout + channels - 1) / channels);
-    GRID_STRIDE_LOOP(t, tiles) direct_tile(s, vectors, accumulate, x, wt, y, t);
+    const int width = tile_pixels(vectors);
+    const long long tasks = (long long)N * Ho * ((Wo + width - 1) / width);
+    GRID_STRIDE_LOOP(t, tasks)
+        for (Tile b = task_at(s, vectors, t); b.co0 < Cout; next_tile(s, vectors, b))
+            direct_tile(s, vectors, b, accumulate, x, wt, y);
 }
 
 // partial (chunks, kh, kw, C, Cout): chunk q's sum, over its images [q * images_per_chunk, ...) and every

@@ -92,10 +92,10 @@ def _convolve(conv, x, wt, y, *, accumulate, transposed=False):
                      pad_left=conv.pad_left, Ho=conv.Ho, Wo=conv.Wo, Cout=conv.cout)
     n, g = x.shape[0], geometry()
     vectors = g.vectors(shape["Cout"])
-    tiles = n * shape["Ho"] * -(-shape["Wo"] // g.tile_pixels[vectors]) * -(-shape["Cout"] // (vectors * g.lanes))
+    tasks = n * shape["Ho"] * -(-shape["Wo"] // g.tile_pixels[vectors])
     kernels.load("conv_direct.cu", x.dtype).conv_direct(
         N=n, kh=conv.kh, kw=conv.kw, **shape, vectors=vectors, accumulate=accumulate, flipped=transposed, x=x, wt=wt,
-        y=y, **_tasks(tiles))
+        y=y, **_tasks(tasks))
 
 
 class DirectPath:

@@ -23,11 +23,12 @@ static int check(int N, int H, int W, int C, int Cout, int k, int stride, int pa
     for (int vectors = 1; vectors <= TILE_VECTORS; ++vectors) {
         std::vector<float> y(dy.size());
         std::vector<double> yd(dy.size());
-        const long long tiles = (long long)N * Ho * ((Wo + tile_pixels(vectors) - 1) / tile_pixels(vectors)) *
-                                ((Cout + vectors * LANES - 1) / (vectors * LANES));
+        const long long tasks = (long long)N * Ho * ((Wo + tile_pixels(vectors) - 1) / tile_pixels(vectors));
         minibp_shim::launch<&conv_direct>(dim3(3), dim3(2), N, H, W, C, k, k, stride, 1, pad, pad, Ho, Wo, Cout,
                                           vectors, 0, 0, x.data(), wt.data(), y.data());
-        for (long long t = 0; t < tiles; ++t) direct_tile_plain<double>(s, vectors, 0, xd.data(), wtd.data(), yd.data(), t);
+        for (long long t = 0; t < tasks; ++t)
+            for (Tile b = task_at(s, vectors, t); b.co0 < Cout; next_tile(s, vectors, b))
+                direct_tile_plain<double>(s, b, 0, xd.data(), wtd.data(), yd.data());
         for (size_t i = 0; i < y.size(); ++i)
             if (std::fabs(y[i] - yd[i]) > 1e-4 * (1 + std::fabs(yd[i]))) {
                 std::printf("conv_direct %dx%dx%d->%d k%d s%d, %d vectors: y[%zu] %g, plain %g\n", H, W, C, Cout, k,
