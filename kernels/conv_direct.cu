@@ -27,9 +27,9 @@
 #if VEC_BYTES == 64  // AVX-512: 32 registers
 #define TILE_SUMS 16
 #define GRAD_SUMS 16
-#else  // AVX2 or SSE (16 registers), NEON (32)
+#else  // AVX2 or SSE (16 registers), NEON (32): 12 sums, 2 vectors read and a broadcast fill 15 of 16
 #define TILE_SUMS 12
-#define GRAD_SUMS 8
+#define GRAD_SUMS 12
 #endif
 #define TILE_VECTORS 2
 #define GRAD_VECTORS 2

@@ -225,7 +225,7 @@ def test_the_direct_kernels_build_and_agree_on_aarch64(tmp_path):
     assert built.returncode == 0, built.stderr
     done = subprocess.run([emulator, str(tmp_path / "check")], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.splitlines() == [
-        "lanes 4, tile 12 pixels x 1 vector or 6 x 2, weight-gradient task 8 inputs x 1 vector or 4 x 2",
+        "lanes 4, tile 12 pixels x 1 vector or 6 x 2, weight-gradient task 12 inputs x 1 vector or 6 x 2",
         "ok"], done.stdout + done.stderr
 
 
