@@ -72,27 +72,38 @@ __device__ __forceinline__ int input_index(int o, int k, int stride, int dilatio
     return v < 0 || v % dilation || v / dilation >= size ? -1 : v / dilation;
 }
 
-// A task of conv_direct: tile_pixels(vectors) output pixels along a row, every output channel. It computes them
-// a tile at a time, `vectors` vectors of output channels a tile (the pixels' inputs stay in L1 from one to the
-// next, and the task's position is found once for all of them: its divisions cost about as much as a tile's
-// multiply-adds with 16 input channels).
+// A task of conv_direct: tile_pixels(vectors) consecutive pixels of y (N * Ho * Wo of them, in their order),
+// every output channel. It computes them a tile at a time, `vectors` vectors of output channels a tile (the
+// pixels' inputs stay in L1 from one to the next, and the task's position is found once for all of them: its
+// divisions cost about as much as a tile's multiply-adds with 16 input channels). Most tasks lie in one row of
+// y; one that runs on into the next (rows of 8 pixels and AVX2's tiles of 6) places each pixel on its own.
 struct Tile {
-    long long row;                          // n * Ho + oh
-    int n, oh, ow0, co0, pixels, channels;  // the tile's part inside y: pixels x channels from (ow0, co0)
+    long long first;                        // the first pixel: (n * Ho + oh) * Wo + ow0
+    int n, oh, ow0, co0, pixels, channels;  // the tile's part inside y: pixels x channels from (first, co0)
+    bool one_row;                           // every pixel in row (n, oh)
 };
 
 // Task t's first tile: its output channels from 0.
 __device__ __forceinline__ Tile task_at(const ConvShape& s, int vectors, long long t) {
-    const int width = tile_pixels(vectors), tiles_w = (s.Wo + width - 1) / width;
+    const int width = tile_pixels(vectors);
     Tile b;
-    b.ow0 = (int)(t % tiles_w) * width;
-    b.row = t / tiles_w;
-    b.oh = (int)(b.row % s.Ho);
-    b.n = (int)(b.row / s.Ho);
-    b.pixels = min_int(width, s.Wo - b.ow0);
+    b.first = t * width;
+    const long long row = b.first / s.Wo;
+    b.ow0 = (int)(b.first % s.Wo);
+    b.oh = (int)(row % s.Ho);
+    b.n = (int)(row / s.Ho);
+    b.pixels = (int)min_ll(width, (long long)s.N * s.Ho * s.Wo - b.first);
+    b.one_row = b.ow0 + b.pixels <= s.Wo;
     b.co0 = 0;
     b.channels = min_int(vectors * LANES, s.Cout);
     return b;
+}
+
+// Pixel p (< b.pixels) of tile b: its image, row and column in y.
+__device__ __forceinline__ void tile_pixel(const ConvShape& s, const Tile& b, int p, int* n, int* oh, int* ow) {
+    *ow = b.ow0 + p, *oh = b.oh, *n = b.n;
+    for (; *ow >= s.Wo; *ow -= s.Wo)  // (a tile spans a few rows at most)
+        if (++*oh == s.Ho) *oh = 0, ++*n;
 }
 
 // The task's tiles: for (Tile b = task_at(...); b.co0 < s.Cout; next_tile(s, vectors, b))
@@ -141,24 +152,24 @@ __device__ __forceinline__ long long grad_offset(const ConvShape& s, const GradT
 // only the rounding of a fused multiply-add separates them.
 template <class T>
 __device__ void direct_tile_plain(const ConvShape& s, const Tile& b, int accumulate, const T* x, const T* wt, T* y) {
-    T acc[tile_pixels(1)][TILE_VECTORS * LANES] = {};  // the most pixels x the most channels
-    for (int i = 0; i < s.kh; ++i) {
-        const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
-        if (h < 0) continue;
-        for (int j = 0; j < s.kw; ++j) {
-            const T* wk = tap_weights(s, wt, i, j) + b.co0;
-            for (int p = 0; p < b.pixels; ++p) {
-                const int w = input_index(b.ow0 + p, j, s.stride, s.dilation, s.pad_left, s.W);
+    for (int p = 0; p < b.pixels; ++p) {
+        T acc[TILE_VECTORS * LANES] = {};  // the most channels
+        int n, oh, ow;
+        tile_pixel(s, b, p, &n, &oh, &ow);
+        for (int i = 0; i < s.kh; ++i) {
+            const int h = input_index(oh, i, s.stride, s.dilation, s.pad_top, s.H);
+            if (h < 0) continue;
+            for (int j = 0; j < s.kw; ++j) {
+                const int w = input_index(ow, j, s.stride, s.dilation, s.pad_left, s.W);
                 if (w < 0) continue;
-                const T* src = x + (((long long)b.n * s.H + h) * s.W + w) * s.C;
+                const T* wk = tap_weights(s, wt, i, j) + b.co0;
+                const T* src = x + (((long long)n * s.H + h) * s.W + w) * s.C;
                 for (int c = 0; c < s.C; ++c)
-                    for (int k = 0; k < b.channels; ++k) acc[p][k] += src[c] * wk[(long long)c * s.w_row + k];
+                    for (int k = 0; k < b.channels; ++k) acc[k] += src[c] * wk[(long long)c * s.w_row + k];
             }
         }
-    }
-    for (int p = 0; p < b.pixels; ++p) {
-        T* dst = y + (b.row * s.Wo + b.ow0 + p) * s.Cout + b.co0;
-        for (int k = 0; k < b.channels; ++k) dst[k] = accumulate ? dst[k] + acc[p][k] : acc[p][k];
+        T* dst = y + (b.first + p) * s.Cout + b.co0;
+        for (int k = 0; k < b.channels; ++k) dst[k] = accumulate ? dst[k] + acc[k] : acc[k];
     }
 }
 
@@ -245,6 +256,42 @@ __attribute__((always_inline)) static inline void add_tap(vfloat (&acc)[P][V], c
     }
 }
 
+// y's tile b = (or += with accumulate) its sums.
+template <int V, int P = tile_pixels(V)>
+__attribute__((always_inline)) static inline void store_tile(const vfloat (&acc)[P][V], const Tile& b, int accumulate,
+                                                             int Cout, float* y, const int (&lanes)[V]) {
+#pragma GCC unroll 16
+    for (int p = 0; p < P; ++p) {
+        if (p >= b.pixels) continue;
+        float* dst = y + (b.first + p) * Cout + b.co0;
+#pragma GCC unroll 4
+        for (int v = 0; v < V; ++v) {
+            float* d = dst + v * LANES;
+            store_lanes(d, accumulate ? load_lanes(d, lanes[v]) + acc[p][v] : acc[p][v], lanes[v]);
+        }
+    }
+}
+
+// A task across rows: every tap, each pixel through its own pointer (a row of zeros where it reads outside x).
+template <int V, bool WHOLE, int P = tile_pixels(V)>
+__attribute__((always_inline)) static inline void add_taps_each_pixel(vfloat (&acc)[P][V], const ConvShape& s,
+                                                                      const Tile& b, const float* x, const float* wt,
+                                                                      const int (&lanes)[V]) {
+    int n[P], oh[P], ow[P];
+    for (int p = 0; p < P; ++p)
+        if (p < b.pixels) tile_pixel(s, b, p, &n[p], &oh[p], &ow[p]);
+    for (int i = 0; i < s.kh; ++i)
+        for (int j = 0; j < s.kw; ++j) {
+            const float* src[P];
+            for (int p = 0; p < P; ++p) {
+                const int h = p < b.pixels ? input_index(oh[p], i, s.stride, s.dilation, s.pad_top, s.H) : -1;
+                const int w = h < 0 ? -1 : input_index(ow[p], j, s.stride, s.dilation, s.pad_left, s.W);
+                src[p] = w < 0 ? zero_row : x + (((long long)n[p] * s.H + h) * s.W + w) * s.C;
+            }
+            add_tap<V, WHOLE, false>(acc, src, 0, tap_weights(s, wt, i, j) + b.co0, s, lanes);
+        }
+}
+
 template <int V, bool WHOLE>
 __attribute__((noinline)) static void direct_tile_vector(const ConvShape& s, const Tile& b, int accumulate,
                                                          const float* x, const float* wt, float* y) {
@@ -258,6 +305,10 @@ __attribute__((noinline)) static void direct_tile_vector(const ConvShape& s, con
     for (int p = 0; p < P; ++p)
 #pragma GCC unroll 4
         for (int v = 0; v < V; ++v) acc[p][v] = vfloat{};
+    if (!b.one_row) {
+        add_taps_each_pixel<V, WHOLE>(acc, s, b, x, wt, lanes);
+        return store_tile<V>(acc, b, accumulate, s.Cout, y, lanes);
+    }
     for (int i = 0; i < s.kh; ++i) {
         const int h = input_index(b.oh, i, s.stride, s.dilation, s.pad_top, s.H);
         if (h < 0) continue;
@@ -279,16 +330,7 @@ __attribute__((noinline)) static void direct_tile_vector(const ConvShape& s, con
             add_tap<V, WHOLE, false>(acc, src, 0, wk, s, lanes);
         }
     }
-#pragma GCC unroll 16
-    for (int p = 0; p < P; ++p) {
-        if (p >= b.pixels) continue;
-        float* dst = y + (b.row * s.Wo + b.ow0 + p) * s.Cout + b.co0;
-#pragma GCC unroll 4
-        for (int v = 0; v < V; ++v) {
-            float* d = dst + v * LANES;
-            store_lanes(d, accumulate ? load_lanes(d, lanes[v]) + acc[p][v] : acc[p][v], lanes[v]);
-        }
-    }
+    store_tile<V>(acc, b, accumulate, s.Cout, y, lanes);
 }
 
 // acc[c][v] += x's input channel c x dy's output channels, over `count` pixels that lie x_step apart in x
@@ -393,7 +435,7 @@ __device__ __forceinline__ void weight_grad_task(const ConvShape& s, int vectors
 // y (N, Ho, Wo, Cout) = (or += with accumulate) the convolution of x (N, H, W, C), dilated by dilation,
 // with wt (kh, kw, C, Cout), or, flipped (the data gradient), with a conv's own weights wt (C, kh, kw, Cout) read
 // with the taps reversed. One thread per task of tile_pixels(vectors) pixels, in tiles of vectors (1 to
-// TILE_VECTORS) vectors of LANES channels: N * Ho * ceil(Wo / tile_pixels(vectors)) tasks.
+// TILE_VECTORS) vectors of LANES channels: ceil(N * Ho * Wo / tile_pixels(vectors)) tasks.
 extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int kw, int stride, int dilation,
                                        int pad_top, int pad_left, int Ho, int Wo, int Cout, int vectors,
                                        int accumulate, int flipped, const real_t* x, const real_t* wt, real_t* y) {
@@ -402,7 +444,7 @@ extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int k
                       flipped ? Cout : C * (long long)Cout, flipped ? taps * Cout : Cout, flipped != 0};
     vectors = vectors < 1 ? 1 : vectors > TILE_VECTORS ? TILE_VECTORS : vectors;
     const int width = tile_pixels(vectors);
-    const long long tasks = (long long)N * Ho * ((Wo + width - 1) / width);
+    const long long tasks = ((long long)N * Ho * Wo + width - 1) / width;
     GRID_STRIDE_LOOP(t, tasks)
         for (Tile b = task_at(s, vectors, t); b.co0 < Cout; next_tile(s, vectors, b))
             direct_tile(s, vectors, b, accumulate, x, wt, y);

@@ -96,7 +96,7 @@ def _convolve(conv, x, wt, y, *, accumulate, transposed=False):
         shape.update(H=1, W=pixels, Ho=1, Wo=pixels)  # whose tiles are all whole but the last (an 8x8 image's
         n = 1                                          # are half empty with AVX2's 6 pixels)
     vectors = g.vectors(shape["Cout"])
-    tasks = n * shape["Ho"] * -(-shape["Wo"] // g.tile_pixels[vectors])
+    tasks = -(-n * shape["Ho"] * shape["Wo"] // g.tile_pixels[vectors])
     kernels.load("conv_direct.cu", x.dtype).conv_direct(
         N=n, kh=conv.kh, kw=conv.kw, **shape, vectors=vectors, accumulate=accumulate, flipped=transposed, x=x, wt=wt,
         y=y, **_tasks(tasks))

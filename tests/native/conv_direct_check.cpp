@@ -23,7 +23,7 @@ static int check(int N, int H, int W, int C, int Cout, int k, int stride, int pa
     for (int vectors = 1; vectors <= TILE_VECTORS; ++vectors) {
         std::vector<float> y(dy.size());
         std::vector<double> yd(dy.size());
-        const long long tasks = (long long)N * Ho * ((Wo + tile_pixels(vectors) - 1) / tile_pixels(vectors));
+        const long long tasks = ((long long)N * Ho * Wo + tile_pixels(vectors) - 1) / tile_pixels(vectors);
         minibp_shim::launch<&conv_direct>(dim3(3), dim3(2), N, H, W, C, k, k, stride, 1, pad, pad, Ho, Wo, Cout,
                                           vectors, 0, 0, x.data(), wt.data(), y.data());
         for (long long t = 0; t < tasks; ++t)
