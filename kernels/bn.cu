@@ -177,18 +177,25 @@ extern "C" __global__ void batchnorm_finish(
 
 // ----------------------------------------------------------------------------- the windows
 
-// [lo, hi]: v of the least and largest x of channel c over chunks [first, first + per) of extremes (2, chunks, C),
-// computed as the forward pass computes v, so that every v of those rows lies within it.
-__device__ __forceinline__ void v_range(const LaneRow<0>& row, int c, const real_t* __restrict__ extremes,
-                                        long long chunks, long long first, long long per, float* lo, float* hi) {
+// [lo, hi]: v of the least and largest x of channels [c0, c0 + P) over chunks [first, first + per) of extremes
+// (2, chunks, C), computed as the forward pass computes v, so that every v of those rows lies within it.
+template <class Count>
+__device__ __forceinline__ void v_ranges(const LaneRow<0>& row, int c0, Count P, const real_t* __restrict__ extremes,
+                                         long long chunks, long long first, long long per, float* lo, float* hi) {
     const int C = row.C;
-    real_t least = extremes[first * C + c], most = extremes[(chunks + first) * C + c];
-    for (long long k = first + 1; k < min_ll(first + per, chunks); ++k) {
-        const real_t x_lo = extremes[k * C + c], x_hi = extremes[(chunks + k) * C + c];
-        least = x_lo < least ? x_lo : least;
-        most = x_hi > most ? x_hi : most;
+    real_t least[FINISH_PIECE], most[FINISH_PIECE];
+    for (int c = 0; c < P; ++c)
+        least[c] = extremes[first * C + c0 + c], most[c] = extremes[(chunks + first) * C + c0 + c];
+    for (long long k = first + 1; k < min_ll(first + per, chunks); ++k)
+        for (int c = 0; c < P; ++c) {
+            const real_t x_lo = extremes[k * C + c0 + c], x_hi = extremes[(chunks + k) * C + c0 + c];
+            least[c] = x_lo < least[c] ? x_lo : least[c];
+            most[c] = x_hi > most[c] ? x_hi : most[c];
+        }
+    for (int c = 0; c < P; ++c) {
+        lo[c] = (float)(xhat_of(row, least[c], c0 + c) + row.stat(B, c0 + c));
+        hi[c] = (float)(xhat_of(row, most[c], c0 + c) + row.stat(B, c0 + c));
     }
-    *lo = (float)(xhat_of(row, least, c) + row.stat(B, c)), *hi = (float)(xhat_of(row, most, c) + row.stat(B, c));
 }
 
 // The window kinds (layers/bn.py's WINDOW_KIND), and the one place a kernel reads one: how many windows a channel
@@ -201,29 +208,46 @@ __device__ __forceinline__ long long windows_per_channel(int window, long long c
     return window == NO_WINDOW ? 0 : *per ? (chunks + *per - 1) / *per : 1;
 }
 
+// The windows' walk: body(w, c0, P) for window w's channels [c0, c0 + P): on the CPU one-thread blocks share
+// (window, piece of FINISH_PIECE channels) items, whose loops over the piece vectorise; on the GPU a thread a
+// window and channel (OneChannel).
+template <class Body>
+__device__ __forceinline__ void for_window_pieces(long long count, int C, Body body) {
+    if (blockDim.x == 1) {
+        const long long pieces = (C + FINISH_PIECE - 1) / FINISH_PIECE;
+        for (long long i = blockIdx.x; i < count * pieces; i += gridDim.x) {
+            const int c0 = (int)(i % pieces) * FINISH_PIECE;
+            body(i / pieces, c0, min_int(FINISH_PIECE, C - c0));
+        }
+    } else {
+        GRID_STRIDE_LOOP(i, count * C) body(i / C, (int)(i % C), OneChannel());
+    }
+}
+
 // method: the windows a channel's codes go through ("The k-bit store"): the fixed one, or the range window of
-// v_range over its rows (extremes (2, chunks, C): each chunk's least and largest x), narrowed to b +- clip, its
-// bins split at zero by below_weight. Into windows (windows, 3, C), from batchnorm_finish's stats; a thread a
-// window and channel.
+// v_ranges over its rows (extremes (2, chunks, C): each chunk's least and largest x), narrowed to b +- clip, its
+// bins split at zero by below_weight. Into windows (windows, 3, C), from batchnorm_finish's stats
+// (for_window_pieces).
 extern "C" __global__ void code_windows(
     int C, long long chunks, int rows_per_chunk, int window, int bits, float clip, float below_weight, int stochastic,
     const real_t* __restrict__ stats, const real_t* __restrict__ extremes, real_t* __restrict__ windows) {
     const LaneRow<0> row{0, C, stats};  // (the channel's statistics, as a row reads them)
     long long per;
     const long long count = windows_per_channel(window, chunks, rows_per_chunk, &per);
-    GRID_STRIDE_LOOP(i, count * C) {
-        const int c = (int)(i % C);
-        float lo, hi, shift, below, above;
+    for_window_pieces(count, C, [&](long long w, int c0, auto P) {
+        float b[FINISH_PIECE], lo[FINISH_PIECE], hi[FINISH_PIECE], shift[FINISH_PIECE], below[FINISH_PIECE],
+            above[FINISH_PIECE];
+        for (int c = 0; c < P; ++c) b[c] = (float)row.stat(B, c0 + c);
         if (!per) {
-            quant_window_fixed((float)row.stat(B, c), bits, &shift, &below, &above);
+            for (int c = 0; c < P; ++c) quant_window_fixed(b[c], bits, &shift[c], &below[c], &above[c]);
         } else {
-            v_range(row, c, extremes, chunks, i / C * per, per, &lo, &hi);
-            quant_window_range(lo, hi, (float)row.stat(B, c), clip, bits, below_weight, stochastic != 0, &shift,
-                               &below, &above);
+            v_ranges(row, c0, P, extremes, chunks, w * per, per, lo, hi);
+            quant_window_range(P, lo, hi, b, clip, bits, below_weight, stochastic != 0, shift, below, above);
         }
-        real_t* win = windows + i / C * 3 * C;
-        win[SHIFT * C + c] = shift, win[BELOW * C + c] = below, win[ABOVE * C + c] = above;
-    }
+        real_t* win = windows + w * 3 * C + c0;
+        for (int c = 0; c < P; ++c)
+            win[SHIFT * C + c] = shift[c], win[BELOW * C + c] = below[c], win[ABOVE * C + c] = above[c];
+    });
 }
 
 // ----------------------------------------------------------------------------- forward

@@ -73,38 +73,56 @@ __device__ __forceinline__ void quant_window_fixed(float b, int bits, float* shi
 // Under stochastic rounding the levels are the bins' edges, one fewer a side than bins: the j bins below
 // zero span j - 1 widths, the K - j above it K - j - 1 (so j runs from 2 to K-2), and a channel of one sign
 // spreads K-2 widths over its range, since its levels are whole widths from zero, wherever the range starts.
-__device__ __forceinline__ void quant_window_range(float lo, float hi, float b, float clip, int bits, float weight,
-                                                   bool stochastic, float* shift, float* below, float* above) {
+// It takes P channels at once, each scanned on its own (P: a piece of at most FINISH_PIECE channels on the CPU,
+// whose loops over it vectorise, so the scans run side by side until the last one stops: 0.04 s of a ResNet-164
+// step scanned a channel at a time; common.cuh's OneChannel on the GPU). lo, hi, b: the channels' own; shift,
+// below, above: their windows.
+template <class Count>
+__device__ __forceinline__ void quant_window_range(Count P, const float* lo, const float* hi, const float* b,
+                                                   float clip, int bits, float weight, bool stochastic, float* shift,
+                                                   float* below, float* above) {
     const float K = (float)(1 << bits);
-    // not across zero: lo stays below 1e-6 (the mask's threshold) if it was, hi at or above it if it was
-    const float lo_clip = b - clip < 0.0f ? b - clip : 0.0f,
-                hi_clip = b + clip > MASK_THRESHOLD ? b + clip : MASK_THRESHOLD;
-    lo = lo > lo_clip ? lo : lo_clip;
-    hi = hi < hi_clip ? hi : hi_clip;
-    const float u_lo = lo - MASK_THRESHOLD, u_hi = hi - MASK_THRESHOLD;
-    const bool one_sign = u_lo >= 0.0f || u_hi < 0.0f;
     const float edges = stochastic ? 1.0f : 0.0f;  // the widths a side spans: its bins less this
-    float width_below = (u_hi - u_lo) / (K - 1.0f - edges), width_above = width_below, j_best = 1.0f + edges;
-    if (!one_sign) {
-        width_below = -u_lo / (j_best - edges), width_above = u_hi / (K - j_best - edges);
-        float cost = weight * width_below * width_below + width_above * width_above;
-        for (float j = j_best + 1.0f; j < K - edges; j += 1.0f) {
-            const float b_j = -u_lo / (j - edges), a_j = u_hi / (K - j - edges),
+    const float j_first = 1.0f + edges;
+    float u_lo[FINISH_PIECE], u_hi[FINISH_PIECE], cost[FINISH_PIECE], j_best[FINISH_PIECE];
+    int falling[FINISH_PIECE], any = 0;  // a channel's scan still falling, and any channel's
+    for (int c = 0; c < P; ++c) {
+        // not across zero: lo stays below 1e-6 (the mask's threshold) if it was, hi at or above it if it was
+        const float lo_clip = b[c] - clip < 0.0f ? b[c] - clip : 0.0f,
+                    hi_clip = b[c] + clip > MASK_THRESHOLD ? b[c] + clip : MASK_THRESHOLD;
+        u_lo[c] = (lo[c] > lo_clip ? lo[c] : lo_clip) - MASK_THRESHOLD;
+        u_hi[c] = (hi[c] < hi_clip ? hi[c] : hi_clip) - MASK_THRESHOLD;
+        const bool one_sign = u_lo[c] >= 0.0f || u_hi[c] < 0.0f;
+        const float width = (u_hi[c] - u_lo[c]) / (K - 1.0f - edges), b_j = -u_lo[c] / (j_first - edges),
+                    a_j = u_hi[c] / (K - j_first - edges);
+        below[c] = one_sign ? width : b_j, above[c] = one_sign ? width : a_j;
+        cost[c] = weight * b_j * b_j + a_j * a_j, j_best[c] = j_first;
+        falling[c] = !one_sign, any |= falling[c];
+    }
+    for (float j = j_first + 1.0f; any && j < K - edges; j += 1.0f) {
+        any = 0;
+        for (int c = 0; c < P; ++c) {
+            const float b_j = -u_lo[c] / (j - edges), a_j = u_hi[c] / (K - j - edges),
                         cost_j = weight * b_j * b_j + a_j * a_j;
-            if (!(cost_j < cost)) break;  // (NaN: the first j)
-            cost = cost_j, j_best = j, width_below = b_j, width_above = a_j;
+            falling[c] = falling[c] && cost_j < cost[c];  // (NaN: the first j ends the scan)
+            cost[c] = falling[c] ? cost_j : cost[c], j_best[c] = falling[c] ? j : j_best[c];
+            below[c] = falling[c] ? b_j : below[c], above[c] = falling[c] ? a_j : above[c];
+            any |= falling[c];
         }
     }
-    // a floor keeps |u|/width + K within float32's whole numbers, 2^24 (a constant channel has no spread)
-    const float magnitude = -u_lo > u_hi ? -u_lo : u_hi, least = magnitude * 9.5367431640625e-7f;  // 2^-20
-    width_below = width_below > least ? width_below : least;
-    width_below = width_below > 1e-30f ? width_below : 1e-30f;
-    width_above = width_above > least ? width_above : least;
-    width_above = width_above > 1e-30f ? width_above : 1e-30f;
-    *below = width_below;
-    *above = width_above;
-    const float scale = 1.0f / width_below;  // one sign: the two widths are one
-    *shift = !one_sign ? j_best : u_lo >= 0.0f ? -floorf(u_lo * scale) : K - 1.0f - quant_floor(u_hi * scale, true);
+    for (int c = 0; c < P; ++c) {
+        // a floor keeps |u|/width + K within float32's whole numbers, 2^24 (a constant channel has no spread)
+        const float magnitude = -u_lo[c] > u_hi[c] ? -u_lo[c] : u_hi[c], least = magnitude * 9.5367431640625e-7f;
+        float width_below = below[c] > least ? below[c] : least, width_above = above[c] > least ? above[c] : least;
+        width_below = width_below > 1e-30f ? width_below : 1e-30f;
+        width_above = width_above > 1e-30f ? width_above : 1e-30f;
+        below[c] = width_below, above[c] = width_above;
+        const float scale = 1.0f / width_below;  // one sign: the two widths are one
+        const bool one_sign = u_lo[c] >= 0.0f || u_hi[c] < 0.0f;
+        shift[c] = !one_sign ? j_best[c]
+                   : u_lo[c] >= 0.0f ? -floorf(u_lo[c] * scale)
+                                     : K - 1.0f - quant_floor(u_hi[c] * scale, true);
+    }
 }
 
 // ----------------------------------------------------------------------------- one value

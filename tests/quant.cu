@@ -16,11 +16,13 @@ extern "C" __global__ void channel_window(int C, int bits, int range, float clip
                                           const real_t* b, const real_t* lo, const real_t* hi, real_t* window) {
     GRID_STRIDE_LOOP(c, C) {
         float shift, below, above;
-        if (range)
-            quant_window_range((float)lo[c], (float)hi[c], (float)b[c], clip, bits, below_weight,
-                               /*stochastic=*/false, &shift, &below, &above);
-        else
+        if (range) {
+            const float lo_c = (float)lo[c], hi_c = (float)hi[c], b_c = (float)b[c];
+            quant_window_range(OneChannel(), &lo_c, &hi_c, &b_c, clip, bits, below_weight, /*stochastic=*/false,
+                               &shift, &below, &above);
+        } else {
             quant_window_fixed((float)b[c], bits, &shift, &below, &above);
+        }
         window[c] = shift, window[C + c] = below, window[2 * C + c] = above;
     }
 }

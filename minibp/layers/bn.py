@@ -17,7 +17,7 @@ from .. import kernels, program, quant
 from ..constants import GAMMA_MIN  # gamma is clamped to at least this (docs/method.md, "The unit")
 from ..params import Own, elements
 from ..quant import check_window
-from .launch import finish_launch, launch
+from .launch import finish_launch, launch, window_launch
 
 ROWS_PER_CHUNK = 16      # rows the backward's reduction sums in order into one row of partial sums
 # rows a chunk of the statistics' sums, about its own shift; a block window's rows are whole chunks
@@ -123,7 +123,7 @@ WINDOW_KIND = {None: 0, "fixed": 1, "range": 2, "block": 3}  # kernels/bn.cu's W
 def code_windows(stats, extremes, windows, *, bits, window, stochastic=False, clip=None):
     """The range or block window's windows (windows, 3, C) from stats (batchnorm_finish's) and extremes (2, chunks,
     C), each chunk's least and largest x (batchnorm_statistics's part[3:]): one window of all the chunks (range),
-    or one each quant.WINDOW_ROWS rows (block). A kernel, a thread a window and channel."""
+    or one each quant.WINDOW_ROWS rows (block). A kernel over windows and channels (launch.window_launch)."""
     C, chunks = stats.shape[1], extremes.shape[1]
     count = -(-chunks * STATS_CHUNK // quant.WINDOW_ROWS) if check_window(window) == "block" else 1
     if window == "fixed" or extremes.shape != (2, chunks, C) or _windows(stats, windows).shape[0] != count:
@@ -139,7 +139,7 @@ def _code_windows(module, stats, extremes, windows, *, bits, window, stochastic,
     clip = 0.0 if window == "fixed" else quant.clip_of(window, bits) if clip is None else clip
     module.code_windows(C=C, chunks=chunks, rows_per_chunk=STATS_CHUNK, window=WINDOW_KIND[window], bits=bits,
                         clip=clip, below_weight=quant.BELOW_WEIGHT, stochastic=stochastic, stats=stats,
-                        extremes=extremes, windows=windows, threads=windows.shape[0] * C)
+                        extremes=extremes, windows=windows, **window_launch(windows.shape[0], C))
 
 
 def _windows(stats, windows):

@@ -34,6 +34,14 @@ def finish_launch(C):
     return dict(grid=(min(-(-C // FINISH_PIECE), CPU_BLOCKS),), block=(1,))
 
 
+def window_launch(windows, C):
+    """dict(grid, block) of code_windows over (windows, C) (kernels/bn.cu's for_window_pieces): on the GPU a thread a
+    window and channel, on the CPU one-thread blocks that share (window, piece of FINISH_PIECE channels) items."""
+    if backend.device == "gpu":
+        return dict(threads=windows * C)
+    return dict(grid=(min(windows * -(-C // FINISH_PIECE), CPU_BLOCKS),), block=(1,))
+
+
 def launch(rows, C, *, bits=0, rows_per_chunk=None):
     """dict(grid, block, rows_per_chunk) of a BN kernel over (rows, C) at `bits`, or a pooling kernel's over
     (pixels, C) (bits = 0: its threads share channels); rows_per_chunk is given for a reduction (its chunks
