@@ -4,7 +4,7 @@
 // from the instruction set the build targets (kernels.py's CPU target: 16 floats with AVX-512, 8 with
 // AVX2, 4 with SSE or NEON), so the compiler emits that set's instructions. The plain C++ loops run the
 // double instantiation and the GPU: correct, not meant to be fast. Both are tested against im2col + GEMM
-// (conv.cu, tests/test_conv.py).
+// (conv.cu, tests/layers/test_conv.py).
 #include "common.cuh"
 
 // The vector a build computes with, in bytes.
@@ -21,7 +21,7 @@
 
 // Register blocking, sized to the register file of the vectors' instruction set so that the
 // accumulators, the vectors they read and a broadcast all stay in registers. A conv_direct tile keeps
-// TILE_SUMS vectors of sums: TILE_SUMS / V output pixels along a row x V vectors of output channels, V from
+// TILE_SUMS vectors of sums: TILE_SUMS / V consecutive output pixels x V vectors of output channels, V from
 // 1 to TILE_VECTORS (the launch's `vectors`: 1 when the output channels fill one vector, so a conv with 16 of
 // them on AVX-512 still keeps every register busy). A conv_weight_grad task likewise keeps GRAD_SUMS: one tap x
 // GRAD_SUMS / V input channels x V vectors of output channels. Channel counts need not be multiples of these:
