@@ -22,7 +22,7 @@
 // Register blocking, sized to the register file of the vectors' instruction set so that the
 // accumulators, the vectors they read and a broadcast all stay in registers. A conv_direct tile keeps
 // TILE_SUMS vectors of sums: TILE_SUMS / V consecutive output pixels x V vectors of output channels, V from
-// 1 to TILE_VECTORS (the launch's `vectors`: 1 when the output channels fill one vector, so a conv with 16 of
+// 1 to CONV_VECTORS (the launch's `vectors`: 1 when the output channels fill one vector, so a conv with 16 of
 // them on AVX-512 still keeps every register busy). A conv_weight_grad task likewise keeps GRAD_SUMS: one tap x
 // GRAD_SUMS / V input channels x V vectors of output channels. Channel counts need not be multiples of these:
 // the last block is partial.
@@ -33,20 +33,18 @@
 #define TILE_SUMS 12
 #define GRAD_SUMS 12
 #endif
-#define TILE_VECTORS 2
-#define GRAD_VECTORS 2
 
 // A tile's pixels, and a weight-gradient task's input channels, with V vectors of output channels.
 __device__ __forceinline__ constexpr int tile_pixels(int V) { return TILE_SUMS / V; }
 __device__ __forceinline__ constexpr int grad_inputs(int V) { return GRAD_SUMS / V; }
 
 // The geometry above, for conv_direct.py (which sizes its launches and workspace by it): defined here
-// once. geometry (1 + TILE_VECTORS + GRAD_VECTORS): the floats a vector, then tile_pixels(V) for each V,
-// then grad_inputs(V) for each V. Call with one thread.
+// once (CONV_VECTORS, the most V, is constants.py's). geometry (1 + 2 * CONV_VECTORS): the floats a vector,
+// then tile_pixels(V) for each V, then grad_inputs(V) for each V. Call with one thread.
 extern "C" __global__ void conv_direct_geometry(int* geometry) {
     geometry[0] = LANES;
-    for (int v = 1; v <= TILE_VECTORS; ++v) geometry[v] = tile_pixels(v);
-    for (int v = 1; v <= GRAD_VECTORS; ++v) geometry[TILE_VECTORS + v] = grad_inputs(v);
+    for (int v = 1; v <= CONV_VECTORS; ++v) geometry[v] = tile_pixels(v);
+    for (int v = 1; v <= CONV_VECTORS; ++v) geometry[CONV_VECTORS + v] = grad_inputs(v);
 }
 
 // dilation: x is read as if dilation - 1 zeros lay between its rows and between its columns (1 but in the
@@ -153,7 +151,7 @@ __device__ __forceinline__ long long grad_offset(const ConvShape& s, const GradT
 template <class T>
 __device__ void direct_tile_plain(const ConvShape& s, const Tile& b, int accumulate, const T* x, const T* wt, T* y) {
     for (int p = 0; p < b.pixels; ++p) {
-        T acc[TILE_VECTORS * LANES] = {};  // the most channels
+        T acc[CONV_VECTORS * LANES] = {};  // the most channels
         int n, oh, ow;
         tile_pixel(s, b, p, &n, &oh, &ow);
         for (int i = 0; i < s.kh; ++i) {
@@ -177,7 +175,7 @@ template <class T>
 __device__ void weight_grad_task_plain(const ConvShape& s, int vectors, int images_per_chunk, const T* x, const T* dy,
                                        T* partial, long long t) {
     const GradTask g = grad_task_at(s, vectors, t);
-    T acc[grad_inputs(1)][GRAD_VECTORS * LANES] = {};  // (input channel, output channel): the most of each
+    T acc[grad_inputs(1)][CONV_VECTORS * LANES] = {};  // (input channel, output channel): the most of each
     const int n_end = min_int((g.chunk + 1) * images_per_chunk, s.N);
     for (int n = g.chunk * images_per_chunk; n < n_end; ++n)
         for (int oh = g.oh_lo; oh < g.oh_hi; ++oh)
@@ -401,7 +399,7 @@ __attribute__((noinline)) static void weight_grad_task_vector(const ConvShape& s
 
 static inline void direct_tile(const ConvShape& s, int vectors, const Tile& b, int accumulate, const float* x,
                                const float* wt, float* y) {
-    static_assert(TILE_VECTORS == 2, "direct_tile instantiates the vector tile for 1 and 2 vectors");
+    static_assert(CONV_VECTORS == 2, "direct_tile instantiates the vector tile for 1 and 2 vectors");
     if (s.C > ZERO_ROW) return direct_tile_plain(s, b, accumulate, x, wt, y);
     const bool whole = b.channels == vectors * LANES;  // every lane a channel: all but a last, partial block
     if (vectors == 1)
@@ -414,7 +412,7 @@ static inline void direct_tile(const ConvShape& s, int vectors, const Tile& b, i
 
 static inline void weight_grad_task(const ConvShape& s, int vectors, int images_per_chunk, const float* x,
                                     const float* dy, float* partial, long long t) {
-    static_assert(GRAD_VECTORS == 2, "weight_grad_task instantiates the vector task for 1 and 2 vectors");
+    static_assert(CONV_VECTORS == 2, "weight_grad_task instantiates the vector task for 1 and 2 vectors");
     vectors == 1 ? weight_grad_task_vector<1>(s, images_per_chunk, x, dy, partial, t)
                  : weight_grad_task_vector<2>(s, images_per_chunk, x, dy, partial, t);
 }
@@ -435,14 +433,14 @@ __device__ __forceinline__ void weight_grad_task(const ConvShape& s, int vectors
 // y (N, Ho, Wo, Cout) = (or += with accumulate) the convolution of x (N, H, W, C), dilated by dilation,
 // with wt (kh, kw, C, Cout), or, flipped (the data gradient), with a conv's own weights wt (C, kh, kw, Cout) read
 // with the taps reversed. One thread per task of tile_pixels(vectors) pixels, in tiles of vectors (1 to
-// TILE_VECTORS) vectors of LANES channels: ceil(N * Ho * Wo / tile_pixels(vectors)) tasks.
+// CONV_VECTORS) vectors of LANES channels: ceil(N * Ho * Wo / tile_pixels(vectors)) tasks.
 extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int kw, int stride, int dilation,
                                        int pad_top, int pad_left, int Ho, int Wo, int Cout, int vectors,
                                        int accumulate, int flipped, const real_t* x, const real_t* wt, real_t* y) {
     const long long taps = (long long)kh * kw;
     const ConvShape s{N, H, W, C, kh, kw, stride, dilation, pad_top, pad_left, Ho, Wo, Cout,
                       flipped ? Cout : C * (long long)Cout, flipped ? taps * Cout : Cout, flipped != 0};
-    vectors = vectors < 1 ? 1 : vectors > TILE_VECTORS ? TILE_VECTORS : vectors;
+    vectors = vectors < 1 ? 1 : vectors > CONV_VECTORS ? CONV_VECTORS : vectors;
     const int width = tile_pixels(vectors);
     const long long tasks = ((long long)N * Ho * Wo + width - 1) / width;
     GRID_STRIDE_LOOP(t, tasks)
@@ -453,13 +451,13 @@ extern "C" __global__ void conv_direct(int N, int H, int W, int C, int kh, int k
 // partial (chunks, kh, kw, C, Cout): chunk q's sum, over its images [q * images_per_chunk, ...) and every
 // output pixel, of x[n, oh*stride - pad_top + i, ow*stride - pad_left + j, c] * dy[n, oh, ow, co] (taps
 // outside x add nothing). Summed over the chunks it is dL/dw in wt's layout. One thread per task of
-// grad_inputs(vectors) input channels x vectors (1 to GRAD_VECTORS) vectors of LANES output channels:
+// grad_inputs(vectors) input channels x vectors (1 to CONV_VECTORS) vectors of LANES output channels:
 // chunks * kh * kw * ceil(C / grad_inputs(vectors)) * ceil(Cout / (vectors * LANES)) of them.
 extern "C" __global__ void conv_weight_grad(int N, int H, int W, int C, int kh, int kw, int stride, int pad_top,
                                             int pad_left, int Ho, int Wo, int Cout, int vectors, int images_per_chunk,
                                             const real_t* x, const real_t* dy, real_t* partial) {
     const ConvShape s{N, H, W, C, kh, kw, stride, 1, pad_top, pad_left, Ho, Wo, Cout, 0, 0, false};
-    vectors = vectors < 1 ? 1 : vectors > GRAD_VECTORS ? GRAD_VECTORS : vectors;
+    vectors = vectors < 1 ? 1 : vectors > CONV_VECTORS ? CONV_VECTORS : vectors;
     const int inputs = grad_inputs(vectors), outputs = vectors * LANES;
     const long long chunks = (N + images_per_chunk - 1) / images_per_chunk;
     const long long tasks = chunks * kh * kw * ((C + inputs - 1) / inputs) * ((Cout + outputs - 1) / outputs);

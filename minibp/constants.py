@@ -18,9 +18,12 @@ WINDOW_ROWS = 256
 # Channels one CPU thread of a finishing kernel sums over every chunk (layers/launch.py, kernels/bn_walk.cuh's
 # for_finish_channels): a 64-byte cache line of float32 partial sums, each read once.
 FINISH_PIECE = 16
+# The most vectors of output channels a direct-conv tile or weight-gradient task holds (layers/conv_direct.py,
+# kernels/conv_direct.cu, which instantiates its vector loops for 1 and 2).
+CONV_VECTORS = 2
 
 SHARED = {"MASK_THRESHOLD": MASK_THRESHOLD, "GAMMA_MIN": GAMMA_MIN, "WINDOW_ROWS": WINDOW_ROWS,
-          "FINISH_PIECE": FINISH_PIECE}
+          "FINISH_PIECE": FINISH_PIECE, "CONV_VECTORS": CONV_VECTORS}
 
 
 def literal(value):

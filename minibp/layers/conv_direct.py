@@ -14,11 +14,9 @@ import functools
 import numpy as np
 
 from .. import backend, build, kernels, program
+from ..constants import CONV_VECTORS
 
 GRAD_CHUNK_ELEMENTS = 1 << 18  # values of x and dy one conv_weight_grad task reads (1 MiB: it stays in L2)
-
-
-TILE_VECTORS = GRAD_VECTORS = 2  # the most vectors of output channels a tile or a task holds (conv_direct.cu's)
 
 
 class Geometry:
@@ -31,17 +29,17 @@ class Geometry:
 
     def vectors(self, channels):
         """The vectors of output channels a tile or task holds for a conv of that many: no more than they fill."""
-        return min(TILE_VECTORS, -(-channels // self.lanes))
+        return min(CONV_VECTORS, -(-channels // self.lanes))
 
 
 @functools.lru_cache(maxsize=None)
 def geometry():
-    values = np.zeros(1 + TILE_VECTORS + GRAD_VECTORS, np.int32)
+    values = np.zeros(1 + 2 * CONV_VECTORS, np.int32)
     with program.paused():  # (asked while a pass is recorded: the answer is needed now)
         kernels.load("conv_direct.cu").conv_direct_geometry(geometry=values, grid=(1,), block=(1,))
-    v = [int(x) for x in values]
-    return Geometry(v[0], {1 + i: v[1 + i] for i in range(TILE_VECTORS)},
-                    {1 + i: v[1 + TILE_VECTORS + i] for i in range(GRAD_VECTORS)})
+    lanes, tile_pixels, grad_inputs = int(values[0]), values[1:1 + CONV_VECTORS], values[1 + CONV_VECTORS:]
+    return Geometry(lanes, {v: int(n) for v, n in enumerate(tile_pixels, 1)},
+                    {v: int(n) for v, n in enumerate(grad_inputs, 1)})
 
 
 def path(dtype=np.float32):

@@ -20,7 +20,7 @@ static int check(int N, int H, int W, int C, int Cout, int k, int stride, int pa
     const ConvShape s{N, H, W, C, k, k, stride, 1, pad, pad, Ho, Wo, Cout, (long long)C * Cout, Cout, false};
 
     // the forward pass: vector tiles of 1 and 2 vectors against the plain loop's tiles, in double
-    for (int vectors = 1; vectors <= TILE_VECTORS; ++vectors) {
+    for (int vectors = 1; vectors <= CONV_VECTORS; ++vectors) {
         std::vector<float> y(dy.size());
         std::vector<double> yd(dy.size());
         const long long tasks = ((long long)N * Ho * Wo + tile_pixels(vectors) - 1) / tile_pixels(vectors);
@@ -37,7 +37,7 @@ static int check(int N, int H, int W, int C, int Cout, int k, int stride, int pa
             }
     }
     // the weight gradient, tasks of 1 and 2 vectors: one chunk of all images
-    for (int vectors = 1; vectors <= GRAD_VECTORS; ++vectors) {
+    for (int vectors = 1; vectors <= CONV_VECTORS; ++vectors) {
         std::vector<float> partial(k * k * C * Cout);
         std::vector<double> partiald(partial.size());
         minibp_shim::launch<&conv_weight_grad>(dim3(3), dim3(2), N, H, W, C, k, k, stride, pad, pad, Ho, Wo, Cout,
